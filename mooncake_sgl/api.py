@@ -1,0 +1,180 @@
+"""Contracts of mooncake_sgl, and nothing else.
+
+Primitives, one line each:
+
+- ``PageKey``        bytes naming one KV page in one namespace (built only by ``keys.page_key``).
+- ``PageView``       the scatter-gather segments of one page (memoryviews over host memory).
+- ``TierKind``       HBM, HOST, REMOTE, SSD: what medium a tier lives on.
+- ``TierCapabilities`` declared facts about a tier (persistent, shared, self-evicting).
+- ``TierUsage``      capacity / used bytes and page count of a tier.
+- ``Tier``           batch contains / get_into / put_from / remove over pages; never raises for a
+                     per-page failure (that is a ``False``), raises ``TierError`` only when broken.
+- ``PlacementPolicy`` pure, event-fed object deciding admission, victims, promotion and demotion;
+                     never moves bytes, reads no clock, takes no tier lock.
+
+Tier indices are positions in the store's speed order: 0 is the fastest tier.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+PageKey = bytes
+PageView = Sequence[memoryview]
+
+
+def page_nbytes(page: PageView) -> int:
+    """Total size of a page given as scatter-gather segments."""
+    return sum(seg.nbytes for seg in page)
+
+
+class TierKind(enum.Enum):
+    HBM = "hbm"
+    HOST = "host"
+    REMOTE = "remote"
+    SSD = "ssd"
+
+
+@dataclass(frozen=True)
+class TierCapabilities:
+    # Pages survive a restart of this process; the store seeds the policy from ``scan()``.
+    persistent: bool = False
+    # Other processes or machines read and write the same pages (pool, Mooncake Store).
+    shared: bool = False
+    # The tier makes room on its own when full (a pool server with watermarks); the store
+    # never asks the policy for victims there.
+    self_evicting: bool = False
+
+
+@dataclass(frozen=True)
+class TierUsage:
+    capacity_bytes: int
+    used_bytes: int
+    pages: int
+
+    @property
+    def free_bytes(self) -> int:
+        return max(0, self.capacity_bytes - self.used_bytes)
+
+
+class Tier(ABC):
+    """One storage medium holding whole pages under ``PageKey``s.
+
+    Thread-safety: every method may be called from several threads at once.
+    Failure: a page that is absent, corrupt, the wrong size or unreachable is a per-key ``False``;
+    a tier that is closed or broken as a whole raises ``errors.TierError``.
+    Atomicity: a page is readable only once ``put_from`` returned ``True`` for it; a reader never
+    sees a half-written page, and a page being read is not overwritten or evicted under the reader.
+    """
+
+    name: str
+    kind: TierKind
+    capabilities: TierCapabilities
+
+    @abstractmethod
+    def contains(self, keys: Sequence[PageKey]) -> list[bool]:
+        """Per key: is the page readable now."""
+
+    @abstractmethod
+    def get_into(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+        """Copy each stored page into its destination segments.
+
+        ``False`` for a key that is absent, fails its checksum (then it is also removed), or whose
+        stored size differs from the destination's total size. Destinations of failed keys may
+        have been partly written.
+        """
+
+    @abstractmethod
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+        """Store each page (the concatenation of its segments). Idempotent: a key already present
+        is ``True`` without rewriting. ``False`` where there is no room; a tier does not evict on
+        its own unless it declares ``self_evicting``."""
+
+    @abstractmethod
+    def remove(self, keys: Sequence[PageKey]) -> int:
+        """Drop pages; returns how many were present."""
+
+    @abstractmethod
+    def usage(self) -> TierUsage: ...
+
+    def footprint(self, nbytes: int) -> int:
+        """Capacity a page of ``nbytes`` consumes here (a slot tier charges a whole slot). The store
+        sizes evictions with it."""
+        return nbytes
+
+    def register_memory(self, ptr: int, nbytes: int) -> None:
+        """Host memory that pages will be read from and written to (SGLang's host KV pool), so a
+        tier with a zero-copy transport can register it once. Default: nothing to do."""
+
+    def page_size_of(self, key: PageKey) -> int | None:
+        """Stored size of a page, or ``None`` if absent. Used for demotion sizing."""
+        return None
+
+    def scan(self) -> Iterator[tuple[PageKey, int]]:
+        """(key, nbytes) of every stored page; only persistent tiers need to yield anything."""
+        return iter(())
+
+    def stats(self) -> dict[str, float]:
+        """Counters for ``mooncake-sgl stats`` and benchmarks (names are tier specific)."""
+        return {}
+
+    def clear(self) -> None:
+        """Drop every page."""
+        keys = [k for k, _ in self.scan()]
+        if keys:
+            self.remove(keys)
+
+    def close(self) -> None:
+        """Release resources; idempotent. Later calls raise ``errors.TierClosed``."""
+
+
+class PlacementPolicy(ABC):
+    """Where pages should live. Pure: fed events by the store (or by the trace simulator), it never
+    moves bytes, reads no clock (time arrives through ``tick``) and takes no tier lock. The store
+    serialises calls, so implementations need no lock of their own.
+
+    A *chain* is a run of keys in prefix order: ``keys[i]`` is only useful when ``keys[:i]`` are.
+    ``parent`` is the key before ``keys[0]`` in its chain, or ``None`` at the root.
+    """
+
+    @abstractmethod
+    def on_lookup(self, keys: Sequence[PageKey], tiers: Sequence[int | None],
+                  parent: PageKey | None = None) -> None:
+        """A lookup of a chain; ``tiers[i]`` is the fastest tier holding ``keys[i]`` or ``None``.
+        Only the leading run of hits counts as hits (as SGLang counts them)."""
+
+    @abstractmethod
+    def on_insert(self, keys: Sequence[PageKey], tier: int, nbytes: Sequence[int],
+                  parent: PageKey | None = None) -> None:
+        """Pages of a chain became readable in ``tier``."""
+
+    @abstractmethod
+    def on_remove(self, keys: Sequence[PageKey], tier: int) -> None:
+        """Pages left ``tier`` (evicted, removed, found corrupt)."""
+
+    @abstractmethod
+    def admit(self, keys: Sequence[PageKey], tier: int) -> list[bool]:
+        """Per key: is it worth writing into ``tier`` now (tier 0 always admits)."""
+
+    @abstractmethod
+    def victims(self, tier: int, nbytes: int, protected: frozenset[PageKey] = frozenset()
+                ) -> list[PageKey] | None:
+        """Pages of ``tier`` to evict to free at least ``nbytes``, never one in ``protected``.
+        ``None`` if that much cannot be freed; then no state changes."""
+
+    @abstractmethod
+    def promotion_target(self, key: PageKey, found_tier: int) -> int | None:
+        """Faster tier to copy a page found in ``found_tier`` into, or ``None`` to leave it."""
+
+    @abstractmethod
+    def demotion_target(self, key: PageKey, from_tier: int) -> int | None:
+        """Slower tier to move a victim of ``from_tier`` into, or ``None`` to drop it."""
+
+    def tick(self, now: float) -> None:
+        """Logical time advanced to ``now`` (seconds); drives decay and pin expiry."""
+
+    def stats(self) -> dict[str, float]:
+        return {}

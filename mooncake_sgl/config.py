@@ -1,0 +1,314 @@
+"""The typed configuration: parsed once, frozen, validated with the key path and source in every error.
+
+Sources, first that applies wins (``load_config``):
+1. the dict SGLang passes as ``storage_config.extra_config`` (from
+   ``--hicache-storage-backend-extra-config @tiers.yaml`` or inline JSON);
+2. the YAML file named by ``$MOONCAKE_SGL_CONFIG``;
+3. the embedded default: a host DRAM tier plus LMDB under the user's cache directory.
+
+Sizes are bytes or strings like ``64GiB``/``512MB``; durations are seconds or ``250ms``/``5s``/``2m``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import msgspec
+
+from .errors import ConfigError
+
+CONFIG_ENV = "MOONCAKE_SGL_CONFIG"
+
+# Keys SGLang itself reads from extra_config (or the dynamic-backend loader does); we ignore them.
+SGLANG_OWN_KEYS = frozenset({
+    "backend_name", "module_path", "class_name", "interface_v1", "interface_v2", "tp_lcm_size",
+    "prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
+    "hicache_storage_pass_prefix_keys", "file_storage_path",
+})
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_DURATION_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_size(value: int | str) -> int:
+    """``64GiB`` → 68719476736. Raises ``ValueError`` naming the accepted forms."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size like 64GiB or a byte count, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"size must not be negative, got {value}")
+        return value
+    m = _SIZE_RE.match(str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"expected a size like 64GiB, 512MiB, 10GB or a byte count, got {value!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_duration(value: float | int | str) -> float:
+    """``250ms`` → 0.25 (seconds)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration like 5s or 250ms, got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"duration must not be negative, got {value}")
+        return float(value)
+    m = _SIZE_RE.match(str(value))
+    if not m or m.group(2).lower() not in _DURATION_UNITS:
+        raise ValueError(f"expected a duration like 5s, 250ms or 2m, got {value!r}")
+    return float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mooncake_sgl"
+
+
+class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Base of every config section: frozen, unknown keys rejected."""
+
+    def _normalise(self, **converters: Any) -> None:
+        # Sizes and durations arrive as int-or-str; store them as numbers once.
+        for name, conv in converters.items():
+            try:
+                value = conv(getattr(self, name))
+            except ValueError as e:
+                raise ValueError(f"`{name}`: {e}") from None
+            msgspec.structs.force_setattr(self, name, value)
+
+
+# ---------------------------------------------------------------------------------------- tiers
+
+class HostTierConfig(_Section, tag="host", tag_field="kind"):
+    """Host DRAM: one preallocated buffer carved into fixed-size slots."""
+    capacity: Union[int, str] = "4GiB"
+    # Largest page the tier takes; slots are this size. ``auto``: the first page written sets it.
+    slot_size: Union[int, str] = "auto"
+    # Pin (page-lock) the buffer when CUDA is present, for fast H2D/D2H copies.
+    pin_memory: bool = True
+
+    def __post_init__(self) -> None:
+        self._normalise(capacity=parse_size)
+        if self.slot_size != "auto":
+            self._normalise(slot_size=parse_size)
+
+
+class HbmTierConfig(_Section, tag="hbm", tag_field="kind"):
+    """Spare GPU memory. Give ``capacity`` or ``fraction_of_free`` (of free HBM at start)."""
+    capacity: Union[int, str] = 0
+    fraction_of_free: float = 0.0
+    device: str = "cuda"
+    slot_size: Union[int, str] = "auto"
+
+    def __post_init__(self) -> None:
+        self._normalise(capacity=parse_size)
+        if self.slot_size != "auto":
+            self._normalise(slot_size=parse_size)
+        if not 0.0 <= self.fraction_of_free <= 0.95:
+            raise ValueError("`fraction_of_free`: must be between 0 and 0.95")
+        if not self.capacity and not self.fraction_of_free:
+            raise ValueError("`capacity`: the hbm tier needs capacity or fraction_of_free")
+
+
+class LmdbTierConfig(_Section, tag="lmdb", tag_field="kind"):
+    """LMDB on local SSD: checksummed pages that survive restarts."""
+    path: str = ""  # default: <cache dir>/lmdb
+    capacity: Union[int, str] = "64GiB"  # the LMDB map size (sparse file; grows as written)
+    # fsync on every write transaction commit; off trades crash durability of the last
+    # transactions for speed (LMDB stays consistent either way).
+    sync: bool = True
+    max_readers: int = 256
+
+    def __post_init__(self) -> None:
+        self._normalise(capacity=parse_size)
+        if self.capacity < (1 << 20):
+            raise ValueError("`capacity`: must be at least 1MiB")
+
+
+class PoolTierConfig(_Section, tag="pool", tag_field="kind"):
+    """Our pooled DRAM store (``mooncake-sgl pool``), one or more endpoints."""
+    endpoints: list[str] = msgspec.field(default_factory=lambda: ["127.0.0.1:7480"])
+    transport: Literal["auto", "shm", "tcp", "rdma"] = "auto"
+    secret: str = ""
+    connections: int = 4
+    timeout: Union[float, str] = "5s"
+    retry_after: Union[float, str] = "2s"  # how long a dead endpoint is skipped before a retry
+
+    def __post_init__(self) -> None:
+        self._normalise(timeout=parse_duration, retry_after=parse_duration)
+        if not self.endpoints:
+            raise ValueError("`endpoints`: the pool tier needs at least one endpoint")
+        if not 1 <= self.connections <= 64:
+            raise ValueError("`connections`: must be between 1 and 64")
+
+
+class MooncakeStoreTierConfig(_Section, tag="mooncake_store", tag_field="kind"):
+    """The real Mooncake Store (master + transfer engine) as the remote tier."""
+    master: str = "127.0.0.1:50051"
+    metadata_server: str = "P2PHANDSHAKE"
+    protocol: Literal["tcp", "rdma"] = "tcp"
+    device: str = ""
+    local_hostname: str = "127.0.0.1"
+    segment_size: Union[int, str] = "4GiB"  # what this client contributes to the pool
+    buffer_size: Union[int, str] = "256MiB"
+    replicas: int = 1
+    soft_pin_ttl: Union[float, str] = 0.0  # for pinned prefixes; 0 = never soft pin
+    put_retry_window: Union[float, str] = "2s"  # back-off window on "no space" before giving up
+    reconnect_after: Union[float, str] = "2s"
+
+    def __post_init__(self) -> None:
+        self._normalise(segment_size=parse_size, buffer_size=parse_size,
+                        soft_pin_ttl=parse_duration, put_retry_window=parse_duration,
+                        reconnect_after=parse_duration)
+        if self.replicas < 1:
+            raise ValueError("`replicas`: must be at least 1")
+
+
+def tier_kind(config: msgspec.Struct) -> str:
+    """The ``kind`` a tier section was tagged with in YAML (``host``, ``lmdb``, ...)."""
+    return config.__struct_config__.tag
+
+
+TierConfig = Union[HbmTierConfig, HostTierConfig, PoolTierConfig, MooncakeStoreTierConfig,
+                   LmdbTierConfig]
+
+
+# --------------------------------------------------------------------------------------- policy
+
+class PinConfig(_Section):
+    """Keep the pages of a prefix (e.g. a system prompt) in fast tiers for ``ttl``."""
+    prefix_hash: str  # SGLang page hash of the first page of the pinned prefix
+    ttl: Union[float, str] = "1h"
+
+    def __post_init__(self) -> None:
+        self._normalise(ttl=parse_duration)
+
+
+class PolicyConfig(_Section):
+    name: Literal["heat", "lru"] = "heat"
+    # Half-life of access heat in logical seconds.
+    half_life: Union[float, str] = "10m"
+    # Accesses a page needs before it is written to a slow (SSD/remote) tier; 1 = write-through.
+    admission_min_hits: int = 1
+    pins: list[PinConfig] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._normalise(half_life=parse_duration)
+        if self.admission_min_hits < 1:
+            raise ValueError("`admission_min_hits`: must be at least 1")
+
+
+# ---------------------------------------------------------------------------------------- store
+
+def _default_tiers() -> list[TierConfig]:
+    return [HostTierConfig(), LmdbTierConfig()]
+
+
+class StoreConfig(_Section):
+    """What ``--hicache-storage-backend-extra-config`` holds."""
+    tiers: list[TierConfig] = msgspec.field(default_factory=_default_tiers)
+    policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
+    # Tenant tag in every key: deployments with different tags never share pages.
+    namespace_tag: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.tiers:
+            raise ValueError("`tiers`: at least one tier is required")
+        kinds = [tier_kind(t) for t in self.tiers]
+        for kind in set(kinds):
+            if kinds.count(kind) > 1 and kind != "pool":
+                raise ValueError(f"tier kind '{kind}' is configured more than once")
+        order = {"hbm": 0, "host": 1, "pool": 2, "mooncake_store": 2, "lmdb": 3}
+        ranks = [order[k] for k in kinds]
+        if ranks != sorted(ranks):
+            raise ValueError(f"tiers must be listed fastest first (hbm, host, pool/mooncake_store, "
+                             f"lmdb); got {kinds}")
+
+
+# --------------------------------------------------------------------------------------- loading
+
+def _yaml_load(text: str, source: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"malformed YAML{where}: {getattr(e, 'problem', e)}", source=source) from None
+
+
+def _key_from_msgspec(message: str) -> tuple[str, str | None]:
+    # msgspec says e.g. "Object contains unknown field `foo` - at `$.tiers[0]`".
+    m = re.search(r" - at `\$\.?(.*)`$", message)
+    path = m.group(1) if m else ""
+    body = message[: m.start()] if m else message
+    # Name the field itself when the message is about one (unknown key, or a value we rejected).
+    field_m = re.search(r"unknown field `([^`]+)`", body) or re.match(r"`([^`]+)`: ", body)
+    if field_m:
+        path = f"{path}.{field_m.group(1)}" if path else field_m.group(1)
+        if body.startswith("`"):
+            body = body[field_m.end():]
+    if path.endswith(".kind") and body.startswith("Invalid value"):
+        body += " (tier kinds: hbm, host, pool, mooncake_store, lmdb)"
+    return body, path or None
+
+
+def parse_config(data: Any, source: str = "<dict>", cls: type = StoreConfig) -> Any:
+    """Build a frozen config from plain data; ``ConfigError`` names the key and the source."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"expected a mapping at the top level, got {type(data).__name__}", source=source)
+    try:
+        return msgspec.convert(data, cls, strict=False)
+    except msgspec.ValidationError as e:
+        body, key = _key_from_msgspec(str(e))
+        raise ConfigError(body, key=key, source=source) from None
+
+
+def load_config_file(path: str | os.PathLike[str], cls: type = StoreConfig) -> Any:
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file: {e.strerror}", source=str(p)) from None
+    if p.suffix == ".json":
+        import json
+
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"malformed JSON line {e.lineno} column {e.colno}: {e.msg}",
+                              source=str(p)) from None
+    else:
+        data = _yaml_load(text, str(p))
+    return parse_config(data, str(p), cls)
+
+
+def load_config(extra_config: dict[str, Any] | None = None) -> StoreConfig:
+    """The store config for an SGLang process (see module docstring for precedence)."""
+    ours = {k: v for k, v in (extra_config or {}).items() if k not in SGLANG_OWN_KEYS}
+    if "config_file" in ours:
+        path = ours.pop("config_file")
+        if ours:
+            raise ConfigError("give either config_file or inline keys, not both",
+                              key=sorted(ours)[0], source="extra_config")
+        return load_config_file(path)
+    if ours:
+        return parse_config(ours, "--hicache-storage-backend-extra-config")
+    env = os.environ.get(CONFIG_ENV)
+    if env:
+        return load_config_file(env)
+    return StoreConfig()
+
+
+def dump_config(config: Any) -> str:
+    """The effective config as YAML (defaults filled in)."""
+    import yaml
+
+    return yaml.safe_dump(msgspec.to_builtins(config), sort_keys=False)

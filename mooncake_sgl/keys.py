@@ -1,0 +1,62 @@
+"""Page keys: the one place a ``PageKey`` is derived.
+
+A key is ``namespace digest (16 bytes) || kind byte || page hash``. The namespace covers everything
+that changes the bytes of a page for the same tokens — model, KV dtype, host layout, page size,
+TP/PP/CP coordinates and a tenant tag — so two deployments that differ in any of them never read
+each other's pages (SGLang #33268 left dtype out, #17265 left the tag out of ``exists``). MLA pages
+are identical on every TP rank, so the TP rank is left out there and all ranks share the writer's
+pages. The digest is BLAKE2b of a canonical string, never Python's ``hash`` (salted per process).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from .api import PageKey
+
+NAMESPACE_DIGEST_BYTES = 16
+_HEX_HASH = b"h"  # page hash given as hex (SGLang's SHA-256 chain): stored as raw bytes
+_TEXT_HASH = b"s"  # any other page hash: stored as UTF-8
+
+
+@dataclass(frozen=True)
+class KeyNamespace:
+    model: str
+    dtype: str
+    layout: str
+    page_size: int
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    cp_rank: int = 0
+    cp_size: int = 1
+    rank_replicated: bool = False  # MLA: every TP rank holds the same page
+    tag: str = ""
+    digest: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "digest", hashlib.blake2b(
+            self.describe().encode(), digest_size=NAMESPACE_DIGEST_BYTES).digest())
+
+    def describe(self) -> str:
+        """Readable, canonical form of the namespace (what the digest is taken over)."""
+        tp = "tp*" if self.rank_replicated else f"tp{self.tp_rank}/{self.tp_size}"
+        return (f"v1|tag={self.tag}|model={self.model}|dtype={self.dtype}|layout={self.layout}"
+                f"|page={self.page_size}|{tp}|pp{self.pp_rank}/{self.pp_size}"
+                f"|cp{self.cp_rank}/{self.cp_size}")
+
+
+def page_key(namespace: KeyNamespace, page_hash: str) -> PageKey:
+    """The key of one page. Deterministic across processes, hosts and restarts."""
+    if len(page_hash) == 64:
+        try:
+            return namespace.digest + _HEX_HASH + bytes.fromhex(page_hash)
+        except ValueError:
+            pass
+    return namespace.digest + _TEXT_HASH + page_hash.encode()
+
+
+def page_keys(namespace: KeyNamespace, page_hashes: list[str]) -> list[PageKey]:
+    return [page_key(namespace, h) for h in page_hashes]

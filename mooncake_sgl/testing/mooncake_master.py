@@ -1,0 +1,193 @@
+"""A real ``mooncake_master`` on free 127.0.0.1 ports, for tests and benchmarks.
+
+    with MooncakeMaster() as m:              # starts, waits for GET /health, stops on exit
+        store.setup("127.0.0.1", m.metadata_url, seg, buf, "tcp", "", m.rpc_address)
+        m.kill()                             # SIGKILL: the master loses every object's metadata
+        m.restart()                          # same ports, so clients find it again
+
+The binary comes from the installed wheel (``mooncake-transfer-engine[-non-cuda]``), or from
+``$MOONCAKE_MASTER_BIN``. It needs ``libibverbs.so.1`` (Debian: ``apt-get install libibverbs1``).
+The master's log goes to a temporary file (``log_path``); its tail is in every start error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+MASTER_BIN_ENV = "MOONCAKE_MASTER_BIN"
+
+
+class MasterStartError(RuntimeError):
+    """The master binary is missing or did not become healthy in time."""
+
+
+def find_master_binary() -> str:
+    """Path of the ``mooncake_master`` executable; ``MasterStartError`` says how to get one."""
+    env = os.environ.get(MASTER_BIN_ENV)
+    if env:
+        return env
+    # Locate the package without importing it: ``import mooncake.store`` needs libibverbs.
+    spec = importlib.util.find_spec("mooncake")
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(loc) / "mooncake_master"
+        if candidate.is_file():
+            if not os.access(candidate, os.X_OK):
+                candidate.chmod(candidate.stat().st_mode | 0o111)
+            return str(candidate)
+    on_path = shutil.which("mooncake_master")
+    if on_path:
+        return on_path
+    raise MasterStartError("mooncake_master not found: pip install 'mooncake-sgl[mooncake]' "
+                           f"(or set ${MASTER_BIN_ENV} to the binary)")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the kernel's pick for a bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class MooncakeMaster:
+    """One ``mooncake_master`` subprocess with RPC, metrics and HTTP metadata on 127.0.0.1.
+
+    ``lease_ttl`` (e.g. ``"1s"``) shortens Mooncake's 10 s read lease so eviction tests run fast;
+    ``extra_args`` are passed through verbatim (``["--eviction_high_watermark_ratio=0.8"]``).
+    Ports are chosen once and kept across ``restart()``.
+    """
+
+    def __init__(self, *, host: str = "127.0.0.1", lease_ttl: str | None = None,
+                 client_ttl_s: int | None = None, extra_args: Sequence[str] = (),
+                 startup_timeout: float = 30.0) -> None:
+        self.host = host
+        self.rpc_port = free_port(host)
+        self.metrics_port = free_port(host)
+        self.http_metadata_port = free_port(host)
+        self._lease_ttl = lease_ttl
+        self._client_ttl_s = client_ttl_s
+        self._extra_args = list(extra_args)
+        self._startup_timeout = startup_timeout
+        self._binary = find_master_binary()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._logdir = tempfile.mkdtemp(prefix="mooncake_master_")
+        self.log_path = os.path.join(self._logdir, "master.log")
+
+    # -------------------------------------------------------------------------------- addresses
+
+    @property
+    def rpc_address(self) -> str:
+        """``host:port`` for ``MooncakeDistributedStore.setup(master_server_addr=...)``."""
+        return f"{self.host}:{self.rpc_port}"
+
+    @property
+    def metadata_url(self) -> str:
+        """The master's embedded HTTP metadata server, for ``setup(metadata_server=...)``."""
+        return f"http://{self.host}:{self.http_metadata_port}/metadata"
+
+    @property
+    def metrics_url(self) -> str:
+        """Base URL of the admin HTTP server (``/health``, ``/metrics``, ``/get_all_keys``...)."""
+        return f"http://{self.host}:{self.metrics_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc and self._proc.poll() is None else None
+
+    # -------------------------------------------------------------------------------- lifecycle
+
+    def _argv(self) -> list[str]:
+        argv = [self._binary,
+                f"--rpc_address={self.host}", f"--rpc_port={self.rpc_port}",
+                f"--metrics_host={self.host}", f"--metrics_port={self.metrics_port}",
+                "--enable_http_metadata_server=true",
+                f"--http_metadata_server_host={self.host}",
+                f"--http_metadata_server_port={self.http_metadata_port}",
+                "--logtostderr=true"]
+        if self._lease_ttl is not None:
+            argv.append(f"--default_kv_lease_ttl={self._lease_ttl}")
+        if self._client_ttl_s is not None:
+            argv.append(f"--client_ttl={self._client_ttl_s}")
+        return argv + self._extra_args
+
+    def start(self) -> MooncakeMaster:
+        """Start the master and wait until ``/health`` answers; no-op while it runs."""
+        if self.pid is not None:
+            return self
+        env = dict(os.environ)
+        env.setdefault("GLOG_minloglevel", "1")
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(self._argv(), stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + self._startup_timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise MasterStartError(f"mooncake_master exited with code {self._proc.returncode} "
+                                       f"during startup:\n{self.log_tail()}")
+            if self.healthy():
+                return self
+            time.sleep(0.05)
+        self.kill()
+        raise MasterStartError(f"mooncake_master not healthy within {self._startup_timeout:.0f}s "
+                               f"on {self.metrics_url}/health:\n{self.log_tail()}")
+
+    def healthy(self) -> bool:
+        """Does ``/health`` answer 200 right now."""
+        try:
+            with urllib.request.urlopen(f"{self.metrics_url}/health", timeout=0.5) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout`` (a clean shutdown takes 2–5 s)."""
+        self._signal_and_wait(signal.SIGTERM, timeout)
+
+    def kill(self) -> None:
+        """SIGKILL at once, as a crash would; the master's object metadata is lost."""
+        self._signal_and_wait(signal.SIGKILL, 10.0)
+
+    def restart(self) -> MooncakeMaster:
+        """Kill if running, then start again on the same ports."""
+        self.kill()
+        return self.start()
+
+    def _signal_and_wait(self, sig: signal.Signals, timeout: float) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def log_tail(self, nbytes: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - nbytes))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> MooncakeMaster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        shutil.rmtree(self._logdir, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return f"MooncakeMaster(rpc={self.rpc_address}, metadata={self.metadata_url}, pid={self.pid})"

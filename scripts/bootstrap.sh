@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Idempotent set-up of everything the project needs on a fresh Debian machine (CPU or GPU):
+# .venv with torch, sglang 0.5.23 (lean install: no CUDA kernels it won't use here), the package in
+# editable mode, Debian's libibverbs1 for the mooncake wheel, and the real Mooncake Store wheel.
+# Re-running is cheap: a stamp of this file and pyproject.toml skips work already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${MOONCAKE_SGL_VENV:-.venv}
+PY=${PYTHON:-python3}
+stamp="$VENV/.bootstrap-$(cat scripts/bootstrap.sh pyproject.toml | sha256sum | cut -c1-16)"
+[ -f "$stamp" ] && exit 0
+
+say() { printf '[bootstrap] %s\n' "$*" >&2; }
+
+if ! ldconfig -p 2>/dev/null | grep -q libibverbs.so.1; then
+  say "installing Debian libibverbs1 (needed by the mooncake wheel)"
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 >/dev/null
+  else
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 >/dev/null
+  fi
+fi
+
+[ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PY" -m venv "$VENV"; }
+PIP=("$VENV/bin/pip" install -q --disable-pip-version-check)
+
+# torchvision must match torch exactly: sglang's host-pool import chain loads it.
+say "installing torch"
+"${PIP[@]}" torch==2.14.1 torchvision==0.29.1
+say "installing sglang 0.5.23 (no-deps) and the dependencies its HiCache path imports"
+"${PIP[@]}" --no-deps sglang==0.5.23
+"${PIP[@]}" -c <(echo torch==2.14.1) numpy psutil requests msgspec orjson pybase64 packaging pillow \
+  starlette pydantic pyzmq tqdm IPython aiohttp transformers==5.19.0 dill apache-tvm-ffi==0.1.11 \
+  sentencepiece compressed-tensors gguf
+say "installing the real Mooncake Store wheel (mooncake_master, MooncakeDistributedStore)"
+"${PIP[@]}" --no-deps mooncake-transfer-engine-non-cuda==0.3.13.post1
+say "installing mooncake-sgl (editable) with its dev and bench extras"
+"${PIP[@]}" -c <(echo torch==2.14.1) -e ".[dev,bench]"
+rm -f "$VENV"/.bootstrap-*
+touch "$stamp"
+say "done"
