@@ -211,10 +211,11 @@ class TieredStore:
         ok = [False] * len(keys)
         todo = list(range(len(keys)))
         for _ in range(_MAX_ROOM_ROUNDS):
+            roomy = True
             if self._managed[t]:
                 need = sum(tier.footprint(sizes[i]) for i in todo if keys[i] not in self._resident[t])
-                if not self._make_room(t, need, protected):
-                    break
+                # Short of room (a batch larger than the tier): the tier still takes what fits.
+                roomy = self._make_room(t, need, protected)
             res = self._guarded(tier, "put", tier.put_from, [keys[i] for i in todo], [pages[i] for i in todo])
             written, failed = [], []
             for i, good in zip(todo, res):
@@ -231,7 +232,7 @@ class TieredStore:
                     self.policy.on_insert([keys[i] for i in fresh], t,
                                           [tier.footprint(sizes[i]) for i in fresh], parent)
             todo = failed
-            if not todo or not self._managed[t]:
+            if not todo or not self._managed[t] or not roomy:
                 break
         self.counters[t].write_failures += len(todo)
         return ok

@@ -1,0 +1,175 @@
+"""How SGLang's host KV pool and storage config map onto our pages and key namespaces.
+
+- ``PoolGeometry``: the facts about a registered host pool that IO needs (page size, segments per
+  page, bytes per page, how a legacy flat page orders its segments).
+- ``page_views``: host slot indices → one ``PageView`` per page, through the pool's own
+  ``get_page_buffer_meta`` (zero copy: the views alias the pool's memory).
+- ``flat_page_view``: a flat page tensor (SGLang's legacy copy path) → a ``PageView`` whose
+  concatenation is byte-identical to the zero-copy page, so both paths share keys and bytes.
+- ``key_namespace`` / ``rank_suffix``: a ``HiCacheStorageConfig`` plus the pool → the key namespace
+  and the per-process name of local files.
+
+Everything reads SGLang objects through ``getattr`` with defaults, so configs and pools of older
+releases (0.5.5 had no PP/CP/DCP fields) still work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..api import PageView
+from ..buffers import pages_from_pointers, view_at
+from ..keys import KeyNamespace
+
+
+@dataclass(frozen=True)
+class PoolGeometry:
+    page_size: int  # tokens per page, as host indices count them
+    layout: str
+    dtype: str
+    segment_sizes: tuple[int, ...]  # bytes of each zero-copy segment of one page, in order
+    # Legacy flat pages (``get_data_page(flat=True)``) may order the same segments differently:
+    # ``flat_order[j]`` is the position in the flat page of zero-copy segment ``j``.
+    flat_order: tuple[int, ...]
+
+    @property
+    def page_nbytes(self) -> int:
+        return sum(self.segment_sizes)
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def pool_page_size(pool: Any) -> int:
+    # With decode context parallel (DCP) a key covers a logical page; the pool's physical page is
+    # a shard of it, and indices are counted in logical tokens.
+    return int(getattr(pool, "logical_page_size", None) or pool.page_size)
+
+
+def pool_geometry(pool: Any) -> PoolGeometry:
+    """Probe one page of ``pool`` (pointer arithmetic only; no memory is touched)."""
+    page_size = pool_page_size(pool)
+    _, sizes = pool.get_page_buffer_meta(torch.arange(page_size, dtype=torch.int64))
+    sizes = tuple(int(s) for s in sizes)
+    layout = str(getattr(pool, "layout", "layer_first"))
+    layer_num = int(getattr(pool, "layer_num", 0))
+    order = tuple(range(len(sizes)))
+    # MHA ``layer_first`` gives zero-copy segments K0 V0 K1 V1 ..., while its flat page is the
+    # slice kv_buffer[:, :, page] = K0 K1 ... V0 V1 ...; every other layout (and MLA, which has one
+    # segment per layer) already agrees.
+    if layout == "layer_first" and layer_num and len(sizes) == 2 * layer_num:
+        order = tuple((j % 2) * layer_num + j // 2 for j in range(len(sizes)))
+    return PoolGeometry(page_size=page_size, layout=layout, dtype=_dtype_name(pool.dtype),
+                        segment_sizes=sizes, flat_order=order)
+
+
+def page_views(pool: Any, geometry: PoolGeometry, host_indices: torch.Tensor, npages: int
+               ) -> list[PageView]:
+    """Views of the ``npages`` host pages starting at ``host_indices[i * page_size]``.
+
+    Raises:
+        ValueError: ``host_indices`` does not hold exactly ``npages`` pages (SGLang #27033).
+    """
+    if len(host_indices) != npages * geometry.page_size:
+        raise ValueError(f"{len(host_indices)} host indices for {npages} pages of "
+                         f"{geometry.page_size} tokens")
+    ptrs, sizes = pool.get_page_buffer_meta(host_indices)
+    return pages_from_pointers([int(p) for p in ptrs], [int(s) for s in sizes], npages)
+
+
+def flat_page_view(geometry: PoolGeometry, flat: torch.Tensor) -> PageView:
+    """Segments of a contiguous CPU flat page, in zero-copy order.
+
+    The views alias ``flat``; the caller keeps the tensor alive while they are used.
+
+    Raises:
+        ValueError: the tensor is not a contiguous CPU tensor of exactly one page.
+    """
+    nbytes = flat.numel() * flat.element_size()
+    if flat.device.type != "cpu" or not flat.is_contiguous() or nbytes != geometry.page_nbytes:
+        raise ValueError(f"flat page must be a contiguous CPU tensor of {geometry.page_nbytes} bytes, "
+                         f"got {nbytes} bytes on {flat.device} (contiguous={flat.is_contiguous()})")
+    base = flat.data_ptr()
+    # Offsets of the segments as they sit in the flat page.
+    flat_sizes = [0] * len(geometry.segment_sizes)
+    for j, pos in enumerate(geometry.flat_order):
+        flat_sizes[pos] = geometry.segment_sizes[j]
+    offsets = [sum(flat_sizes[:pos]) for pos in range(len(flat_sizes))]
+    return [view_at(base + offsets[pos], geometry.segment_sizes[j])
+            for j, pos in enumerate(geometry.flat_order)]
+
+
+def _cp_coordinates(cfg: Any) -> tuple[int, int]:
+    # Attention CP (NSA) and decode CP (DCP, MLA only) each shard a page's bytes; fold both into
+    # one coordinate so either one changing changes the namespace.
+    dcp_size = int(getattr(cfg, "dcp_size", 1) or 1)
+    dcp_rank = int(getattr(cfg, "dcp_rank", 0) or 0)
+    cp_size = int(getattr(cfg, "attn_cp_size", 1) or 1)
+    cp_rank = int(getattr(cfg, "attn_cp_rank", 0) or 0)
+    return cp_rank * dcp_size + dcp_rank, cp_size * dcp_size
+
+
+def is_rank_replicated(cfg: Any) -> bool:
+    """MLA (and other replicated) KV: every TP rank holds the same page bytes."""
+    return bool(getattr(cfg, "is_mla_model", False))
+
+
+def is_storage_writer(cfg: Any) -> bool:
+    writer = getattr(cfg, "is_storage_writer", None)
+    if writer is not None:
+        return bool(writer)
+    return not is_rank_replicated(cfg) or int(getattr(cfg, "tp_rank", 0)) == 0
+
+
+def key_namespace(cfg: Any, geometry: PoolGeometry, tag: str = "") -> KeyNamespace:
+    """The namespace every key of this process lives in (model, dtype, layout, page, ranks, tag).
+
+    The DP rank is left out on purpose: attention-TP rank r holds the same heads in every DP group,
+    so DP groups share pages through shared tiers.
+    """
+    cp_rank, cp_size = _cp_coordinates(cfg)
+    return KeyNamespace(
+        model=str(getattr(cfg, "model_name", None) or ""),
+        dtype=geometry.dtype,
+        layout=geometry.layout,
+        page_size=geometry.page_size,
+        tp_rank=int(getattr(cfg, "tp_rank", 0)),
+        tp_size=int(getattr(cfg, "tp_size", 1)),
+        pp_rank=int(getattr(cfg, "pp_rank", 0) or 0),
+        pp_size=int(getattr(cfg, "pp_size", 1) or 1),
+        cp_rank=cp_rank,
+        cp_size=cp_size,
+        rank_replicated=is_rank_replicated(cfg),
+        tag=tag,
+    )
+
+
+def rank_suffix(cfg: Any) -> str:
+    """Directory name of this process's local files (e.g. its LMDB environment).
+
+    MHA: one per TP/PP/CP/DP rank, so every writer owns its file and its capacity accounting.
+    MLA: the TP ranks of one DP group share the storage writer's file (LMDB allows one writer
+    process and many readers), because only the writer stores pages and every rank reads them.
+    """
+    cp_rank, cp_size = _cp_coordinates(cfg)
+    parts = [] if is_rank_replicated(cfg) else [f"tp{int(getattr(cfg, 'tp_rank', 0))}"]
+    parts.append(f"pp{int(getattr(cfg, 'pp_rank', 0) or 0)}")
+    if cp_size > 1:
+        parts.append(f"cp{cp_rank}")
+    dp_rank = int(getattr(cfg, "dp_rank", 0) or 0)
+    if dp_rank:
+        parts.append(f"dp{dp_rank}")
+    if is_rank_replicated(cfg):
+        parts.insert(0, "mla")
+    return "_".join(parts)
+
+
+def parent_hash(extra_info: Any) -> str | None:
+    """The page hash just before a call's first key, when SGLang passes prefix keys."""
+    prefix: Sequence[str] | None = getattr(extra_info, "prefix_keys", None) if extra_info else None
+    return prefix[-1] if prefix else None

@@ -1,0 +1,51 @@
+"""The ``sglang.srt.plugins`` entry point: makes ``--hicache-storage-backend mooncake`` ours.
+
+SGLang runs every entry point of that group once per process (``load_plugins()`` at the top of the
+scheduler, the engine, the detokenizer), and schedulers are spawned, so registering from the parent
+process alone would not reach them. ``pyproject.toml`` declares::
+
+    [project.entry-points."sglang.srt.plugins"]
+    mooncake_sgl = "mooncake_sgl.hicache.plugin:register"
+
+If ``SGLANG_PLUGINS`` whitelists plugins, it must include ``mooncake_sgl``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+BACKEND_NAME = "mooncake"
+BACKEND_MODULE = "mooncake_sgl.hicache.backend"
+BACKEND_CLASS = "MooncakeSglStorage"
+
+# sglang 0.5.23 creates a shared Mooncake TransferEngine at bootstrap when the backend is named
+# ``mooncake`` (``maybe_init_shared_mooncake_transfer_engine``) so that its built-in MooncakeStore
+# can reuse it. Nothing of ours uses that engine, and without the real ``mooncake`` package the
+# bootstrap raises ImportError; an explicit value set by the user still wins.
+REUSE_TE_ENV = "SGLANG_HICACHE_MOONCAKE_REUSE_TE"
+
+
+def register() -> None:
+    """Register ``MooncakeSglStorage`` under the backend name ``mooncake`` in this process.
+
+    Idempotent. The class is loaded lazily by SGLang's factory when a backend is created.
+    Other effects of the name, handled or harmless:
+
+    - the host pool allocator becomes ``MooncakeHostTensorAllocator``, which falls back to SGLang's
+      default mmap allocator when ``mooncake.store`` cannot be imported;
+    - the zero-copy ``batch_get_v1``/``batch_set_v1`` path is used (implemented);
+    - ``layer_first`` is rewritten to ``page_first``/``page_first_direct`` (all are supported);
+    - ``describe_l3_object_layout`` reports "disabled" (it only serves the built-in class).
+    """
+    os.environ.setdefault(REUSE_TE_ENV, "0")
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    entry = getattr(StorageBackendFactory, "_registry", {}).get(BACKEND_NAME, {})
+    if (entry.get("module_path"), entry.get("class_name")) == (BACKEND_MODULE, BACKEND_CLASS):
+        return
+    StorageBackendFactory.register_backend(BACKEND_NAME, BACKEND_MODULE, BACKEND_CLASS)
+    logger.info("mooncake_sgl: HiCache storage backend '%s' is %s.%s", BACKEND_NAME,
+                BACKEND_MODULE, BACKEND_CLASS)

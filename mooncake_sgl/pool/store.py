@@ -1,0 +1,284 @@
+"""The pool's index: which key lives at which segment offset, in which state, and who reads it.
+
+Design. One lock guards the index, the slab allocator and per-class LRU lists; bytes are always
+copied outside it. A page moves through three states:
+
+    reserved (slot allocated, being written, invisible)  --commit-->  readable  --evict/remove-->  gone
+                                                          --abort-->   gone
+
+A read takes a lease (a count on the entry) before its bytes leave the segment and drops it after:
+a leased entry is never evicted, and a removed leased entry keeps its slot until the last lease
+goes, so a read in flight is never overwritten. Keys are written once (puts are idempotent), so a
+readable slot never changes under anyone.
+
+Room. Above the high watermark a background thread evicts least-recently-read pages down to the
+low watermark. A reservation that still finds no slot evicts inline: first the oldest page of its
+own size class, else the oldest pages of any class until a slab empties. If everything left is
+leased or being written, it waits on the lock's condition up to ``put_wait`` and only then reports
+the page as not stored; a put never fails silently or half-writes (Mooncake answers -200 at once).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from ..api import PageKey
+from .allocator import SlabAllocator, slot_size_for
+
+
+class Entry:
+    __slots__ = ("key", "offset", "size", "slot", "leases", "readable", "dropped", "tick")
+
+    def __init__(self, key: PageKey, offset: int, size: int, slot: int):
+        self.key = key
+        self.offset = offset
+        self.size = size
+        self.slot = slot
+        self.leases = 0
+        self.readable = False
+        self.dropped = False  # removed from the index; slot freed when the last lease goes
+        self.tick = 0
+
+
+PRESENT = "present"  # reserve(): the key is already readable (put is a no-op success)
+NO_ROOM = None  # reserve(): nothing could be freed within put_wait
+PENDING_DUP = "pending"  # reserve(): another writer is writing this key right now
+
+
+class PoolStore:
+    """Index, allocation, leases and eviction over a segment of ``capacity`` bytes.
+
+    Thread-safe. ``reserve``/``commit``/``abort`` are the two-phase write; ``lease``/``release``
+    bracket every read.
+    """
+
+    def __init__(self, capacity: int, slab_size: int, *, high_watermark: float = 0.95,
+                 low_watermark: float = 0.90, put_wait: float = 2.0):
+        self.alloc = SlabAllocator(capacity, slab_size)
+        self.high = high_watermark
+        self.low = low_watermark
+        self.put_wait = put_wait
+        self._cond = threading.Condition(threading.Lock())
+        self._index: dict[PageKey, Entry] = {}  # readable entries
+        self._writing: dict[PageKey, Entry] = {}
+        self._lru: dict[int, OrderedDict[PageKey, Entry]] = {}  # slot size -> readable, oldest first
+        self._tick = 0
+        self.stored_bytes = 0
+        self.counters: dict[str, int] = dict.fromkeys(
+            ("puts", "put_present", "put_no_room", "put_waits", "evictions", "evicted_bytes",
+             "removes", "gets", "get_hits", "exists_checks", "aborts"), 0)
+
+    # ------------------------------------------------------------------------------------ writes
+
+    def reserve(self, keys: Sequence[PageKey], sizes: Sequence[int]) -> list[Entry | str | None]:
+        """Per key: a reserved ``Entry`` to write, ``PRESENT``, ``PENDING_DUP`` or ``NO_ROOM``."""
+        out: list[Entry | str | None] = []
+        deadline: float | None = None
+        with self._cond:
+            self.counters["puts"] += len(keys)
+            for key, size in zip(keys, sizes):
+                if key in self._index:
+                    out.append(PRESENT)
+                    self.counters["put_present"] += 1
+                    continue
+                if key in self._writing:
+                    out.append(PENDING_DUP)
+                    continue
+                slot = slot_size_for(size)
+                if size <= 0 or not self.alloc.fits(slot):
+                    out.append(NO_ROOM)
+                    self.counters["put_no_room"] += 1
+                    continue
+                offset = self.alloc.alloc(slot)
+                while offset is None:
+                    offset = self._evict_for(slot)
+                    if offset is not None:
+                        break
+                    if deadline is None:
+                        deadline = time.monotonic() + self.put_wait
+                        self.counters["put_waits"] += 1
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    # Leases released, writes committed or aborted all notify.
+                    self._cond.wait(left)
+                    offset = self.alloc.alloc(slot)
+                if offset is None:
+                    out.append(NO_ROOM)
+                    self.counters["put_no_room"] += 1
+                    continue
+                e = Entry(key, offset, size, slot)
+                self._writing[key] = e
+                self.stored_bytes += size
+                out.append(e)
+        return out
+
+    def commit(self, entries: Sequence[Entry], written: Sequence[bool]) -> None:
+        """Make completely written entries readable; free the others."""
+        with self._cond:
+            for e, ok in zip(entries, written):
+                if self._writing.get(e.key) is e:
+                    del self._writing[e.key]
+                if ok and not e.dropped:
+                    self._tick += 1
+                    e.tick = self._tick
+                    e.readable = True
+                    self._index[e.key] = e
+                    self._lru.setdefault(e.slot, OrderedDict())[e.key] = e
+                else:
+                    self.counters["aborts"] += 1
+                    self._free(e)
+            self._cond.notify_all()
+
+    def abort(self, entries: Sequence[Entry]) -> None:
+        self.commit(entries, [False] * len(entries))
+
+    def wait_written(self, keys: Sequence[PageKey]) -> list[bool]:
+        """For keys another writer was writing: wait (bounded) and report whether they landed."""
+        deadline = time.monotonic() + self.put_wait
+        with self._cond:
+            while any(k in self._writing for k in keys) and time.monotonic() < deadline:
+                self._cond.wait(max(0.0, deadline - time.monotonic()))
+            return [k in self._index for k in keys]
+
+    # ------------------------------------------------------------------------------------- reads
+
+    def lease(self, keys: Sequence[PageKey], sizes: Sequence[int] | None = None) -> list[Entry | None]:
+        """Pin each readable page whose size matches (``None`` otherwise) and mark it recently used."""
+        out: list[Entry | None] = []
+        with self._cond:
+            self.counters["gets"] += len(keys)
+            for i, key in enumerate(keys):
+                e = self._index.get(key)
+                if e is None or (sizes is not None and sizes[i] != e.size):
+                    out.append(None)
+                    continue
+                e.leases += 1
+                self._tick += 1
+                e.tick = self._tick
+                self._lru[e.slot].move_to_end(key)
+                out.append(e)
+            self.counters["get_hits"] += sum(e is not None for e in out)
+        return out
+
+    def release(self, entries: Sequence[Entry | None]) -> None:
+        with self._cond:
+            for e in entries:
+                if e is None:
+                    continue
+                e.leases -= 1
+                if e.leases == 0 and e.dropped:
+                    self._release_slot(e)
+            self._cond.notify_all()
+
+    def contains(self, keys: Sequence[PageKey]) -> bytes:
+        index = self._index
+        # A dict lookup per key under the GIL is atomic; no lock needed for a snapshot answer.
+        self.counters["exists_checks"] += len(keys)
+        return bytes(k in index for k in keys)
+
+    # ---------------------------------------------------------------------------------- removal
+
+    def remove(self, keys: Sequence[PageKey]) -> int:
+        n = 0
+        with self._cond:
+            for key in keys:
+                e = self._index.get(key)
+                if e is not None:
+                    self._drop(e)
+                    n += 1
+            self.counters["removes"] += n
+            self._cond.notify_all()
+        return n
+
+    def clear(self) -> int:
+        with self._cond:
+            entries = list(self._index.values())
+            for e in entries:
+                self._drop(e)
+            self._cond.notify_all()
+        return len(entries)
+
+    def evict_to_watermark(self) -> int:
+        """Evict oldest pages while above the high watermark, down to the low one; returns count."""
+        cap = self.alloc.capacity
+        n = 0
+        with self._cond:
+            if self.alloc.used_bytes <= self.high * cap:
+                return 0
+            while self.alloc.used_bytes > self.low * cap:
+                victim = self._oldest(None)
+                if victim is None:
+                    break
+                self._evict(victim)
+                n += 1
+            if n:
+                self._cond.notify_all()
+        return n
+
+    def over_high_watermark(self) -> bool:
+        return self.alloc.used_bytes > self.high * self.alloc.capacity
+
+    # --------------------------------------------------------------------------------- internals
+
+    def _oldest(self, slot: int | None) -> Entry | None:
+        """Least recently used unleased readable entry, of class ``slot`` or of any class."""
+        best: Entry | None = None
+        classes = [self._lru.get(slot, {})] if slot is not None else self._lru.values()
+        for lru in classes:
+            for e in lru.values():  # leased entries are rare and short-lived: skip past them
+                if e.leases == 0:
+                    if best is None or e.tick < best.tick:
+                        best = e
+                    break
+        return best
+
+    def _evict_for(self, slot: int) -> int | None:
+        victim = self._oldest(slot)
+        if victim is not None:
+            self._evict(victim)
+            return self.alloc.alloc(slot)
+        # No page of this size to evict: free other classes oldest first until a slab empties.
+        while not self.alloc.can_alloc(slot):
+            victim = self._oldest(None)
+            if victim is None:
+                return None
+            self._evict(victim)
+        return self.alloc.alloc(slot)
+
+    def _evict(self, e: Entry) -> None:
+        self.counters["evictions"] += 1
+        self.counters["evicted_bytes"] += e.size
+        self._drop(e)
+
+    def _drop(self, e: Entry) -> None:
+        del self._index[e.key]
+        del self._lru[e.slot][e.key]
+        e.readable = False
+        e.dropped = True
+        if e.leases == 0:
+            self._release_slot(e)
+
+    def _release_slot(self, e: Entry) -> None:
+        self.stored_bytes -= e.size
+        self.alloc.free(e.offset, e.slot)
+
+    def _free(self, e: Entry) -> None:
+        e.dropped = True
+        self._release_slot(e)
+
+    # ------------------------------------------------------------------------------------- stats
+
+    def snapshot(self) -> dict[str, float]:
+        with self._cond:
+            out: dict[str, float] = {k: float(v) for k, v in self.counters.items()}
+            out.update(capacity_bytes=float(self.alloc.capacity), used_bytes=float(self.alloc.used_bytes),
+                       stored_bytes=float(self.stored_bytes), pages=float(len(self._index)),
+                       writing=float(len(self._writing)),
+                       leased=float(sum(e.leases > 0 for lru in self._lru.values() for e in lru.values())),
+                       free_slabs=float(self.alloc.free_slabs), slabs=float(self.alloc.nslabs),
+                       size_classes=float(sum(1 for lru in self._lru.values() if lru)))
+        return out

@@ -1,0 +1,323 @@
+"""The LMDB tier: checksummed KV pages on local disk that survive crashes and restarts.
+
+Design. One LMDB environment (a directory holding ``data.mdb`` and ``lock.mdb``), the main
+database mapping ``PageKey -> header || page bytes``. Pages are large (64 KiB to several MiB), so
+each value lives in LMDB overflow pages and the B-tree stays small. The header is 24 bytes:
+
+    magic "MSGP" | version u8 | flags u8 | reserved u16 | payload length u64 | xxh3_64(payload) u64
+
+Why each choice:
+
+- *Warm restart.* LMDB commits are atomic and the index is the B-tree itself, so whatever a
+  committed transaction wrote is found again by a new process (``scan`` yields it for the store to
+  seed its policy) -- the failure LMCache #1175 and SGLang #26886 report for file-per-page tiers
+  whose index lives only in memory. A process killed mid-transaction leaves nothing of that
+  transaction behind; its stale reader slot is cleared with ``reader_check`` at open.
+- *Integrity.* LMDB checks the structure of its B-tree but not value bytes. The checksum is
+  verified on every read, over the bytes as they landed in the destination; a mismatch is a miss,
+  counted, and the page is deleted, so corrupt KV is never handed to the model (Mooncake #2236,
+  SGLang #27504 show what silently wrong KV does).
+- *Batched writes.* One write transaction per ``put_from`` batch: one commit (one fsync with
+  ``sync``) for up to 128 pages instead of one per page.
+- *Full map.* ``MapFullError`` never escapes: the batch is retried with the pages that fit and the
+  rest are per-key ``False``, which the store answers by evicting.
+- *Reads* use ``buffers=True`` (zero-copy views into the map) and copy into the caller's segments
+  before the read transaction ends, because those views die with it.
+- ``writemap`` stays off so a stray write through the map cannot corrupt the file, and
+  ``lock=True`` lets several processes share one environment.
+
+Thread context: reads run in parallel (LMDB readers never block); writes take one in-process lock
+so a write transaction stays on one thread, and LMDB's own lock serialises writers across processes.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import lmdb
+import numpy as np
+import xxhash
+
+from ..api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
+from ..config import LmdbTierConfig, default_cache_dir
+from ..errors import TierClosed, TierError
+
+_HEADER = struct.Struct("<4sBBHQQ")
+HEADER_BYTES = _HEADER.size
+MAGIC = b"MSGP"
+VERSION = 1
+# Keys per read transaction while scanning: short transactions let writers reuse freed pages.
+_SCAN_CHUNK = 4096  # arbitrary
+
+
+def default_lmdb_path() -> str:
+    return str(default_cache_dir() / "lmdb")
+
+
+def _checksum(page: Sequence[memoryview]) -> int:
+    if len(page) == 1:
+        return xxhash.xxh3_64_intdigest(page[0])
+    h = xxhash.xxh3_64()
+    for seg in page:
+        h.update(seg)
+    return h.intdigest()
+
+
+class LmdbTier(Tier):
+    """Persistent, checksummed pages in one LMDB environment on local disk."""
+
+    name = "lmdb"
+    kind = TierKind.SSD
+    capabilities = TierCapabilities(persistent=True)
+
+    def __init__(self, config: LmdbTierConfig) -> None:
+        self._config = config
+        self.path = config.path or default_lmdb_path()
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            self._env = lmdb.open(
+                self.path, map_size=int(config.capacity), subdir=True, lock=True, writemap=False,
+                sync=config.sync, metasync=config.sync, max_readers=config.max_readers, max_dbs=0,
+                # Values are written whole, so LMDB need not zero its dirty buffers first.
+                meminit=False)
+            # A process killed while reading leaves its reader slot behind, pinning old pages.
+            self._env.reader_check()
+        except (OSError, lmdb.Error) as e:
+            raise TierError(f"cannot open LMDB tier at {self.path}: {e}. Check that the directory "
+                            "is writable and on a local filesystem.") from None
+        self._db = self._env.open_db()
+        self._max_key = self._env.max_key_size()
+        self._write_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self._closed = False
+        # Reused for every encoded value (under the write lock): no allocation per page.
+        self._scratch = bytearray()
+        self._counters = dict.fromkeys(
+            ("get_hits", "get_misses", "get_size_mismatch", "corrupt_pages", "put_pages",
+             "put_existing", "put_full", "put_bad_key", "bytes_read", "bytes_written", "removed",
+             "write_txns", "map_full_retries"), 0)
+
+    # --------------------------------------------------------------------------- plumbing
+
+    @contextmanager
+    def _lmdb_errors(self, what: str) -> Iterator[None]:
+        """The one place LMDB exceptions become tier errors."""
+        if self._closed:
+            raise TierClosed(f"lmdb tier at {self.path} is closed")
+        try:
+            yield
+        except lmdb.Error as e:
+            if self._closed:
+                raise TierClosed(f"lmdb tier at {self.path} was closed during {what}") from None
+            raise TierError(f"lmdb tier at {self.path}: {what} failed: {e}. If the file is "
+                            "damaged, delete the directory; its pages will be recomputed.") from e
+
+    def _count(self, **deltas: int) -> None:
+        with self._stats_lock:
+            for name, d in deltas.items():
+                self._counters[name] += d
+
+    def _encode(self, page: PageView, nbytes: int) -> memoryview:
+        """``header || page`` in the scratch buffer (valid until the next call)."""
+        total = HEADER_BYTES + nbytes
+        if len(self._scratch) < total:
+            self._scratch = bytearray(total)
+        value = memoryview(self._scratch)[:total]
+        dst = np.frombuffer(value, dtype=np.uint8)
+        off = HEADER_BYTES
+        for seg in page:
+            n = seg.nbytes
+            np.copyto(dst[off:off + n], np.frombuffer(seg, dtype=np.uint8))
+            off += n
+        _HEADER.pack_into(value, 0, MAGIC, VERSION, 0, 0, nbytes,
+                          xxhash.xxh3_64_intdigest(value[HEADER_BYTES:]))
+        return value
+
+    @staticmethod
+    def _header_ok(value: memoryview) -> int | None:
+        """Payload length the header declares, or ``None`` if the header is not ours/intact."""
+        if len(value) < HEADER_BYTES:
+            return None
+        magic, version, _, _, length, _ = _HEADER.unpack_from(value)
+        if magic != MAGIC or version != VERSION or length != len(value) - HEADER_BYTES:
+            return None
+        return length
+
+    @classmethod
+    def _intact(cls, value: memoryview) -> bool:
+        if cls._header_ok(value) is None:
+            return False
+        return _HEADER.unpack_from(value)[5] == xxhash.xxh3_64_intdigest(value[HEADER_BYTES:])
+
+    # ------------------------------------------------------------------------------ Tier API
+
+    def contains(self, keys: Sequence[PageKey]) -> list[bool]:
+        with self._lmdb_errors("contains"), self._env.begin(buffers=True) as txn:
+            # Existence only: checksums are verified when the bytes are actually read.
+            return [len(k) <= self._max_key and txn.get(k) is not None for k in keys]
+
+    def get_into(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+        if len(keys) != len(pages):
+            raise ValueError(f"{len(keys)} keys but {len(pages)} destination pages")
+        results = [False] * len(keys)
+        corrupt: list[PageKey] = []
+        misses = mismatched = hits = nread = 0
+        with self._lmdb_errors("get"), self._env.begin(buffers=True) as txn:
+            for i, (key, page) in enumerate(zip(keys, pages)):
+                value = txn.get(key) if len(key) <= self._max_key else None
+                if value is None:
+                    misses += 1
+                    continue
+                length = self._header_ok(value)
+                if length is None:
+                    corrupt.append(key)
+                    continue
+                if length != page_nbytes(page):
+                    mismatched += 1
+                    continue
+                # Copy out while the view is valid, then check what the caller will actually see.
+                src = np.frombuffer(value, dtype=np.uint8)
+                off = HEADER_BYTES
+                for seg in page:
+                    n = seg.nbytes
+                    np.copyto(np.frombuffer(seg, dtype=np.uint8), src[off:off + n])
+                    off += n
+                if _checksum(page) != _HEADER.unpack_from(value)[5]:
+                    corrupt.append(key)
+                    continue
+                results[i] = True
+                hits += 1
+                nread += length
+        self._count(get_hits=hits, get_misses=misses + len(corrupt), get_size_mismatch=mismatched,
+                    bytes_read=nread)
+        if corrupt:
+            self._drop_corrupt(corrupt)
+        return results
+
+    def _drop_corrupt(self, keys: list[PageKey]) -> None:
+        """Delete pages that failed their check, unless another writer replaced them since."""
+        removed = 0
+        with self._write_lock, self._lmdb_errors("removing corrupt pages"):
+            with self._env.begin(write=True, buffers=True) as txn:
+                for key in keys:
+                    value = txn.get(key)
+                    if value is not None and not self._intact(value):
+                        txn.delete(key)
+                        removed += 1
+        self._count(corrupt_pages=removed)
+
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+        if len(keys) != len(pages):
+            raise ValueError(f"{len(keys)} keys but {len(pages)} source pages")
+        results = [False] * len(keys)
+        todo = []
+        for i, key in enumerate(keys):
+            if len(key) > self._max_key or not key:
+                self._count(put_bad_key=1)
+            else:
+                todo.append(i)
+        with self._write_lock, self._lmdb_errors("put"):
+            # Retry with a shorter prefix of the batch while the map is full: the pages before the
+            # one that did not fit are committed, the rest are False and the store evicts.
+            limit = len(todo)
+            while limit:
+                written, existing, failed_at = self._write_txn(keys, pages, todo[:limit])
+                if failed_at is None:
+                    for i in written + existing:
+                        results[i] = True
+                    self._count(put_pages=len(written), put_existing=len(existing), write_txns=1,
+                                bytes_written=sum(page_nbytes(pages[i]) for i in written))
+                    break
+                self._count(map_full_retries=1)
+                limit = failed_at if failed_at < limit else limit // 2
+        self._count(put_full=len(todo) - sum(results[i] for i in todo))
+        return results
+
+    def _write_txn(self, keys: Sequence[PageKey], pages: Sequence[PageView], todo: list[int]
+                   ) -> tuple[list[int], list[int], int | None]:
+        """Write ``todo`` in one transaction: (written, already present, None) once committed, or
+        ``([], [], n)`` after an abort because the map filled at item ``n`` (``len(todo)``: at commit)."""
+        written: list[int] = []
+        existing: list[int] = []
+        txn = self._env.begin(write=True, buffers=True)
+        pos = 0
+        try:
+            for pos, i in enumerate(todo):
+                if txn.get(keys[i]) is not None:
+                    existing.append(i)
+                    continue
+                txn.put(keys[i], self._encode(pages[i], page_nbytes(pages[i])))
+                written.append(i)
+            pos = len(todo)
+            txn.commit()
+        except lmdb.MapFullError:
+            txn.abort()
+            return [], [], pos
+        except BaseException:
+            txn.abort()
+            raise
+        return written, existing, None
+
+    def remove(self, keys: Sequence[PageKey]) -> int:
+        removed = 0
+        with self._write_lock, self._lmdb_errors("remove"):
+            with self._env.begin(write=True) as txn:
+                for key in keys:
+                    if len(key) <= self._max_key and txn.delete(key):
+                        removed += 1
+        self._count(removed=removed)
+        return removed
+
+    def usage(self) -> TierUsage:
+        with self._lmdb_errors("usage"):
+            info = self._env.info()
+            st = self._env.stat()
+        used = (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]) * st["psize"]
+        return TierUsage(capacity_bytes=info["map_size"], used_bytes=used, pages=st["entries"])
+
+    def page_size_of(self, key: PageKey) -> int | None:
+        if len(key) > self._max_key:
+            return None
+        with self._lmdb_errors("page_size_of"), self._env.begin(buffers=True) as txn:
+            value = txn.get(key)
+            return None if value is None or len(value) < HEADER_BYTES else len(value) - HEADER_BYTES
+
+    def scan(self) -> Iterator[tuple[PageKey, int]]:
+        """Every stored page, in key order, read in short transactions (no value bytes touched)."""
+        last: bytes | None = None
+        while True:
+            chunk: list[tuple[PageKey, int]] = []
+            with self._lmdb_errors("scan"), self._env.begin(buffers=True) as txn:
+                cur = txn.cursor()
+                more = cur.set_range(last) if last is not None else cur.first()
+                if more and last is not None and bytes(cur.key()) == last:
+                    more = cur.next()
+                while more and len(chunk) < _SCAN_CHUNK:
+                    n = len(cur.value()) - HEADER_BYTES
+                    if n >= 0:
+                        chunk.append((bytes(cur.key()), n))
+                    last = bytes(cur.key())
+                    more = cur.next()
+            yield from chunk
+            if not more:
+                return
+
+    def stats(self) -> dict[str, float]:
+        with self._stats_lock:
+            return dict(self._counters)
+
+    def clear(self) -> None:
+        with self._write_lock, self._lmdb_errors("clear"):
+            with self._env.begin(write=True) as txn:
+                txn.drop(self._db, delete=False)
+
+    def close(self) -> None:
+        with self._write_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._env.close()

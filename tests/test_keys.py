@@ -1,0 +1,44 @@
+"""Page keys: deterministic across processes, different whenever the page bytes could differ."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from mooncake_sgl.keys import KeyNamespace, page_key
+
+NS = KeyNamespace(model="meta-llama/Llama-3-8B", dtype="bfloat16", layout="page_first", page_size=64,
+                  tp_rank=1, tp_size=2)
+HASH = "9f" * 32
+
+
+def test_same_inputs_same_key_in_another_process() -> None:
+    code = ("from mooncake_sgl.keys import KeyNamespace, page_key;"
+            "ns=KeyNamespace(model='meta-llama/Llama-3-8B', dtype='bfloat16', layout='page_first',"
+            " page_size=64, tp_rank=1, tp_size=2);"
+            f"print(page_key(ns, '{HASH}').hex())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONHASHSEED": "123"})
+    assert out.stdout.strip() == page_key(NS, HASH).hex()
+
+
+@pytest.mark.parametrize("change", [
+    {"model": "other"}, {"dtype": "float8_e4m3fn"}, {"layout": "layer_first"}, {"page_size": 32},
+    {"tp_rank": 0}, {"tp_size": 4}, {"pp_rank": 1}, {"pp_size": 2}, {"cp_rank": 1}, {"tag": "tenant-b"},
+])
+def test_any_namespace_change_changes_the_key(change: dict) -> None:
+    assert page_key(dataclasses.replace(NS, **change), HASH) != page_key(NS, HASH)
+
+
+def test_rank_replicated_pages_are_shared_by_all_tp_ranks() -> None:
+    mla = dataclasses.replace(NS, rank_replicated=True)
+    assert page_key(mla, HASH) == page_key(dataclasses.replace(mla, tp_rank=0), HASH)
+
+
+def test_distinct_hashes_distinct_keys_and_text_hashes_do_not_collide_with_hex() -> None:
+    assert page_key(NS, HASH) != page_key(NS, "8f" + HASH[2:])
+    assert page_key(NS, "abc") != page_key(NS, "abd")
+    assert page_key(NS, HASH) != page_key(NS, HASH.upper() + "x")

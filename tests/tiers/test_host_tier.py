@@ -1,0 +1,148 @@
+"""The host DRAM tier: the conformance suite plus its slot allocator and reader protection."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from mooncake_sgl.api import Tier
+from mooncake_sgl.config import HostTierConfig, StoreConfig
+from mooncake_sgl.tiers import build_tier
+from mooncake_sgl.tiers.host import HostTier
+
+from .conformance import TierConformance, empty_like, key, make_page, same
+
+
+def host(capacity: int | str, slot_size: int | str = "auto") -> HostTier:
+    return HostTier(HostTierConfig(capacity=capacity, slot_size=slot_size, pin_memory=False))
+
+
+class TestHostConformance(TierConformance):
+    def make_tier(self, capacity_bytes: int) -> Tier:
+        return host(capacity_bytes)
+
+
+def test_build_tier_makes_a_host_tier_from_the_default_config() -> None:
+    cfg = StoreConfig().tiers[0]
+    assert isinstance(cfg, HostTierConfig)
+    t = build_tier(HostTierConfig(capacity="1MiB"))
+    assert isinstance(t, HostTier)
+    t.close()
+
+
+def test_auto_slot_size_is_the_first_page_and_larger_pages_are_refused() -> None:
+    t = host(1 << 20)
+    assert t.slot_size == 0
+    assert t.put_from([key(1)], [make_page(1, 4096)]) == [True]  # 8 KiB page fixes the slot size
+    assert t.slot_size == 8192
+    assert t.stats()["slots"] == (1 << 20) // 8192
+    # Too large for a slot: refused per key, the others in the batch still land.
+    big, small = make_page(2, 8192), make_page(3, 1024)
+    assert t.put_from([key(2), key(3)], [big, small]) == [False, True]
+    assert t.stats()["put_too_large"] == 1
+    out = empty_like(small)
+    assert t.get_into([key(3)], [out]) == [True] and same(small, out)
+    t.close()
+
+
+def test_configured_slot_size_and_capacity_round_down_to_whole_slots() -> None:
+    t = host(10_000, slot_size=4096)
+    assert t.usage().capacity_bytes == 2 * 4096
+    page = make_page(1, 2048)
+    assert t.put_from([key(i) for i in range(3)], [page, page, page]) == [True, True, False]
+    assert t.stats()["put_full"] == 1
+    t.close()
+
+
+def test_freed_slots_are_reused_and_usage_counts_slots() -> None:
+    t = host(4 * 8192, slot_size=8192)
+    pages = [make_page(i, 4096) for i in range(4)]
+    assert t.put_from([key(i) for i in range(4)], pages) == [True] * 4
+    assert t.put_from([key(9)], [make_page(9, 4096)]) == [False]
+    assert t.usage().used_bytes == 4 * 8192
+    assert t.remove([key(1), key(2)]) == 2
+    assert t.usage().used_bytes == 2 * 8192
+    new = [make_page(10 + i, 4096) for i in range(2)]
+    assert t.put_from([key(10), key(11)], new) == [True, True]
+    # The survivors were not disturbed by the reuse of their neighbours' slots.
+    for i, page in ((0, pages[0]), (3, pages[3]), (10, new[0]), (11, new[1])):
+        out = empty_like(page)
+        assert t.get_into([key(i)], [out]) == [True] and same(page, out)
+    assert t.stats()["slots_free"] == 0
+    t.close()
+
+
+class _BlockingPage(list):
+    """A destination page that parks the reader on its second iteration: the tier iterates a
+    page once to size it and once to copy into it, so the reader is then registered on its slot."""
+
+    def __init__(self, segs: list[memoryview]) -> None:
+        super().__init__(segs)
+        self.iterations = 0
+        self.parked = threading.Event()
+        self.go = threading.Event()
+
+    def __iter__(self) -> Iterator[memoryview]:
+        self.iterations += 1
+        if self.iterations == 2:
+            self.parked.set()
+            assert self.go.wait(10)
+        return super().__iter__()
+
+
+def test_a_page_being_read_is_not_overwritten_by_a_remove_and_reuse() -> None:
+    # One slot only: if remove freed it while a reader is mid-copy, the next put would reuse it
+    # and the reader would return the new page's bytes under the old key.
+    t = host(8192, slot_size=8192)
+    old, new = make_page(1, 4096), make_page(2, 4096)
+    assert t.put_from([key(1)], [old]) == [True]
+    dst = _BlockingPage(empty_like(old))
+    result: list[list[bool]] = []
+    reader = threading.Thread(target=lambda: result.append(t.get_into([key(1)], [dst])))
+    reader.start()
+    assert dst.parked.wait(10)
+    assert t.remove([key(1)]) == 1
+    assert t.contains([key(1)]) == [False]
+    assert t.put_from([key(2)], [new]) == [False], "the slot under a reader must not be handed out"
+    dst.go.set()
+    reader.join(10)
+    assert result == [[True]] and same(old, dst)
+    # The last reader gone, the slot is free again.
+    assert t.put_from([key(2)], [new]) == [True]
+    out = empty_like(new)
+    assert t.get_into([key(2)], [out]) == [True] and same(new, out)
+    t.close()
+
+
+def test_buffer_is_not_pinned_without_cuda_and_copies_use_it() -> None:
+    t = HostTier(HostTierConfig(capacity="1MiB", pin_memory=True))
+    import torch
+
+    assert t.pinned == torch.cuda.is_available()
+    page = [memoryview(np.arange(4096, dtype=np.uint8))]
+    assert t.put_from([key(1)], [page]) == [True]
+    assert t.page_size_of(key(1)) == 4096 and t.page_size_of(key(2)) is None
+    assert dict(t.scan()) == {key(1): 4096}
+    t.close()
+
+
+def test_counters_track_hits_misses_and_bytes() -> None:
+    t = host(1 << 20)
+    page = make_page(1, 4096)
+    t.put_from([key(1)], [page])
+    t.get_into([key(1), key(2)], [empty_like(page), empty_like(page)])
+    t.get_into([key(1)], [[memoryview(bytearray(100))]])
+    s = t.stats()
+    assert (s["get_hits"], s["get_misses"], s["get_size_mismatch"]) == (1, 1, 1)
+    assert s["bytes_written"] == s["bytes_read"] == 8192
+    t.close()
+
+
+def test_mismatched_batch_lengths_are_a_caller_error() -> None:
+    t = host(1 << 20)
+    with pytest.raises(ValueError, match="2 keys but 1"):
+        t.put_from([key(1), key(2)], [make_page(1, 1024)])
+    t.close()

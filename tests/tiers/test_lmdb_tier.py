@@ -1,0 +1,221 @@
+"""The LMDB tier on real LMDB files: conformance, warm restart after SIGKILL, corruption, full map."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mooncake_sgl.api import Tier
+from mooncake_sgl.config import LmdbTierConfig
+from mooncake_sgl.tiers import build_tier
+from mooncake_sgl.tiers import lmdb as lmdb_mod
+from mooncake_sgl.tiers.lmdb import HEADER_BYTES, LmdbTier
+
+from .conformance import TierConformance, empty_like, key, make_page, same
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def lmdb_tier(path: Path, capacity: int | str = "64MiB", sync: bool = True) -> LmdbTier:
+    return LmdbTier(LmdbTierConfig(path=str(path), capacity=capacity, sync=sync))
+
+
+def page_bytes(name: bytes, nbytes: int) -> bytes:
+    """Deterministic, key-specific page content (the killed writer and the reader agree on it)."""
+    block = hashlib.blake2b(name, digest_size=64).digest()
+    return (block * (nbytes // 64 + 1))[:nbytes]
+
+
+class TestLmdbConformance(TierConformance):
+    @pytest.fixture(autouse=True)
+    def _dir(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.n = 0
+
+    def make_tier(self, capacity_bytes: int) -> Tier:
+        self.n += 1  # LMDB's map has a 1 MiB floor in the config; the suite's small tier still fills
+        return lmdb_tier(self.tmp / f"t{self.n}", capacity=max(capacity_bytes, 1 << 20), sync=False)
+
+
+# A writer that acknowledges each committed batch on stdout and keeps writing until it is killed.
+WRITER = textwrap.dedent("""
+    import sys
+    from mooncake_sgl.config import LmdbTierConfig
+    from mooncake_sgl.tiers.lmdb import LmdbTier
+    from tests.tiers.test_lmdb_tier import page_bytes
+    path, sync, per_batch, nbytes = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), int(sys.argv[4])
+    tier = LmdbTier(LmdbTierConfig(path=path, capacity="1GiB", sync=sync))
+    b = 0
+    while True:
+        keys = [b"batch%06d-page%03d" % (b, i) for i in range(per_batch)]
+        pages = [[memoryview(page_bytes(k, nbytes))] for k in keys]
+        assert tier.put_from(keys, pages) == [True] * per_batch
+        print(b, flush=True)
+        b += 1
+""")
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "nosync"])
+def test_pages_survive_sigkill_of_the_writer_and_are_found_by_a_new_process(
+        tmp_path: Path, sync: bool) -> None:
+    per_batch, nbytes = 32, 128 * 1024
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    child = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path), "1" if sync else "0", str(per_batch), str(nbytes)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    acked: list[int] = []
+    try:
+        assert child.stdout is not None
+        while len(acked) < 6:
+            line = child.stdout.readline()
+            assert line, f"writer died early: {child.stderr.read() if child.stderr else ''}"
+            acked.append(int(line))
+        # Killed while it is writing the next batch: that transaction must vanish whole.
+        child.send_signal(signal.SIGKILL)
+        rest, _ = child.communicate(timeout=30)
+        acked += [int(x) for x in rest.split()]
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == -signal.SIGKILL
+
+    tier = lmdb_tier(tmp_path)
+    found = dict(tier.scan())
+    batches: dict[int, int] = {}
+    for k, n in found.items():
+        assert n == nbytes
+        batches[int(k[5:11])] = batches.get(int(k[5:11]), 0) + 1
+    assert set(acked) <= set(batches), "an acknowledged batch was lost"
+    assert all(c == per_batch for c in batches.values()), f"a batch was torn: {batches}"
+    keys = sorted(found)
+    out = [[memoryview(bytearray(nbytes))] for _ in keys]
+    assert tier.get_into(keys, out) == [True] * len(keys)
+    assert all(bytes(o[0]) == page_bytes(k, nbytes) for k, o in zip(keys, out))
+    assert tier.stats()["corrupt_pages"] == 0
+    tier.close()
+
+
+def test_flipped_bytes_in_the_file_are_a_counted_miss_and_the_page_is_removed(tmp_path: Path) -> None:
+    nbytes = 64 * 1024
+    names = [b"payload-flip", b"checksum-flip", b"magic-flip", b"intact"]
+    tier = lmdb_tier(tmp_path)
+    assert tier.put_from(names, [[memoryview(page_bytes(k, nbytes))] for k in names]) == [True] * 4
+    tier.close()
+
+    data_file = tmp_path / "data.mdb"
+    raw = bytearray(data_file.read_bytes())
+
+    def payload_at(name: bytes) -> int:
+        off = raw.find(page_bytes(name, nbytes)[:256])
+        assert off > 0 and raw.find(page_bytes(name, nbytes)[:256], off + 1) == -1
+        return off
+
+    raw[payload_at(b"payload-flip") + nbytes // 2] ^= 0x01  # one bit in the middle of the KV bytes
+    raw[payload_at(b"checksum-flip") - 1] ^= 0xFF  # top byte of the stored checksum
+    raw[payload_at(b"magic-flip") - HEADER_BYTES] ^= 0x20  # first byte of the magic
+    data_file.write_bytes(bytes(raw))
+
+    tier = lmdb_tier(tmp_path)
+    assert tier.contains(names) == [True] * 4  # existence alone does not read the bytes
+    out = [[memoryview(bytearray(nbytes))] for _ in names]
+    assert tier.get_into(names, out) == [False, False, False, True]
+    assert bytes(out[3][0]) == page_bytes(b"intact", nbytes)
+    assert tier.stats()["corrupt_pages"] == 3
+    assert tier.contains(names) == [False, False, False, True]
+    tier.close()
+    # The removal was committed: a restart does not find the corrupt pages again.
+    tier = lmdb_tier(tmp_path)
+    assert [k for k, _ in tier.scan()] == [b"intact"]
+    tier.close()
+
+
+def test_full_map_refuses_the_pages_that_do_not_fit_without_raising(tmp_path: Path) -> None:
+    tier = lmdb_tier(tmp_path, capacity="4MiB", sync=False)
+    names = [b"p%03d" % i for i in range(40)]
+    pages = [[memoryview(page_bytes(k, 256 * 1024))] for k in names]
+    res = tier.put_from(names, pages)
+    fitted = res.count(True)
+    assert 0 < fitted < 40 and res == [True] * fitted + [False] * (40 - fitted)
+    assert tier.stats()["put_full"] == 40 - fitted
+    usage = tier.usage()
+    assert usage.capacity_bytes == 4 << 20 and usage.pages == fitted
+    # Everything acknowledged reads back; after removing some, the refused pages fit again.
+    out = [[memoryview(bytearray(256 * 1024))] for _ in range(fitted)]
+    assert tier.get_into(names[:fitted], out) == [True] * fitted
+    assert tier.remove(names[:4]) == 4
+    assert tier.put_from(names[fitted:fitted + 2], pages[fitted:fitted + 2]) == [True, True]
+    tier.close()
+
+
+def test_a_second_process_sees_pages_committed_by_another(tmp_path: Path) -> None:
+    tier = lmdb_tier(tmp_path)
+    code = ("import sys; from mooncake_sgl.tiers.lmdb import LmdbTier; from mooncake_sgl.config import "
+            "LmdbTierConfig; t = LmdbTier(LmdbTierConfig(path=sys.argv[1], capacity='64MiB')); "
+            "assert t.put_from([b'from-child'], [[memoryview(b'x' * 5000)]]) == [True]; t.close()")
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, env=env, check=True, timeout=60)
+    out = [memoryview(bytearray(5000))]
+    assert tier.get_into([b"from-child"], [out]) == [True] and bytes(out[0]) == b"x" * 5000
+    tier.close()
+
+
+def test_warm_restart_scan_lists_every_page_across_scan_chunks(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lmdb_mod, "_SCAN_CHUNK", 3)  # force several read transactions
+    tier = lmdb_tier(tmp_path, sync=False)
+    pages = {key(i): make_page(i, 1000 + i, nseg=1) for i in range(10)}
+    assert tier.put_from(list(pages), list(pages.values())) == [True] * 10
+    tier.close()
+    tier = lmdb_tier(tmp_path)
+    assert dict(tier.scan()) == {k: 1000 + i for i, k in enumerate(pages)}
+    assert tier.page_size_of(key(3)) == 1003 and tier.page_size_of(key(99)) is None
+    out = empty_like(pages[key(7)])
+    assert tier.get_into([key(7)], [out]) == [True] and same(pages[key(7)], out)
+    tier.close()
+
+
+def test_wrong_size_destination_is_a_miss_but_the_page_is_kept(tmp_path: Path) -> None:
+    tier = lmdb_tier(tmp_path, sync=False)
+    tier.put_from([key(1)], [make_page(1, 4096)])
+    assert tier.get_into([key(1)], [[memoryview(bytearray(4096))]]) == [False]
+    s = tier.stats()
+    assert s["get_size_mismatch"] == 1 and s["corrupt_pages"] == 0
+    assert tier.contains([key(1)]) == [True]
+    tier.close()
+
+
+def test_oversized_key_is_a_per_key_false(tmp_path: Path) -> None:
+    tier = lmdb_tier(tmp_path, sync=False)
+    page = make_page(1, 1024)
+    assert tier.put_from([b"k" * 600, key(1)], [page, page]) == [False, True]
+    assert tier.contains([b"k" * 600]) == [False]
+    tier.close()
+
+
+def test_build_tier_gives_each_rank_its_own_environment(tmp_path: Path) -> None:
+    cfg = LmdbTierConfig(path=str(tmp_path / "cache"), capacity="16MiB", sync=False)
+    t0, t1 = build_tier(cfg, rank_suffix="tp0"), build_tier(cfg, rank_suffix="tp1")
+    assert isinstance(t0, LmdbTier) and isinstance(t1, LmdbTier)
+    assert (t0.path, t1.path) == (str(tmp_path / "cache" / "tp0"), str(tmp_path / "cache" / "tp1"))
+    assert t0.put_from([key(1)], [make_page(1, 1024)]) == [True]
+    assert t1.contains([key(1)]) == [False]
+    t0.close()
+    t1.close()
+    assert (tmp_path / "cache" / "tp0" / "data.mdb").exists()
+
+
+def test_unwritable_path_is_a_clear_tier_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    from mooncake_sgl.errors import TierError
+
+    with pytest.raises(TierError, match="cannot open LMDB tier"):
+        lmdb_tier(blocker / "sub")
