@@ -121,6 +121,10 @@ class LmdbTierConfig(_Section, tag="lmdb", tag_field="kind"):
     # fsync on every write transaction commit; off trades crash durability of the last
     # transactions for speed (LMDB stays consistent either way).
     sync: bool = True
+    # Write pages straight into the memory map instead of through malloc'd buffers and pwrite:
+    # several times faster puts, but a stray write in this process can then reach the file, and
+    # with ``sync: false`` a machine crash (not a process crash) can corrupt the whole file.
+    writemap: bool = False
     max_readers: int = 256
 
     def __post_init__(self) -> None:
@@ -148,16 +152,22 @@ class PoolTierConfig(_Section, tag="pool", tag_field="kind"):
 
 class MooncakeStoreTierConfig(_Section, tag="mooncake_store", tag_field="kind"):
     """The real Mooncake Store (master + transfer engine) as the remote tier."""
+    # ``host:port`` of the master, or ``etcd://h1:2379;h2:2379`` to follow the leader of an HA set.
     master: str = "127.0.0.1:50051"
+    # Transfer-engine metadata: P2PHANDSHAKE, http://master:8080/metadata, etcd://..., redis://...
     metadata_server: str = "P2PHANDSHAKE"
     protocol: Literal["tcp", "rdma"] = "tcp"
-    device: str = ""
-    local_hostname: str = "127.0.0.1"
-    segment_size: Union[int, str] = "4GiB"  # what this client contributes to the pool
+    device: str = ""  # RDMA NICs, e.g. "mlx5_0,mlx5_1"; empty: auto-discover
+    local_hostname: str = "127.0.0.1"  # this node's address as the other nodes reach it
+    # What this process contributes to the cluster's pool: 0 (a pure client) or at least 16MiB.
+    segment_size: Union[int, str] = "4GiB"
+    # Registered staging buffer for pages outside registered memory; also the largest such page.
     buffer_size: Union[int, str] = "256MiB"
     replicas: int = 1
     soft_pin_ttl: Union[float, str] = 0.0  # for pinned prefixes; 0 = never soft pin
     put_retry_window: Union[float, str] = "2s"  # back-off window on "no space" before giving up
+    # Once the master answers again: how long the client may take to recover by itself before a
+    # fresh setup; also the period of setup retries while it is down.
     reconnect_after: Union[float, str] = "2s"
 
     def __post_init__(self) -> None:
@@ -166,6 +176,11 @@ class MooncakeStoreTierConfig(_Section, tag="mooncake_store", tag_field="kind"):
                         reconnect_after=parse_duration)
         if self.replicas < 1:
             raise ValueError("`replicas`: must be at least 1")
+        if 0 < self.segment_size < (16 << 20):
+            raise ValueError("`segment_size`: must be 0 (contribute nothing) or at least 16MiB "
+                             "(Mooncake's smallest segment)")
+        if self.buffer_size < (1 << 20):
+            raise ValueError("`buffer_size`: must be at least 1MiB")
 
 
 def tier_kind(config: msgspec.Struct) -> str:
@@ -189,17 +204,33 @@ class PinConfig(_Section):
 
 
 class PolicyConfig(_Section):
+    """Placement policy: ``heat`` (decayed-frequency, prefix-aware, adaptive) or the ``lru`` baseline."""
     name: Literal["heat", "lru"] = "heat"
-    # Half-life of access heat in logical seconds.
+    # Heat estimator: ``count_min`` (4-bit count-min sketch halved every 10 accesses per page of
+    # capacity, so its memory horizon follows the cache size) or ``decay`` (exponentially decayed
+    # counters with ``half_life``). Both are fixed-size; docs/replay_hit_ratio.md compares them.
+    sketch: Literal["count_min", "decay"] = "count_min"
+    # Half-life of access heat in logical seconds (used by the ``decay`` sketch).
     half_life: Union[float, str] = "10m"
-    # Accesses a page needs before it is written to a slow (SSD/remote) tier; 1 = write-through.
-    admission_min_hits: int = 1
+    # Heat a page needs before it is written to a slower tier (DRAM pool, SSD); 1 = write-through.
+    admission_min_hits: int = 2
+    # Heat a victim of a tier needs to be moved down a tier instead of dropped.
+    demotion_min_hits: int = 2
+    # Heat a page found in a slower tier needs to be copied back into tier 0.
+    promotion_min_hits: int = 2
+    # Starting share of each tier for newcomers not yet reused; it then adapts to the workload.
+    probation_fraction: float = 0.1
     pins: list[PinConfig] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._normalise(half_life=parse_duration)
-        if self.admission_min_hits < 1:
-            raise ValueError("`admission_min_hits`: must be at least 1")
+        for name in ("admission_min_hits", "demotion_min_hits", "promotion_min_hits"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.half_life <= 0:
+            raise ValueError("half_life must be positive")
+        if not 0.0 < self.probation_fraction < 1.0:
+            raise ValueError("probation_fraction must be between 0 and 1 (exclusive)")
 
 
 # ---------------------------------------------------------------------------------------- store

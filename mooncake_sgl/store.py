@@ -70,7 +70,7 @@ class TieredStore:
     def exists_prefix(self, keys: Sequence[PageKey], parent: PageKey | None = None) -> int:
         """Length of the leading run of ``keys`` readable in some tier. This is the access event
         the policy learns heat from (SGLang asks it once per prefetch)."""
-        where = self._locate(keys, stop_at_first_miss=True)
+        where = self._locate(keys)
         run = next((i for i, t in enumerate(where) if t is None), len(where))
         with self._lock:
             self.policy.tick(time.monotonic())
@@ -122,12 +122,21 @@ class TieredStore:
                                 for t in range(len(self.tiers))]
         for t in range(len(self.tiers)):
             idx = [i for i in range(len(keys)) if admitted_by_tier[t][i]]
-            if not idx:
-                continue
-            ok = self._write(t, [keys[i] for i in idx], [pages[i] for i in idx], protected, parent)
-            for i, good in zip(idx, ok):
-                stored[i] = stored[i] or good
+            self._write_into(t, keys, pages, idx, stored, protected, parent)
+        # Admission is an optimisation, losing a page is not: a page no admitting tier could take
+        # (a batch larger than DRAM, say) goes to the first slower tier that takes it.
+        for t in range(1, len(self.tiers)):
+            idx = [i for i in range(len(keys)) if not stored[i] and not admitted_by_tier[t][i]]
+            self._write_into(t, keys, pages, idx, stored, protected, parent)
         return stored
+
+    def _write_into(self, t: int, keys: Sequence[PageKey], pages: Sequence[PageView], idx: list[int],
+                    stored: list[bool], protected: frozenset[PageKey], parent: PageKey | None) -> None:
+        if not idx:
+            return
+        ok = self._write(t, [keys[i] for i in idx], [pages[i] for i in idx], protected, parent)
+        for i, good in zip(idx, ok):
+            stored[i] = stored[i] or good
 
     def remove(self, keys: Sequence[PageKey]) -> int:
         removed = 0
@@ -182,17 +191,13 @@ class TieredStore:
                 return [False] * len(args[0])
             return None
 
-    def _locate(self, keys: Sequence[PageKey], stop_at_first_miss: bool = False) -> list[int | None]:
+    def _locate(self, keys: Sequence[PageKey]) -> list[int | None]:
         where: list[int | None] = [None] * len(keys)
         pending = list(range(len(keys)))
         for t, tier in enumerate(self.tiers):
             if not pending:
                 break
-            if self._managed[t] and not tier.capabilities.persistent:
-                # The store's own index is the truth for a private, volatile tier.
-                found = [keys[i] in self._resident[t] for i in pending]
-            else:
-                found = self._guarded(tier, "contains", tier.contains, [keys[i] for i in pending])
+            found = self._guarded(tier, "contains", tier.contains, [keys[i] for i in pending])
             still = []
             for i, hit in zip(pending, found):
                 if hit:
@@ -200,8 +205,6 @@ class TieredStore:
                 else:
                     still.append(i)
             pending = still
-            if stop_at_first_miss and pending and t == len(self.tiers) - 1:
-                break
         return where
 
     def _write(self, t: int, keys: list[PageKey], pages: list[PageView], protected: frozenset[PageKey],

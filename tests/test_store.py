@@ -160,3 +160,13 @@ def test_build_store_from_config(tmp_path: Path) -> None:
         assert set(s.stats()["tiers"]) == {"host", "lmdb"}
     finally:
         s.close()
+
+
+def test_a_batch_larger_than_dram_is_stored_even_where_the_policy_did_not_admit(tmp_path: Path) -> None:
+    s = TieredStore([host(4), lmdb(tmp_path / "db")], WriteBackLru(2))
+    try:
+        pages = put(s, range(6), batch=6)  # asserts every put was acknowledged
+        assert s.tiers[0].usage().pages == 4
+        assert read(s, pages) == [True] * 6
+    finally:
+        s.close()

@@ -133,7 +133,11 @@ class MooncakeSglStorage(HiCacheStorage):
         self._store: TieredStore = build_store(self._store_config, layout.rank_suffix(storage_config))
         # ``dynamic`` passes a kwargs dict where ``mooncake`` passes the pool.
         if mem_pool_host is not None and not isinstance(mem_pool_host, dict):
-            self.register_mem_pool_host(mem_pool_host)
+            try:
+                self.register_mem_pool_host(mem_pool_host)
+            except BaseException:
+                self._store.close()  # SGLang drops a backend whose constructor failed
+                raise
 
     # ------------------------------------------------------------------ attach
 
@@ -143,10 +147,12 @@ class MooncakeSglStorage(HiCacheStorage):
         Raises: whatever probing the pool raises; SGLang then fails the attach (an unusable pool
         must not look like an empty cache).
         """
-        super().register_mem_pool_host(mem_pool_host)
+        if mem_pool_host is self.mem_pool_host:
+            return  # the factory's constructor call and the controller's both register it
         geometry = layout.pool_geometry(mem_pool_host)
-        self._ns = layout.key_namespace(self.storage_config, geometry, self._store_config.namespace_tag)
-        self._geometry = geometry
+        ns = layout.key_namespace(self.storage_config, geometry, self._store_config.namespace_tag)
+        super().register_mem_pool_host(mem_pool_host)
+        self._ns, self._geometry = ns, geometry
         buf = getattr(mem_pool_host, "kv_buffer", None)
         buffers = [buf] if isinstance(buf, torch.Tensor) else list(mem_pool_host.get_hybrid_pool_buffer())
         for t in buffers:

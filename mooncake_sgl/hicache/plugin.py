@@ -23,8 +23,10 @@ BACKEND_CLASS = "MooncakeSglStorage"
 
 # sglang 0.5.23 creates a shared Mooncake TransferEngine at bootstrap when the backend is named
 # ``mooncake`` (``maybe_init_shared_mooncake_transfer_engine``) so that its built-in MooncakeStore
-# can reuse it. Nothing of ours uses that engine, and without the real ``mooncake`` package the
-# bootstrap raises ImportError; an explicit value set by the user still wins.
+# can reuse it. Nothing of ours uses that engine, so it is turned off whether or not ``mooncake``
+# is importable: without the package the bootstrap raises ImportError, and with it the engine
+# initialises with MOONCAKE_PROTOCOL (default ``rdma``) and fails the start on hosts without RDMA.
+# An explicit value set by the user still wins.
 REUSE_TE_ENV = "SGLANG_HICACHE_MOONCAKE_REUSE_TE"
 
 

@@ -1,4 +1,10 @@
-"""Placement policies (pure, event-fed; see ``api.PlacementPolicy``) and the factory the store uses."""
+"""Placement policies (pure, event-fed; see ``api.PlacementPolicy``) and the factories that build them.
+
+- ``lru.LruPolicy``   the baseline: per-tier recency, write-through, promote to tier 0, demote one down.
+- ``heat.HeatPolicy`` decayed-frequency heat, prefix-aware eviction, adaptive probation, admission
+                      filters for slower tiers, pins with TTL.
+- ``sketch``          the bounded frequency estimators heat is built on.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +12,23 @@ from collections.abc import Sequence
 
 from ..api import PlacementPolicy, Tier
 from ..config import PolicyConfig
+from .heat import HeatPolicy
 from .lru import LruPolicy
 
 
 def build_policy(config: PolicyConfig, tiers: Sequence[Tier]) -> PlacementPolicy:
-    """The policy ``config`` names, for ``tiers`` (fastest first)."""
+    """The policy ``config`` names, for ``tiers`` (fastest first), as the store uses it."""
+    capacities = [None if t.capabilities.self_evicting else t.usage().capacity_bytes for t in tiers]
+    return policy_for_capacities(config, capacities)
+
+
+def policy_for_capacities(config: PolicyConfig, capacities: Sequence[int | None]) -> PlacementPolicy:
+    """The policy ``config`` names for tiers of the given byte capacities (``None``: the tier makes
+    room on its own). The trace simulator builds its policies here, so it runs the store's code."""
+    if not capacities:
+        raise ValueError("a policy needs at least one tier")
     if config.name == "lru":
-        return LruPolicy(len(tiers))
-    # Until the heat policy lands, heat falls back to the LRU baseline.
-    return LruPolicy(len(tiers))
+        return LruPolicy(len(capacities))
+    if config.name == "heat":
+        return HeatPolicy(capacities, config)
+    raise ValueError(f"unknown policy {config.name!r}; expected 'heat' or 'lru'")

@@ -163,8 +163,15 @@ class PoolServer:
     # ------------------------------------------------------------------------------- connection
 
     def _send_error(self, sock: socket.socket, kind: str, message: str) -> None:
+        """Send an ERROR frame, then close gracefully: closing with unread input would reset the
+        connection and could destroy the error before the peer reads it."""
         try:
             send_buffers(sock, [P.frame(P.Op.ERROR, P.ErrorMsg(kind, message))])
+            sock.shutdown(socket.SHUT_WR)
+            sock.settimeout(0.2)  # drain what the peer already sent, briefly (arbitrary bound)
+            for _ in range(64):
+                if not sock.recv(1 << 16):
+                    break
         except OSError:
             pass
 

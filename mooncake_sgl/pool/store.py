@@ -66,6 +66,7 @@ class PoolStore:
         self._writing: dict[PageKey, Entry] = {}
         self._lru: dict[int, OrderedDict[PageKey, Entry]] = {}  # slot size -> readable, oldest first
         self._tick = 0
+        self._leased = 0  # entries with at least one lease
         self.stored_bytes = 0
         self.counters: dict[str, int] = dict.fromkeys(
             ("puts", "put_present", "put_no_room", "put_waits", "evictions", "evicted_bytes",
@@ -157,6 +158,7 @@ class PoolStore:
                     out.append(None)
                     continue
                 e.leases += 1
+                self._leased += e.leases == 1
                 self._tick += 1
                 e.tick = self._tick
                 self._lru[e.slot].move_to_end(key)
@@ -170,8 +172,10 @@ class PoolStore:
                 if e is None:
                     continue
                 e.leases -= 1
-                if e.leases == 0 and e.dropped:
-                    self._release_slot(e)
+                if e.leases == 0:
+                    self._leased -= 1
+                    if e.dropped:
+                        self._release_slot(e)
             self._cond.notify_all()
 
     def contains(self, keys: Sequence[PageKey]) -> bytes:
@@ -278,7 +282,7 @@ class PoolStore:
             out.update(capacity_bytes=float(self.alloc.capacity), used_bytes=float(self.alloc.used_bytes),
                        stored_bytes=float(self.stored_bytes), pages=float(len(self._index)),
                        writing=float(len(self._writing)),
-                       leased=float(sum(e.leases > 0 for lru in self._lru.values() for e in lru.values())),
+                       leased=float(self._leased),
                        free_slabs=float(self.alloc.free_slabs), slabs=float(self.alloc.nslabs),
                        size_classes=float(sum(1 for lru in self._lru.values() if lru)))
         return out

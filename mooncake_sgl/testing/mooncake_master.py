@@ -4,6 +4,7 @@
         store.setup("127.0.0.1", m.metadata_url, seg, buf, "tcp", "", m.rpc_address)
         m.kill()                             # SIGKILL: the master loses every object's metadata
         m.restart()                          # same ports, so clients find it again
+        m.metrics()["master_evicted_key_count"]  # the master's /metrics as a dict
 
 The binary comes from the installed wheel (``mooncake-transfer-engine[-non-cuda]``), or from
 ``$MOONCAKE_MASTER_BIN``. It needs ``libibverbs.so.1`` (Debian: ``apt-get install libibverbs1``).
@@ -12,6 +13,7 @@ The master's log goes to a temporary file (``log_path``); its tail is in every s
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import shutil
@@ -52,6 +54,15 @@ def find_master_binary() -> str:
                            f"(or set ${MASTER_BIN_ENV} to the binary)")
 
 
+def _die_with_parent() -> None:
+    # Runs in the child before exec: a test process that crashes (Mooncake can segfault) must
+    # not leave a master holding ports. Linux only; elsewhere the master simply outlives us.
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on right now (the kernel's pick for a bind to port 0)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -64,7 +75,8 @@ class MooncakeMaster:
 
     ``lease_ttl`` (e.g. ``"1s"``) shortens Mooncake's 10 s read lease so eviction tests run fast;
     ``extra_args`` are passed through verbatim (``["--eviction_high_watermark_ratio=0.8"]``).
-    Ports are chosen once and kept across ``restart()``.
+    Ports are chosen once and kept across ``restart()``. The master is SIGKILLed if the thread
+    that started it dies, so start it from a long-lived thread (the test's or the benchmark's).
     """
 
     def __init__(self, *, host: str = "127.0.0.1", lease_ttl: str | None = None,
@@ -128,7 +140,8 @@ class MooncakeMaster:
         env.setdefault("GLOG_minloglevel", "1")
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(self._argv(), stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                          stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                          preexec_fn=_die_with_parent)
         deadline = time.monotonic() + self._startup_timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -148,6 +161,21 @@ class MooncakeMaster:
                 return r.status == 200
         except (urllib.error.URLError, OSError):
             return False
+
+    def metrics(self) -> dict[str, float]:
+        """The master's Prometheus gauges and counters without labels (``master_key_count``,
+        ``master_evicted_key_count``, ``master_allocated_bytes``...)."""
+        with urllib.request.urlopen(f"{self.metrics_url}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name and not name.startswith("#") and "{" not in name:
+                try:
+                    out[name] = float(value)
+                except ValueError:
+                    pass
+        return out
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout`` (a clean shutdown takes 2–5 s)."""

@@ -50,11 +50,11 @@ def build_tier(cfg: TierConfig, *, rank_suffix: str = "") -> Tier:
 
         return HbmTier(cfg)
     if isinstance(cfg, PoolTierConfig):
-        from .pool import PoolTier  # type: ignore[import-not-found]
+        from .pool import PoolTier
 
         return PoolTier(cfg)
     if isinstance(cfg, MooncakeStoreTierConfig):
-        from .mooncake_store import MooncakeStoreTier  # type: ignore[import-not-found]
+        from .mooncake_store import MooncakeStoreTier
 
         return MooncakeStoreTier(cfg)
     raise TypeError(f"no tier is registered for config {type(cfg).__name__}")

@@ -231,6 +231,11 @@ class HostTier(Tier):
             return TierUsage(capacity_bytes=self._nslots * self._slot_size,
                              used_bytes=in_use * self._slot_size, pages=len(self._index))
 
+    def footprint(self, nbytes: int) -> int:
+        # A page takes a whole slot; until the first page fixes the slot size, it will be that size.
+        slot = self._slot_size
+        return slot if slot and nbytes <= slot else nbytes
+
     def page_size_of(self, key: PageKey) -> int | None:
         with self._lock:
             self._check_open()

@@ -19,12 +19,19 @@ Why each choice:
   SGLang #27504 show what silently wrong KV does).
 - *Batched writes.* One write transaction per ``put_from`` batch: one commit (one fsync with
   ``sync``) for up to 128 pages instead of one per page.
-- *Full map.* ``MapFullError`` never escapes: the batch is retried with the pages that fit and the
-  rest are per-key ``False``, which the store answers by evicting.
+- *Capacity.* ``capacity`` is a budget on the pages the data occupies, checked inside each write
+  transaction; a page over budget is a per-key ``False``, which the store answers by evicting. The
+  map itself is larger by a headroom, because LMDB needs spare pages that a budget at 100 % of the
+  map would not leave: for copy-on-write of the B-tree, for its free list, and for pages freed by
+  the last transaction, which LMDB reuses only one transaction later (so after a removal the tier
+  commits one tiny transaction to make the freed pages reusable by the very next write). Should the
+  map still fill, ``MapFullError`` never escapes: the batch is retried with the pages that fit.
 - *Reads* use ``buffers=True`` (zero-copy views into the map) and copy into the caller's segments
   before the read transaction ends, because those views die with it.
-- ``writemap`` stays off so a stray write through the map cannot corrupt the file, and
-  ``lock=True`` lets several processes share one environment.
+- ``writemap`` is off by default so a stray write through the map cannot corrupt the file; the
+  price is that LMDB copies every page into freshly malloc'd buffers and ``pwrite``s them at commit
+  (see ``scripts/bench_tiers.py`` for what that costs). ``lock=True`` lets several processes share
+  one environment.
 
 Thread context: reads run in parallel (LMDB readers never block); writes take one in-process lock
 so a write transaction stays on one thread, and LMDB's own lock serialises writers across processes.
@@ -35,7 +42,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import lmdb
@@ -44,7 +51,7 @@ import xxhash
 
 from ..api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
 from ..config import LmdbTierConfig, default_cache_dir
-from ..errors import TierClosed, TierError
+from ..errors import TierClosed, TierError, TierFull
 
 _HEADER = struct.Struct("<4sBBHQQ")
 HEADER_BYTES = _HEADER.size
@@ -52,6 +59,13 @@ MAGIC = b"MSGP"
 VERSION = 1
 # Keys per read transaction while scanning: short transactions let writers reuse freed pages.
 _SCAN_CHUNK = 4096  # arbitrary
+# Map size beyond the capacity budget (see the module docstring); arbitrary but generous.
+_HEADROOM_FRACTION = 8
+_MIN_HEADROOM = 16 << 20
+# LMDB's header in front of every overflow run (struct MDB_page).
+_LMDB_PAGE_HEADER = 16
+# Written and deleted in one transaction, never visible: only advances LMDB's transaction id.
+_BUMP_KEY = b"\x00mooncake_sgl.advance-txn"
 
 
 def default_lmdb_path() -> str:
@@ -79,9 +93,12 @@ class LmdbTier(Tier):
         self.path = config.path or default_lmdb_path()
         try:
             os.makedirs(self.path, exist_ok=True)
+            self._capacity = int(config.capacity)
+            headroom = max(self._capacity // _HEADROOM_FRACTION, _MIN_HEADROOM)
             self._env = lmdb.open(
-                self.path, map_size=int(config.capacity), subdir=True, lock=True, writemap=False,
-                sync=config.sync, metasync=config.sync, max_readers=config.max_readers, max_dbs=0,
+                self.path, map_size=self._capacity + headroom, subdir=True, lock=True,
+                writemap=config.writemap, sync=config.sync, metasync=config.sync,
+                max_readers=config.max_readers, max_dbs=0,
                 # Values are written whole, so LMDB need not zero its dirty buffers first.
                 meminit=False)
             # A process killed while reading leaves its reader slot behind, pinning old pages.
@@ -91,6 +108,7 @@ class LmdbTier(Tier):
                             "is writable and on a local filesystem.") from None
         self._db = self._env.open_db()
         self._max_key = self._env.max_key_size()
+        self._psize = self._env.stat()["psize"]
         self._write_lock = threading.Lock()
         self._stats_lock = threading.Lock()
         self._closed = False
@@ -200,15 +218,16 @@ class LmdbTier(Tier):
 
     def _drop_corrupt(self, keys: list[PageKey]) -> None:
         """Delete pages that failed their check, unless another writer replaced them since."""
-        removed = 0
-        with self._write_lock, self._lmdb_errors("removing corrupt pages"):
-            with self._env.begin(write=True, buffers=True) as txn:
-                for key in keys:
-                    value = txn.get(key)
-                    if value is not None and not self._intact(value):
-                        txn.delete(key)
-                        removed += 1
-        self._count(corrupt_pages=removed)
+        def body(txn: lmdb.Transaction) -> int:
+            removed = 0
+            for key in keys:
+                value = txn.get(key)
+                if value is not None and not self._intact(value):
+                    txn.delete(key)
+                    removed += 1
+            return removed
+
+        self._count(corrupt_pages=self._freeing_txn("removing corrupt pages", body))
 
     def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
         if len(keys) != len(pages):
@@ -233,51 +252,106 @@ class LmdbTier(Tier):
                                 bytes_written=sum(page_nbytes(pages[i]) for i in written))
                     break
                 self._count(map_full_retries=1)
+                # A dead process's reader slot may be what pins the pages; clear it and go on.
+                self._env.reader_check()
                 limit = failed_at if failed_at < limit else limit // 2
         self._count(put_full=len(todo) - sum(results[i] for i in todo))
         return results
 
     def _write_txn(self, keys: Sequence[PageKey], pages: Sequence[PageView], todo: list[int]
                    ) -> tuple[list[int], list[int], int | None]:
-        """Write ``todo`` in one transaction: (written, already present, None) once committed, or
-        ``([], [], n)`` after an abort because the map filled at item ``n`` (``len(todo)``: at commit)."""
+        """Write ``todo`` in one transaction: (written, already present, None) once committed (pages
+        over the capacity budget are in neither list), or ``([], [], n)`` after an abort because the
+        map filled at item ``n`` (``len(todo)``: at commit)."""
         written: list[int] = []
         existing: list[int] = []
+        over_budget = 0
         txn = self._env.begin(write=True, buffers=True)
-        pos = 0
         try:
-            for pos, i in enumerate(todo):
+            st = txn.stat(self._db)
+            budget = self._capacity // self._psize - (
+                st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"])
+            for i in todo:
                 if txn.get(keys[i]) is not None:
                     existing.append(i)
                     continue
-                txn.put(keys[i], self._encode(pages[i], page_nbytes(pages[i])))
+                nbytes = page_nbytes(pages[i])
+                need = self._pages_for(nbytes)
+                if need > budget:
+                    over_budget += 1
+                    continue
+                txn.put(keys[i], self._encode(pages[i], nbytes))
+                budget -= need
                 written.append(i)
-            pos = len(todo)
             txn.commit()
         except lmdb.MapFullError:
             txn.abort()
-            return [], [], pos
+            # Items handled before the one that failed; all of them when the commit failed.
+            return [], [], len(written) + len(existing) + over_budget
         except BaseException:
             txn.abort()
             raise
         return written, existing, None
 
+    def _freeing_txn(self, what: str, body: Callable[[lmdb.Transaction], int]) -> int:
+        """Run ``body`` (which deletes and returns how many) in one write transaction.
+
+        Deleting needs a few free pages itself (copy-on-write of the B-tree, the free-list record).
+        Should the map be full because a dead process's reader slot pins old pages, the slot is
+        cleared and the transaction retried once; otherwise the tier is full for good.
+
+        Raises:
+            TierFull: the map has no page left even for a deletion.
+        """
+        with self._write_lock, self._lmdb_errors(what):
+            for attempt in range(2):
+                txn = self._env.begin(write=True, buffers=True)
+                try:
+                    n = body(txn)
+                    txn.commit()
+                    break
+                except lmdb.MapFullError:
+                    txn.abort()
+                    if attempt == 0 and self._env.reader_check():
+                        continue
+                    raise TierFull(f"lmdb tier at {self.path}: {what} needs free pages and the map is "
+                                   "full", hint="a long-running reader may pin freed pages; raise the "
+                                   "capacity of the lmdb tier") from None
+                except BaseException:
+                    txn.abort()
+                    raise
+            if n:
+                # LMDB reuses pages freed by a transaction only after one more has committed; commit
+                # a tiny one now so the very next put can use them.
+                try:
+                    with self._env.begin(write=True) as bump:
+                        bump.put(_BUMP_KEY, b"")
+                        bump.delete(_BUMP_KEY)
+                except lmdb.MapFullError:
+                    self._count(map_full_retries=1)  # the deletion stands; reuse comes a txn later
+        return n
+
     def remove(self, keys: Sequence[PageKey]) -> int:
-        removed = 0
-        with self._write_lock, self._lmdb_errors("remove"):
-            with self._env.begin(write=True) as txn:
-                for key in keys:
-                    if len(key) <= self._max_key and txn.delete(key):
-                        removed += 1
+        def body(txn: lmdb.Transaction) -> int:
+            return sum(1 for key in keys if len(key) <= self._max_key and txn.delete(key))
+
+        removed = self._freeing_txn("remove", body)
         self._count(removed=removed)
         return removed
 
     def usage(self) -> TierUsage:
         with self._lmdb_errors("usage"):
-            info = self._env.info()
             st = self._env.stat()
         used = (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]) * st["psize"]
-        return TierUsage(capacity_bytes=info["map_size"], used_bytes=used, pages=st["entries"])
+        # The budget, not the map: the map is larger by the headroom LMDB itself needs.
+        return TierUsage(capacity_bytes=self._capacity, used_bytes=used, pages=st["entries"])
+
+    def footprint(self, nbytes: int) -> int:
+        return self._pages_for(nbytes) * self._psize
+
+    def _pages_for(self, nbytes: int) -> int:
+        """LMDB pages a stored page occupies: one overflow run holding header and bytes."""
+        return -(-(_LMDB_PAGE_HEADER + HEADER_BYTES + nbytes) // self._psize)
 
     def page_size_of(self, key: PageKey) -> int | None:
         if len(key) > self._max_key:
@@ -311,9 +385,12 @@ class LmdbTier(Tier):
             return dict(self._counters)
 
     def clear(self) -> None:
-        with self._write_lock, self._lmdb_errors("clear"):
-            with self._env.begin(write=True) as txn:
-                txn.drop(self._db, delete=False)
+        def body(txn: lmdb.Transaction) -> int:
+            had = txn.stat(self._db)["entries"]
+            txn.drop(self._db, delete=False)
+            return had
+
+        self._freeing_txn("clear", body)
 
     def close(self) -> None:
         with self._write_lock:

@@ -12,16 +12,25 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Sequence
 
 import numpy as np
 
 from ..api import PageView
 
+_MADV_POPULATE_WRITE = 23  # Linux >= 5.14; not yet named by the mmap module
+
 
 def _map(fd: int, size: int, populate: bool) -> mmap.mmap:
     flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
-    return mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    mm = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    if populate:
+        # MAP_POPULATE read-faults a shared mapping; the first write to each page would still
+        # fault to make it writable. POPULATE_WRITE settles that up front.
+        try:
+            mm.madvise(_MADV_POPULATE_WRITE)
+        except OSError:
+            pass
+    return mm
 
 
 class Segment:
@@ -37,6 +46,9 @@ class Segment:
             os.close(self.fd)
             raise
         self.view = memoryview(self._mm)
+        # Base address, for registering the segment with an RDMA device (the array is dropped at
+        # once so it holds no export that would block unmapping).
+        self.address = int(np.frombuffer(self._mm, dtype=np.uint8).ctypes.data)
 
     def close(self) -> None:
         if self.fd < 0:
@@ -55,13 +67,19 @@ class Segment:
 class SharedMapping:
     """A client's mapping of a pool segment received as a descriptor; copies pages in and out.
 
-    ``populate`` pre-faults the client's page tables too; without it the first copy into each
-    4 KiB page pays a minor fault.
+    The client pre-faults its page tables for segments up to ``POPULATE_LIMIT`` (connect then
+    costs a fraction of a second per GiB); past that, the first copy into each 4 KiB page pays a
+    minor fault instead, and the page tables grow only as the pool is used.
+
+    There is no ``close``: the mapping goes when the last reference does, because a copy may still
+    be running in another thread when its client drops the connection.
     """
 
-    def __init__(self, fd: int, size: int, *, populate: bool = True):
+    POPULATE_LIMIT = 16 << 30
+
+    def __init__(self, fd: int, size: int):
         self.size = size
-        self._mm = _map(fd, size, populate)
+        self._mm = _map(fd, size, size <= self.POPULATE_LIMIT)
         self._arr = np.frombuffer(self._mm, dtype=np.uint8)
 
     def write_page(self, offset: int, page: PageView) -> None:
@@ -79,14 +97,3 @@ class SharedMapping:
             n = seg.nbytes
             np.copyto(np.frombuffer(seg, dtype=np.uint8), arr[offset:offset + n])
             offset += n
-
-    def write_pages(self, offsets: Sequence[int], pages: Sequence[PageView]) -> None:
-        for off, page in zip(offsets, pages):
-            self.write_page(off, page)
-
-    def close(self) -> None:
-        self._arr = None  # type: ignore[assignment]
-        try:
-            self._mm.close()
-        except BufferError:
-            pass

@@ -65,6 +65,7 @@ def test_freed_slots_are_reused_and_usage_counts_slots() -> None:
     assert t.usage().used_bytes == 4 * 8192
     assert t.remove([key(1), key(2)]) == 2
     assert t.usage().used_bytes == 2 * 8192
+    assert t.footprint(4096 * 2) == t.footprint(100) == 8192  # the store sizes evictions in slots
     new = [make_page(10 + i, 4096) for i in range(2)]
     assert t.put_from([key(10), key(11)], new) == [True, True]
     # The survivors were not disturbed by the reuse of their neighbours' slots.

@@ -1,0 +1,10 @@
+"""Live-server benchmarks against SGLang with and without our backend.
+
+- ``workloads`` token-id long-context and multi-turn workloads, as rounds of requests.
+- ``client``    streamed ``/generate`` with TTFT, ``/flush_cache``, storage clear, ``/health``.
+- ``server``    variants (no HiCache, HiCache L2, ours on a tier set) and ``sglang.launch_server``.
+- ``results``   per-round aggregation, the side-by-side table, the PNG plot.
+- ``runner``    the CLIs behind ``scripts/bench_long_context.py`` and ``scripts/bench_multiturn.py``.
+
+Nothing here imports sglang: the client only needs a server's URL.
+"""

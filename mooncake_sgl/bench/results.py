@@ -1,0 +1,101 @@
+"""Benchmark results: per-round aggregation, the side-by-side table, and the PNG plot."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .client import RequestResult
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile, ``q`` in [0, 1]; 0 for no values."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def summarise_round(results: Sequence[RequestResult], wall_s: float) -> dict[str, Any]:
+    """TTFT statistics, throughput and where prompt tokens came from, over one round."""
+    ok = [r for r in results if not r.error]
+    ttft = [r.ttft_s for r in ok]
+    prompt = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens for r in ok)
+    wall = max(wall_s, 1e-9)
+    return {
+        "requests": len(results), "errors": len(results) - len(ok),
+        "ttft_mean_s": statistics.fmean(ttft) if ttft else 0.0,
+        "ttft_p50_s": percentile(ttft, 0.50), "ttft_p99_s": percentile(ttft, 0.99),
+        "latency_mean_s": statistics.fmean([r.latency_s for r in ok]) if ok else 0.0,
+        "wall_s": wall_s,
+        "requests_per_s": len(ok) / wall,
+        "input_tokens_per_s": prompt / wall,
+        "output_tokens_per_s": sum(r.output_tokens for r in ok) / wall,
+        "prompt_tokens": prompt, "cached_tokens": cached,
+        "device_tokens": sum(r.device_tokens for r in ok), "host_tokens": sum(r.host_tokens for r in ok),
+        "storage_tokens": sum(r.storage_tokens for r in ok),
+        "cache_hit_rate": cached / prompt if prompt else 0.0,
+    }
+
+
+def variant_result(label: str, rounds: list[tuple[list[RequestResult], float]]) -> dict[str, Any]:
+    """One variant's report: per-round summaries, the reuse rounds (1+) pooled, raw requests."""
+    per_round = [{"round": i, **summarise_round(res, wall)} for i, (res, wall) in enumerate(rounds)]
+    later = [r for res, _ in rounds[1:] for r in res]
+    reuse = summarise_round(later, sum(w for _, w in rounds[1:])) if later else None
+    return {"label": label, "rounds": per_round, "reuse_rounds": reuse,
+            "requests": [asdict(r) for res, _ in rounds for r in res]}
+
+
+def _fmt_ms(s: float) -> str:
+    return f"{s * 1e3:,.0f}"
+
+
+def side_by_side_table(variants: Sequence[dict[str, Any]]) -> str:
+    """One table: a row per variant and round, TTFT ratios against the first variant's round."""
+    header = ["variant", "round", "TTFT mean ms", "p50", "p99", "vs base", "req/s", "in tok/s",
+              "device tok", "host tok", "storage tok", "hit rate", "errors"]
+    base = {r["round"]: r for r in variants[0]["rounds"]} if variants else {}
+    rows = []
+    for v in variants:
+        for r in v["rounds"]:
+            b = base.get(r["round"])
+            ratio = (f"{r['ttft_mean_s'] / b['ttft_mean_s']:.2f}x"
+                     if b and b["ttft_mean_s"] > 0 and r["ttft_mean_s"] > 0 else "-")
+            rows.append([v["label"], str(r["round"]), _fmt_ms(r["ttft_mean_s"]), _fmt_ms(r["ttft_p50_s"]),
+                         _fmt_ms(r["ttft_p99_s"]), ratio, f"{r['requests_per_s']:.2f}",
+                         f"{r['input_tokens_per_s']:,.0f}", f"{r['device_tokens']:,}",
+                         f"{r['host_tokens']:,}", f"{r['storage_tokens']:,}", f"{r['cache_hit_rate']:.0%}",
+                         str(r["errors"])])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def plot_side_by_side(variants: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
+    """Per-round mean TTFT and input throughput, one line per variant, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_ttft, ax_tput) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for v in variants:
+        rounds = [r["round"] for r in v["rounds"]]
+        ax_ttft.plot(rounds, [r["ttft_mean_s"] * 1e3 for r in v["rounds"]], marker="o", label=v["label"])
+        ax_tput.plot(rounds, [r["input_tokens_per_s"] for r in v["rounds"]], marker="o", label=v["label"])
+    ax_ttft.set(xlabel="round (caches flushed between rounds)", ylabel="mean TTFT (ms)", title="TTFT")
+    ax_tput.set(xlabel="round", ylabel="input tokens / s", title="Throughput")
+    for ax in (ax_ttft, ax_tput):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,172 @@
+"""The live-server benchmark driver shared by ``scripts/bench_long_context.py`` and
+``scripts/bench_multiturn.py``.
+
+Per variant (one server configuration): empty our storage tiers, then per round flush SGLang's
+device and host caches (``/flush_cache``) so any reuse must come from the storage tiers, send the
+round's requests (``--max-parallel`` at a time) and record TTFT, throughput and
+``meta_info.cached_tokens_details``. Against ``--url`` one variant runs (the server as it is); with
+``--launch`` each variant gets its own ``sglang.launch_server`` and the run ends with one
+side-by-side table and a PNG plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .client import RequestResult, SglangClient
+from .results import plot_side_by_side, side_by_side_table, variant_result
+from .server import LaunchedServer, Variant, free_port, launch_command, parse_variant, small_llama_config
+from .workloads import BenchRequest, LongContextSpec, MultiTurnSpec, long_context, multiturn
+
+_HOW = __doc__.split("\n\n", 1)[1]
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="a running server, e.g. http://127.0.0.1:30000 (one variant)")
+    where.add_argument("--launch", action="store_true", help="start one server per --variant")
+    p.add_argument("--variant", action="append", default=[],
+                   help="no-hicache | hicache-l2 | ours:TIERS.yaml, optionally LABEL=...; repeat. "
+                        "Default with --launch: no-hicache, hicache-l2, and ours:Y for each --tiers Y")
+    p.add_argument("--tiers", action="append", default=[], metavar="YAML",
+                   help="a tier set for our backend (adds the variant ours:YAML)")
+    p.add_argument("--model-path", help="local model dir; default: a small Llama config.json "
+                                        "written here, served with dummy weights")
+    p.add_argument("--real-weights", action="store_true", help="load --model-path's weights "
+                                                               "(default: --load-format dummy)")
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="extra launch_server argument(s), e.g. --server-arg=--mem-fraction-static=0.6")
+    p.add_argument("--health-timeout", type=float, default=900.0)
+    p.add_argument("--max-parallel", type=int, default=8, help="concurrent requests in a round")
+    p.add_argument("--no-flush", action="store_true", help="keep SGLang's caches between rounds")
+    p.add_argument("--vocab-size", type=int, default=32000)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", metavar="PATH", help="write all results as JSON")
+    p.add_argument("--plot", metavar="PATH", help="PNG of TTFT and throughput per round "
+                                                  "(default with several variants: bench_<workload>.png)")
+    p.add_argument("--log-dir", default=".", help="where launched servers write their logs")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def variants_from_args(args: argparse.Namespace) -> list[Variant]:
+    specs = list(args.variant) + [f"ours:{t}" for t in args.tiers]
+    if args.url:
+        return [Variant("server", ())] if not specs else [parse_variant(specs[0])]
+    if not args.variant:
+        specs = ["no-hicache", "hicache-l2"] + specs
+    return [parse_variant(s) for s in specs]
+
+
+def run_round(client: SglangClient, batch: list[BenchRequest], max_parallel: int, progress: Any
+              ) -> tuple[list[RequestResult], float]:
+    start = time.perf_counter()
+    results: list[RequestResult] = []
+    with ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:
+        for res in pool.map(client.generate, batch):
+            results.append(res)
+            if progress is not None:
+                progress.update(1)
+    return results, time.perf_counter() - start
+
+
+def run_variant(client: SglangClient, label: str, rounds: list[list[BenchRequest]], *,
+                max_parallel: int, flush: bool, show_progress: bool) -> dict[str, Any]:
+    cleared = client.clear_storage()  # a fresh start for our tiers (False: no storage backend)
+    recorded = []
+    bar = None
+    if show_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=sum(len(b) for b in rounds), desc=label, unit="req", file=sys.stderr)
+    try:
+        for i, batch in enumerate(rounds):
+            if flush:
+                client.flush_cache()
+            if bar is not None:
+                bar.set_postfix(round=i)
+            recorded.append(run_round(client, batch, max_parallel, bar))
+    finally:
+        if bar is not None:
+            bar.close()
+    out = variant_result(label, recorded)
+    out["storage_cleared_at_start"] = cleared
+    return out
+
+
+def run(args: argparse.Namespace, workload: str, rounds: list[list[BenchRequest]]) -> int:
+    variants = variants_from_args(args)
+    results = []
+    if args.url:
+        client = SglangClient(args.url)
+        client.wait_healthy(60.0)
+        results.append(run_variant(client, variants[0].label, rounds, max_parallel=args.max_parallel,
+                                   flush=not args.no_flush, show_progress=not args.no_progress))
+    else:
+        with tempfile.TemporaryDirectory(prefix="mooncake-sgl-bench-") as tmp:
+            model = args.model_path or str(small_llama_config(Path(tmp) / "model", vocab=args.vocab_size))
+            extra = tuple(args.server_arg)
+            for v in variants:
+                port = free_port()
+                cmd = launch_command(model, port, v, dummy=not args.real_weights, extra=extra)
+                log = Path(args.log_dir) / f"server-{workload}-{v.label.replace(':', '_')}.log"
+                print(f"[{v.label}] starting: {' '.join(cmd)}  (log: {log})", file=sys.stderr, flush=True)
+                with LaunchedServer(cmd, port, log, args.health_timeout) as server:
+                    results.append(run_variant(SglangClient(server.url), v.label, rounds,
+                                               max_parallel=args.max_parallel, flush=not args.no_flush,
+                                               show_progress=not args.no_progress))
+    title = f"{workload}: {sum(len(b) for b in rounds)} requests in {len(rounds)} rounds"
+    print(title)
+    print(side_by_side_table(results))
+    plot = args.plot or (f"bench_{workload}.png" if len(results) > 1 else None)
+    if plot:
+        plot_side_by_side(results, Path(plot), title)
+        print(f"plot written to {plot}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"workload": workload, "args": vars(args),
+                                               "variants": results}, indent=2, default=str))
+    return 1 if any(r["errors"] for v in results for r in v["rounds"]) else 0
+
+
+def long_context_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Long-context benchmark against a live SGLang server: "
+                                            "shared long documents, many questions each.\n\n" + _HOW,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(p)
+    d = LongContextSpec()
+    p.add_argument("--docs", type=int, default=d.docs)
+    p.add_argument("--min-doc-tokens", type=int, default=d.min_doc_tokens)
+    p.add_argument("--max-doc-tokens", type=int, default=d.max_doc_tokens)
+    p.add_argument("--questions", type=int, default=d.questions, help="per document (= rounds)")
+    p.add_argument("--question-tokens", type=int, default=d.question_tokens)
+    p.add_argument("--output-tokens", type=int, default=d.output_tokens)
+    args = p.parse_args(argv)
+    spec = LongContextSpec(docs=args.docs, min_doc_tokens=args.min_doc_tokens,
+                           max_doc_tokens=args.max_doc_tokens, questions=args.questions,
+                           question_tokens=args.question_tokens, output_tokens=args.output_tokens,
+                           vocab_size=args.vocab_size, seed=args.seed)
+    return run(args, "long_context", long_context(spec))
+
+
+def multiturn_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Multi-turn benchmark against a live SGLang server: "
+                                            "growing conversations.\n\n" + _HOW,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(p)
+    d = MultiTurnSpec()
+    p.add_argument("--conversations", type=int, default=d.conversations)
+    p.add_argument("--turns", type=int, default=d.turns, help="= rounds")
+    p.add_argument("--first-turn-tokens", type=int, default=d.first_turn_tokens)
+    p.add_argument("--user-tokens", type=int, default=d.user_tokens)
+    p.add_argument("--output-tokens", type=int, default=d.output_tokens)
+    args = p.parse_args(argv)
+    spec = MultiTurnSpec(conversations=args.conversations, turns=args.turns,
+                         first_turn_tokens=args.first_turn_tokens, user_tokens=args.user_tokens,
+                         output_tokens=args.output_tokens, vocab_size=args.vocab_size, seed=args.seed)
+    return run(args, "multiturn", multiturn(spec))

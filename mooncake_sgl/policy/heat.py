@@ -1,0 +1,425 @@
+"""HeatPolicy: placement across tiers by decayed access frequency ("heat"), prefix-aware and adaptive.
+
+Design
+------
+Heat is a frequency sketch's estimate (``sketch.py``): every lookup counts once for every page of the
+requested chain, hit or miss, so heat measures demand, not residency. Memory is bounded: the sketch is
+fixed size; per-page state exists only for resident pages, and the ghost lists are bounded by the
+number of resident pages.
+
+Each bounded tier is split the way S3-FIFO splits a cache (Yang et al., SOSP'23), with ARC's
+self-tuning split (Megiddo & Modha, FAST'03):
+
+- ``probation``: a FIFO for newcomers that have shown no reuse yet. Most KV pages are one-hit wonders
+  (58 % of the distinct blocks of the Mooncake trace); they leave from here without disturbing
+  ``main``.
+- ``main``: a CLOCK of pages with reuse. A hit sets a page's reference count (0..3); the hand gives
+  referenced pages another round and evicts unreferenced ones.
+- A newcomer enters ``main`` directly when the sketch says it was demanded before (heat >= 2) or it
+  is in a ghost list; otherwise it enters ``probation``, where a hit moves it to ``main``.
+- Adaptivity: two bounded ghost lists remember recent victims of each segment. A newcomer found in
+  the probation ghost would have hit with a larger probation, so its target grows; one found in the
+  main ghost shrinks it (ARC's ``p``). No constant is fitted to a trace: the split follows the
+  workload, from FIFO-like (large probation) to frequency-protected (tiny probation).
+
+Prefix awareness (a page is useless without the pages before it in its chain):
+
+- Chains are queued tail first, so at equal standing a chain's tail is evicted before its head.
+- A page with a resident child in the same tier is skipped by the eviction hand (leaves first, as
+  SGLang's radix cache evicts leaves), unless nothing else can be freed.
+- Heat never decreases toward the root: a lookup walks its chain tail to head and raises each page's
+  sketch counters to at least its child's estimate, and aging (halving or exponential decay) is
+  uniform, so it keeps that order.
+- Only the leading run of hits of a lookup counts as hits (as SGLang uses it); pages resident past
+  the first miss are demanded (heat) but not referenced.
+
+Across tiers: tier 0 takes every write; a slower tier admits a page only when its heat reached
+``admission_min_hits`` (no one-hit wonders on SSD); a victim of a tier is demoted to the next tier
+when warm (heat >= ``demotion_min_hits``) and dropped when cold; a page found in a slower tier is
+promoted to tier 0 when hot (heat >= ``promotion_min_hits``). Pinned prefixes (a system prompt's
+chain, matched by the page hash of its first page) are never victims until ``ttl`` after their last
+lookup.
+
+The policy is pure: events in, decisions out; it reads no clock (``tick``) and moves no bytes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from ..api import PageKey, PlacementPolicy
+from ..config import PolicyConfig
+from ..keys import NAMESPACE_DIGEST_BYTES
+from .sketch import make_sketch
+
+# Largest CLOCK reference count (S3-FIFO uses 2 bits): a page hit often survives 3 extra rounds.
+MAX_REFS = 3
+REF_ALL = False
+ADAPT_SHARE = 0.0
+EAGER = True
+# Ghost entries kept per segment, as a multiple of the tier's resident pages (ARC keeps 1x each).
+GHOST_PER_PAGE = 1
+# Lower bound of the adaptive probation target, as a share of the tier: keeps room for newcomers
+# to prove themselves even after a long frequency-heavy phase. Arbitrary (S3-FIFO's fixed share is 10 %).
+MIN_PROBATION = 0.01
+# Upper bound of the probation target: ``main`` always keeps some protected room.
+MAX_PROBATION = 0.9
+# Chain links of looked-up pages not yet resident, kept until their write arrives (pages).
+PENDING_LINKS = 1 << 16
+# Byte offset in a page key where its kind byte and page hash start (see ``keys.page_key``).
+_HASH_OFFSET = NAMESPACE_DIGEST_BYTES
+
+
+class _Segments:
+    """One bounded tier: probation FIFO + main CLOCK, both ordered oldest first."""
+
+    __slots__ = ("capacity", "probation", "main", "used_probation", "used_main", "target",
+                 "ghost_probation", "ghost_main", "kids", "evictions", "ghost_hits_probation",
+                 "ghost_hits_main")
+
+    def __init__(self, capacity: int | None, probation_fraction: float):
+        self.capacity = capacity
+        self.probation: OrderedDict[PageKey, int] = OrderedDict()
+        self.main: OrderedDict[PageKey, int] = OrderedDict()
+        self.used_probation = 0
+        self.used_main = 0
+        self.target = (capacity or 0) * probation_fraction
+        self.ghost_probation: OrderedDict[PageKey, None] = OrderedDict()
+        self.ghost_main: OrderedDict[PageKey, None] = OrderedDict()
+        self.kids: dict[PageKey, int] = {}  # resident children in this tier, by parent
+        self.evictions = 0
+        self.ghost_hits_probation = 0
+        self.ghost_hits_main = 0
+
+    def __contains__(self, key: PageKey) -> bool:
+        return key in self.main or key in self.probation
+
+    def pages(self) -> int:
+        return len(self.main) + len(self.probation)
+
+    def remember(self, ghost: OrderedDict[PageKey, None], key: PageKey) -> None:
+        ghost[key] = None
+        limit = max(64, GHOST_PER_PAGE * self.pages())
+        while len(ghost) > limit:
+            ghost.popitem(last=False)
+
+
+class HeatPolicy(PlacementPolicy):
+    """Heat-based admission, eviction, promotion and demotion over ``len(capacities)`` tiers.
+
+    Args:
+        capacities: per tier (fastest first), its capacity in bytes, or ``None`` for a tier that
+            makes room on its own (the store never asks for its victims).
+        config: the ``policy`` section of the store config.
+    """
+
+    def __init__(self, capacities: Sequence[int | None], config: PolicyConfig | None = None):
+        if not capacities:
+            raise ValueError("HeatPolicy needs at least one tier")
+        self.config = config = config or PolicyConfig()
+        self._tiers = [_Segments(c, config.probation_fraction) for c in capacities]
+        self._refs: list[dict[PageKey, int]] = [{} for _ in capacities]
+        self._sketch = make_sketch(config.sketch, 0, config.half_life)
+        self._page_bytes = 0  # learnt from the first insert; sizes the sketch in pages
+        self._where: dict[PageKey, int] = {}  # bitmask of tiers holding a page
+        self._parent: dict[PageKey, PageKey | None] = {}  # chain links of resident pages
+        self._pending: OrderedDict[PageKey, PageKey | None] = OrderedDict()
+        self._pin_roots = {_pin_suffix(p.prefix_hash): p.ttl for p in config.pins}
+        self._pinned: dict[PageKey, float] = {}  # page -> time its pin expires
+        self._now = 0.0
+        self._next_pin_sweep = 0.0
+        self.lookups = 0
+        self.hit_pages = 0
+        self.admitted = 0
+        self.refused = 0
+
+    # ------------------------------------------------------------------ heat
+
+    def heat(self, key: PageKey) -> float:
+        """Decayed access frequency of ``key`` (sketch estimate; 0 for a page never seen)."""
+        return self._sketch.estimate(key)
+
+    def is_pinned(self, key: PageKey) -> bool:
+        return self._pinned.get(key, -1.0) > self._now
+
+    def tick(self, now: float) -> None:
+        if now <= self._now:
+            return
+        self._now = now
+        self._sketch.advance(now)
+        if self._pinned and now >= self._next_pin_sweep:
+            self._pinned = {k: t for k, t in self._pinned.items() if t > now}
+            ttl = min(self._pin_roots.values(), default=60.0)
+            self._next_pin_sweep = now + ttl / 4  # a stale pin is harmless: is_pinned checks time
+
+    # ------------------------------------------------------------------ events
+
+    def on_lookup(self, keys: Sequence[PageKey], tiers: Sequence[int | None],
+                  parent: PageKey | None = None) -> None:
+        self.lookups += 1
+        self._learn_links(keys, parent)
+        run = next((i for i, t in enumerate(tiers) if t is None), len(tiers))
+        self.hit_pages += run
+        # Tail to head: each page's counters end at least as high as its child's estimate.
+        sketch = self._sketch
+        floor = 0.0
+        for key in reversed(keys):
+            floor = sketch.increment(key, floor)
+        if parent is not None:
+            self._raise_ancestors(parent, floor)
+        for key, tier in (zip(keys, tiers) if REF_ALL else zip(keys[:run], tiers[:run])):
+            if tier is None:
+                continue
+            refs = self._refs[tier]
+            if key in refs:
+                seg = self._tiers[tier]
+                if EAGER and key in seg.probation:  # reuse proven: move to main
+                    n = seg.probation.pop(key)
+                    seg.used_probation -= n
+                    seg.main[key] = n
+                    seg.used_main += n
+                    refs[key] = 0
+                else:
+                    refs[key] = min(MAX_REFS, refs[key] + 1)
+        if self._pin_roots and keys:
+            # A pinned chain: its first page matches a pin, or it continues a pinned page.
+            root = keys[0][_HASH_OFFSET:] if parent is None else None
+            ttl = self._pin_roots.get(root) if root is not None else self._pin_ttl_of(parent)
+            if ttl is not None:
+                expiry = self._now + ttl
+                for key in keys:
+                    self._pinned[key] = expiry
+
+    def on_insert(self, keys: Sequence[PageKey], tier: int, nbytes: Sequence[int],
+                  parent: PageKey | None = None) -> None:
+        if not keys:
+            return
+        if not self._page_bytes:
+            self._page_bytes = max(1, max(nbytes))
+            self._size_sketch()
+        seg = self._tiers[tier]
+        refs = self._refs[tier]
+        bit = 1 << tier
+        for key, n in zip(reversed(keys), reversed(nbytes)):  # tail first: tails leave first
+            if key in refs:
+                continue
+            where = self._where.get(key, 0)
+            if not where and key in self._pending:
+                self._parent[key] = self._pending.pop(key)
+            self._where[key] = where | bit
+            p = self._parent.get(key)
+            if p is not None:
+                seg.kids[p] = seg.kids.get(p, 0) + 1
+            refs[key] = 0
+            if seg.ghost_probation.pop(key, 0) is None:
+                seg.ghost_hits_probation += 1
+                self._adapt(seg, n, grow=True)
+                into_main = True
+            elif seg.ghost_main.pop(key, 0) is None:
+                seg.ghost_hits_main += 1
+                self._adapt(seg, n, grow=False)
+                into_main = True
+            else:
+                into_main = self._sketch.estimate(key) >= 2
+            if into_main:
+                seg.main[key] = n
+                seg.used_main += n
+            else:
+                seg.probation[key] = n
+                seg.used_probation += n
+
+    def on_remove(self, keys: Sequence[PageKey], tier: int) -> None:
+        seg = self._tiers[tier]
+        refs = self._refs[tier]
+        bit = 1 << tier
+        for key in keys:
+            if refs.pop(key, None) is None:
+                continue
+            n = seg.probation.pop(key, None)
+            if n is not None:
+                seg.used_probation -= n
+            else:
+                seg.used_main -= seg.main.pop(key, 0)
+            self._forget_in_tier(seg, key, bit)
+
+    # ------------------------------------------------------------------ decisions
+
+    def admit(self, keys: Sequence[PageKey], tier: int) -> list[bool]:
+        if tier == 0:
+            return [True] * len(keys)
+        need = self.config.admission_min_hits
+        out = [self._sketch.estimate(k) >= need or self.is_pinned(k) for k in keys]
+        ok = sum(out)
+        self.admitted += ok
+        self.refused += len(out) - ok
+        return out
+
+    def promotion_target(self, key: PageKey, found_tier: int) -> int | None:
+        if found_tier <= 0:
+            return None
+        if self.is_pinned(key) or self._sketch.estimate(key) >= self.config.promotion_min_hits:
+            return 0
+        return None
+
+    def demotion_target(self, key: PageKey, from_tier: int) -> int | None:
+        below = from_tier + 1
+        if below >= len(self._tiers):
+            return None
+        if self._sketch.estimate(key) >= self.config.demotion_min_hits or self.is_pinned(key):
+            return below
+        return None
+
+    def victims(self, tier: int, nbytes: int, protected: frozenset[PageKey] = frozenset()
+                ) -> list[PageKey] | None:
+        seg = self._tiers[tier]
+        if nbytes <= 0:
+            return []
+        if self._evictable(seg, protected) < nbytes:
+            return None
+        refs = self._refs[tier]
+        chosen: list[PageKey] = []
+        freed = 0
+        # Each pass over a segment may skip every page once (protected, pinned, a parent of a
+        # resident child); after that budget the hand stops honouring the leaves-first rule.
+        patience = 2 * seg.pages() + 4
+        while freed < nbytes:
+            strict = patience > 0
+            patience -= 1
+            use_probation = seg.probation and (seg.used_probation > seg.target or not seg.main)
+            if use_probation:
+                key, n = seg.probation.popitem(last=False)
+                if key in protected or self.is_pinned(key) or (strict and seg.kids.get(key)):
+                    seg.probation[key] = n
+                    continue
+                if refs[key]:
+                    seg.used_probation -= n
+                    seg.main[key] = n
+                    seg.used_main += n
+                    refs[key] = 0
+                    continue
+                seg.used_probation -= n
+                seg.remember(seg.ghost_probation, key)
+            else:
+                key, n = seg.main.popitem(last=False)
+                r = refs[key]
+                if key in protected or self.is_pinned(key) or (strict and (r or seg.kids.get(key))):
+                    seg.main[key] = n
+                    if r:
+                        refs[key] = r - 1
+                    continue
+                seg.used_main -= n
+                seg.remember(seg.ghost_main, key)
+            del refs[key]
+            self._forget_in_tier(seg, key, 1 << tier)
+            chosen.append(key)
+            freed += n
+        seg.evictions += len(chosen)
+        return chosen
+
+    def stats(self) -> dict[str, float]:
+        out: dict[str, float] = {
+            "lookups": float(self.lookups), "hit_pages": float(self.hit_pages),
+            "slow_tier_admitted": float(self.admitted), "slow_tier_refused": float(self.refused),
+            "sketch_bytes": float(self._sketch.memory_bytes()), "pinned_pages": float(len(self._pinned)),
+            "tracked_pages": float(len(self._where)),
+        }
+        for i, seg in enumerate(self._tiers):
+            out[f"tier{i}_pages"] = float(seg.pages())
+            out[f"tier{i}_probation_pages"] = float(len(seg.probation))
+            if seg.capacity:
+                out[f"tier{i}_probation_target"] = seg.target / seg.capacity
+            out[f"tier{i}_ghost_hits_probation"] = float(seg.ghost_hits_probation)
+            out[f"tier{i}_ghost_hits_main"] = float(seg.ghost_hits_main)
+        return out
+
+    # ------------------------------------------------------------------ internals
+
+    def _size_sketch(self) -> None:
+        total = sum(s.capacity or 0 for s in self._tiers)
+        self._sketch.ensure_capacity(max(1, total // self._page_bytes))
+
+    def _evictable(self, seg: _Segments, protected: frozenset[PageKey]) -> int:
+        """Bytes of the tier that are neither protected nor pinned (O(protected + pinned))."""
+        held = 0
+        for key in protected | self._pinned.keys() if self._pinned else protected:
+            n = seg.probation.get(key)
+            if n is None:
+                n = seg.main.get(key)
+            if n is not None and (key in protected or self.is_pinned(key)):
+                held += n
+        return seg.used_probation + seg.used_main - held
+
+    def _adapt(self, seg: _Segments, nbytes: int, grow: bool) -> None:
+        """ARC's rule: move the probation target by one page, more when the other ghost is larger."""
+        if not seg.capacity:
+            return
+        gp, gm = len(seg.ghost_probation) + 1, len(seg.ghost_main) + 1
+        quantum = max(nbytes, seg.capacity * ADAPT_SHARE)
+        step = quantum * (max(1.0, gm / gp) if grow else max(1.0, gp / gm))
+        target = seg.target + step if grow else seg.target - step
+        seg.target = min(MAX_PROBATION * seg.capacity, max(MIN_PROBATION * seg.capacity, target))
+
+    def _learn_links(self, keys: Sequence[PageKey], parent: PageKey | None) -> None:
+        """Chain links come from lookups only: a write may be a filtered or demoted batch, not a chain."""
+        prev = parent
+        for key in keys:
+            if key not in self._parent:
+                if key in self._where:
+                    self._link_resident(key, prev)
+                else:
+                    self._pending[key] = prev
+            prev = key
+        while len(self._pending) > PENDING_LINKS:
+            self._pending.popitem(last=False)
+
+    def _link_resident(self, key: PageKey, parent: PageKey | None) -> None:
+        """A resident page's link became known after it was written: count it as a child."""
+        self._parent[key] = parent
+        if parent is None:
+            return
+        where = self._where[key]
+        for t, seg in enumerate(self._tiers):
+            if where >> t & 1:
+                seg.kids[parent] = seg.kids.get(parent, 0) + 1
+
+    def _forget_in_tier(self, seg: _Segments, key: PageKey, bit: int) -> None:
+        p = self._parent.get(key)
+        if p is not None:
+            left = seg.kids.get(p, 0) - 1
+            if left > 0:
+                seg.kids[p] = left
+            else:
+                seg.kids.pop(p, None)
+        where = self._where.get(key, 0) & ~bit
+        if where:
+            self._where[key] = where
+        else:
+            self._where.pop(key, None)
+            self._parent.pop(key, None)
+            self._pinned.pop(key, None)
+
+    def _pin_ttl_of(self, parent: PageKey | None) -> float | None:
+        if parent is None or not self.is_pinned(parent):
+            return None
+        return self._pinned[parent] - self._now
+
+    def _raise_ancestors(self, key: PageKey | None, floor: float) -> None:
+        """A lookup that started mid-chain: keep the resident ancestors at least as warm."""
+        sketch = self._sketch
+        steps = len(self._parent) + 1  # links form a forest; the bound only guards a corrupt cycle
+        while key is not None and steps > 0 and sketch.estimate(key) < floor:
+            sketch.increment(key, floor)
+            key = self._parent.get(key)
+            steps -= 1
+
+
+def _pin_suffix(prefix_hash: str) -> bytes:
+    """Kind byte and page hash of a page key, encoded exactly as ``keys.page_key`` encodes them
+    (64 hex digits: raw bytes after ``h``; anything else: UTF-8 after ``s``)."""
+    if len(prefix_hash) == 64:
+        try:
+            return b"h" + bytes.fromhex(prefix_hash)
+        except ValueError:
+            pass
+    return b"s" + prefix_hash.encode()

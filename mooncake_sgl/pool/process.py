@@ -1,0 +1,121 @@
+"""A pool server in a subprocess, for tests and benchmarks.
+
+    with PoolProcess(capacity="256MiB", secret="s") as pool:   # waits for the READY line
+        client = PoolClient(pool.endpoint, secret="s")
+        pool.kill()                                           # SIGKILL, as a crash
+        pool.start()                                          # again, on the same port
+
+Config keys are ``PoolServerConfig`` fields. The server's log goes to ``log_path``; its tail is in
+every start error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import msgspec
+
+from .config import PoolServerConfig, parse_config
+
+
+class PoolStartError(RuntimeError):
+    pass
+
+
+class PoolProcess:
+    def __init__(self, startup_timeout: float = 30.0, **config: Any):
+        config.setdefault("port", 0)
+        self.config: PoolServerConfig = parse_config(config, "PoolProcess", PoolServerConfig)
+        self._dir = tempfile.mkdtemp(prefix="mooncake_sgl_pool_")
+        self.log_path = os.path.join(self._dir, "pool.log")
+        self._startup_timeout = startup_timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.host = self.config.host
+        self.port = self.config.port
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc and self._proc.poll() is None else None
+
+    def start(self) -> PoolProcess:
+        """Start (on the port of the previous run, if any) and wait for READY."""
+        if self.pid is not None:
+            return self
+        cfg_path = os.path.join(self._dir, "pool.json")
+        data = msgspec.to_builtins(self.config)
+        data["port"] = self.port
+        with open(cfg_path, "w") as f:
+            json.dump(data, f)
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        deadline = time.monotonic() + self._startup_timeout
+        while True:
+            with open(self.log_path, "ab") as log:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "mooncake_sgl.pool", "--config", cfg_path],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=env,
+                    start_new_session=True)
+            assert self._proc.stdout is not None
+            line = self._proc.stdout.readline().decode()
+            if line.startswith("READY "):
+                hostport = line.split()[1]
+                self.host, _, port = hostport.rpartition(":")
+                self.port = int(port)
+                return self
+            self._proc.wait()
+            # A restart on a fixed port can race the old socket's release: retry until the deadline.
+            if time.monotonic() > deadline or "Address already in use" not in self.log_tail():
+                raise PoolStartError(f"pool server exited with code {self._proc.returncode} before "
+                                     f"READY:\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (clean shutdown), SIGKILL after ``timeout``."""
+        self._signal(signal.SIGTERM, timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, mid-batch if a batch is in flight."""
+        self._signal(signal.SIGKILL, 10.0)
+
+    def _signal(self, sig: signal.Signals, timeout: float) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+    def log_tail(self, nbytes: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - nbytes))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> PoolProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)

@@ -1,0 +1,333 @@
+"""``PoolClient``: batch put/get/exists against one pool endpoint over the best transport.
+
+Transport choice (``transport="auto"``): connect over TCP and read the server's hello; if the
+server offers a Unix socket and we can reach it and receive the segment's descriptor, we are on the
+same host and use shared memory; else RDMA if both sides have a device; else TCP. ``"shm"``,
+``"rdma"`` and ``"tcp"`` force one (``TierUnavailable`` explains why a forced one is impossible).
+
+Batches: TCP sends a batch as one PUT frame (pages straight from the caller's memory) and reads a
+GET reply straight into the caller's segments; a large batch is split into byte-balanced chunks
+that run on up to ``connections`` connections at once. Shared memory and RDMA make two control
+round trips per batch (RESERVE/COMMIT, LEASE/RELEASE — the release is one-way and rides ahead of
+the next request) and move the bytes client-side.
+
+Failures: any socket or protocol failure closes every connection and mapping of the endpoint and
+raises ``TierUnavailable``; the next call reconnects (so a restarted server is found again).
+Thread-safe: each call borrows its own connection(s).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ..api import PageKey, PageView, page_nbytes
+from ..errors import AuthError, ProtocolError, TierClosed, TierUnavailable
+from . import protocol as P
+from .shm import SharedMapping
+from .tcp import FramedConnection, open_connection, recv_exact_into
+
+T = TypeVar("T")
+
+# Below this many bytes a batch goes on one connection: splitting costs a round trip per chunk and
+# a thread hand-off, which only pays for itself once the copy dominates. Arbitrary, measured.
+SPLIT_BYTES = 32 << 20
+# Shared-memory batches at least this large are copied by ``copy_threads`` threads (numpy releases
+# the GIL for the copy); below it the hand-off costs more than it saves. Arbitrary, measured.
+PARALLEL_COPY_BYTES = 8 << 20
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"pool endpoint must be host:port, got {endpoint!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+@dataclass(frozen=True)
+class _Link:
+    """A borrowed connection and the transport state of the generation it belongs to."""
+    conn: FramedConnection
+    mode: str
+    mapping: SharedMapping | None
+    rdma: Any
+
+
+class PoolClient:
+    def __init__(self, endpoint: str, *, transport: str = "auto", secret: str = "",
+                 connections: int = 4, timeout: float = 5.0, name: str = "",
+                 split_bytes: int = SPLIT_BYTES, copy_threads: int = 2):
+        if transport not in ("auto", "shm", "tcp", "rdma"):
+            raise ValueError(f"transport must be auto, shm, tcp or rdma, got {transport!r}")
+        self.endpoint = endpoint
+        self.address = parse_endpoint(endpoint)
+        self.transport = transport
+        self._secret = secret
+        self._timeout = timeout
+        self._name = name or socket.gethostname()
+        self._nconn = connections
+        self._split = split_bytes
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(connections)
+        self._idle: list[FramedConnection] = []
+        self._mode: str | None = None  # "shm" / "tcp" / "rdma" once connected
+        self._hello: P.ServerHello | None = None
+        self._mapping: SharedMapping | None = None
+        self._rdma: object | None = None
+        self._gen = 0
+        self._closed = False
+        self._pool: ThreadPoolExecutor | None = None
+        self._copy_threads = copy_threads
+        self._copier: ThreadPoolExecutor | None = None
+
+    @property
+    def mode(self) -> str | None:
+        """The transport in use, or ``None`` while disconnected."""
+        return self._mode
+
+    # ------------------------------------------------------------------------------ connection
+
+    def _open(self, address: tuple[str, int] | str, want_shm: bool = False) -> FramedConnection:
+        return open_connection(address, secret=self._secret, timeout=self._timeout,
+                               want_shm=want_shm, client=self._name)
+
+    def _establish(self) -> None:
+        """First contact: pick the transport (called under ``_lock``)."""
+        first = self._open(self.address)
+        hello = first.hello
+        why_not_shm = "the server offers no Unix socket (shared_memory: false)"
+        if self.transport in ("auto", "shm") and hello.unix_name:
+            try:
+                conn = self._open(hello.unix_name, want_shm=True)
+                self._mapping = SharedMapping(conn.segment_fd, conn.segment_size)
+                first.close()
+                self._mode, self._hello, self._idle = "shm", hello, [conn]
+                return
+            except (OSError, ProtocolError) as e:
+                why_not_shm = f"the server's Unix socket is not reachable from here ({e})"
+        if self.transport == "shm":
+            first.close()
+            raise TierUnavailable(f"pool {self.endpoint}: shared memory impossible: {why_not_shm}")
+        if self.transport in ("auto", "rdma"):
+            from . import rdma
+
+            reason = None if hello.rdma else "the server offers no RDMA"
+            reason = reason or rdma.unavailable_reason()
+            if reason is None:
+                self._rdma = rdma.ClientSide(first)
+                self._mode, self._hello, self._idle = "rdma", hello, [first]
+                return
+            if self.transport == "rdma":
+                first.close()
+                raise TierUnavailable(f"pool {self.endpoint}: RDMA impossible: {reason}")
+        self._mode, self._hello, self._idle = "tcp", hello, [first]
+
+    def _reset(self, gen: int) -> None:
+        with self._lock:
+            if gen != self._gen:
+                return
+            self._gen += 1
+            for c in self._idle:
+                c.close()
+            self._idle = []
+            # Only drop references: a call still in flight holds its own (its offsets belong to
+            # this generation's segment); the mapping is unmapped when the last one lets go.
+            self._mode = self._mapping = self._rdma = None
+
+    @contextmanager
+    def _borrow(self) -> Iterator[_Link]:
+        if not self._slots.acquire(timeout=self._timeout * 4):
+            raise TierUnavailable(f"pool {self.endpoint}: no free connection")
+        try:
+            try:
+                with self._lock:
+                    if self._closed:
+                        raise TierClosed(f"pool client for {self.endpoint} is closed")
+                    if self._mode is None:
+                        self._establish()
+                    gen, mode, mapping, rdma = self._gen, self._mode, self._mapping, self._rdma
+                    conn = self._idle.pop() if self._idle else None
+                if conn is None:
+                    assert self._hello is not None
+                    conn = self._open(self._hello.unix_name if mode == "shm" else self.address,
+                                      want_shm=False)
+            except (OSError, ProtocolError) as e:
+                if isinstance(e, AuthError):
+                    raise
+                raise TierUnavailable(f"pool {self.endpoint} unreachable: {e}") from e
+            try:
+                yield _Link(conn, mode, mapping, rdma)  # type: ignore[arg-type]
+            except (OSError, ProtocolError) as e:
+                conn.close()
+                self._reset(gen)
+                if isinstance(e, AuthError):
+                    raise
+                raise TierUnavailable(f"pool {self.endpoint}: {e}") from e
+            except BaseException:
+                conn.close()  # an interrupted exchange leaves the stream mid-frame
+                self._reset(gen)
+                raise
+            with self._lock:
+                if gen == self._gen and not self._closed:
+                    self._idle.append(conn)
+                else:
+                    conn.close()
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._reset(self._gen)
+        for ex in (self._pool, self._copier):
+            if ex is not None:
+                ex.shutdown(wait=True)
+
+    # ----------------------------------------------------------------------------------- batches
+
+    def _chunks(self, sizes: Sequence[int]) -> list[tuple[int, int]]:
+        """Split a batch into [start, end) ranges within the server's limits, byte-balanced over
+        up to ``connections`` parallel chunks once it is large enough."""
+        hello = self._hello
+        max_batch = hello.max_batch if hello else P.DEFAULT_MAX_BATCH
+        max_data = hello.max_data if hello else P.DEFAULT_MAX_DATA_BYTES
+        total = sum(sizes)
+        parts = max(1, min(self._nconn, total // self._split)) if self._mode == "tcp" else 1
+        target = max(1, -(-total // parts))
+        out: list[tuple[int, int]] = []
+        start, acc = 0, 0
+        for i, n in enumerate(sizes):
+            if i > start and (i - start >= max_batch or acc + n > max_data or acc >= target):
+                out.append((start, i))
+                start, acc = i, 0
+            acc += n
+        if start < len(sizes) or not out:
+            out.append((start, len(sizes)))
+        return out
+
+    def _run_chunks(self, n: int, sizes: Sequence[int], fn: Callable[[int, int], list[T]]) -> list[T]:
+        if n == 0:
+            return []
+        chunks = self._chunks(sizes)
+        if len(chunks) == 1:
+            return fn(0, n)
+        if self._pool is None:
+            with self._lock:
+                self._pool = self._pool or ThreadPoolExecutor(self._nconn, "pool-client")
+        futures = [self._pool.submit(fn, a, b) for a, b in chunks]
+        out: list[T] = []
+        err: BaseException | None = None
+        for f in futures:
+            try:
+                out.extend(f.result())
+            except BaseException as e:  # wait for every chunk before raising
+                err = err or e
+        if err is not None:
+            raise err
+        return out
+
+    def put_batch(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+        """Store pages; per key True when readable (or already present), False when no room."""
+        sizes = [page_nbytes(p) for p in pages]
+        return self._run_chunks(len(keys), sizes, lambda a, b: self._put(keys[a:b], pages[a:b], sizes[a:b]))
+
+    def get_batch(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+        """Read pages into their segments; False for absent or different-size pages."""
+        sizes = [page_nbytes(p) for p in pages]
+        return self._run_chunks(len(keys), sizes, lambda a, b: self._get(keys[a:b], pages[a:b], sizes[a:b]))
+
+    def exists_batch(self, keys: Sequence[PageKey]) -> list[bool]:
+        out: list[bool] = []
+        step = self._hello.max_batch if self._hello else P.DEFAULT_MAX_BATCH
+        for i in range(0, len(keys), step):
+            with self._borrow() as link:
+                reply = link.conn.call(P.Op.EXISTS, P.Keys(list(keys[i:i + step])), P.Flags)
+                out.extend(map(bool, reply.flags))
+        return out
+
+    def remove(self, keys: Sequence[PageKey]) -> int:
+        n = 0
+        step = self._hello.max_batch if self._hello else P.DEFAULT_MAX_BATCH
+        for i in range(0, len(keys), step):
+            with self._borrow() as link:
+                n += link.conn.call(P.Op.REMOVE, P.Keys(list(keys[i:i + step])), P.Count).n
+        return n
+
+    def clear(self) -> int:
+        with self._borrow() as link:
+            return link.conn.call(P.Op.CLEAR, P.Empty(), P.Count).n
+
+    def stats(self) -> dict[str, float]:
+        with self._borrow() as link:
+            return dict(link.conn.call(P.Op.STATS, P.Empty(), P.Stats).stats)
+
+    # -------------------------------------------------------------------------------- internals
+
+    def _copy(self, fn: Callable[[int, PageView], None], offsets: list[int],
+              pages: list[PageView]) -> None:
+        """Run ``fn(offset, page)`` for every page, on ``copy_threads`` threads for big batches."""
+        n = len(pages)
+        if self._copy_threads < 2 or n < 2 or sum(map(page_nbytes, pages)) < PARALLEL_COPY_BYTES:
+            for off, page in zip(offsets, pages):
+                fn(off, page)
+            return
+        if self._copier is None:
+            with self._lock:
+                self._copier = self._copier or ThreadPoolExecutor(self._copy_threads, "pool-copy")
+        step = -(-n // self._copy_threads)
+
+        def run(a: int) -> None:
+            for off, page in zip(offsets[a:a + step], pages[a:a + step]):
+                fn(off, page)
+
+        for f in [self._copier.submit(run, a) for a in range(0, n, step)]:
+            f.result()
+
+    def _put(self, keys: Sequence[PageKey], pages: Sequence[PageView], sizes: list[int]) -> list[bool]:
+        with self._borrow() as link:
+            c = link.conn
+            if link.mode == "tcp":
+                segs = [seg for page in pages for seg in page]
+                c.send(P.Op.PUT, P.KeysSizes(list(keys), sizes), segs, sum(sizes))
+                flags, _ = c.reply(P.Op.PUT, P.Flags)
+                return list(map(bool, flags.flags))
+            res = c.call(P.Op.RESERVE, P.KeysSizes(list(keys), sizes), P.Reservation)
+            todo = [i for i, s in enumerate(res.status) if s == P.RESERVE_WRITE]
+            offsets = [res.offsets[i] for i in todo]
+            if link.mapping is not None:
+                self._copy(link.mapping.write_page, offsets, [pages[i] for i in todo])
+            else:
+                link.rdma.write_pages(offsets, [pages[i] for i in todo])
+            written = bytes(s == P.RESERVE_WRITE for s in res.status)
+            return list(map(bool, c.call(P.Op.COMMIT, P.CommitReq(res.ticket, written), P.Flags).flags))
+
+    def _get(self, keys: Sequence[PageKey], pages: Sequence[PageView], sizes: list[int]) -> list[bool]:
+        with self._borrow() as link:
+            c = link.conn
+            if link.mode == "tcp":
+                c.send(P.Op.GET, P.KeysSizes(list(keys), sizes))
+                reply, data_len = c.reply(P.Op.GET, P.GetReply)
+                if data_len != sum(s for s in reply.sizes if s > 0):
+                    raise ProtocolError("GET reply sizes disagree with its data length")
+                for page, n in zip(pages, reply.sizes):
+                    if n >= 0:
+                        for seg in page:
+                            recv_exact_into(c.sock, seg.cast("B") if seg.format != "B" else seg)
+                return [n >= 0 for n in reply.sizes]
+            lease = c.call(P.Op.LEASE, P.KeysSizes(list(keys), sizes), P.Lease)
+            try:
+                hits = [i for i, n in enumerate(lease.sizes) if n >= 0]
+                offsets, dsts = [lease.offsets[i] for i in hits], [pages[i] for i in hits]
+                if link.mapping is not None:
+                    self._copy(link.mapping.read_page, offsets, dsts)
+                else:
+                    link.rdma.read_pages(offsets, dsts)
+            finally:
+                # One-way: the server handles it before anything we send next on this connection.
+                c.send(P.Op.RELEASE, P.ReleaseReq(lease.lease), flags=P.FLAG_NO_REPLY)
+            return [n >= 0 for n in lease.sizes]

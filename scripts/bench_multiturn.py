@@ -1,0 +1,19 @@
+#!/usr/bin/env python3
+"""Multi-turn benchmark against live SGLang: growing conversations, caches flushed between turns.
+
+Needs a GPU host with SGLang (not run in this repository's CI, which has no GPU). Example:
+  python scripts/bench_multiturn.py --url http://127.0.0.1:30000 --conversations 16 --turns 5
+See ``--help`` and mooncake_sgl/bench/runner.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mooncake_sgl.bench.runner import multiturn_main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(multiturn_main())

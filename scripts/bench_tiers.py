@@ -1,0 +1,399 @@
+#!/usr/bin/env python3
+"""Put/get bandwidth of the host DRAM and LMDB tiers against their limits, in one run.
+
+For each page size, batches of ``--batch-size`` pages (two segments each, like SGLang's K and V)
+go through:
+
+- ``memcpy``        numpy copies of the same segments: the DRAM tier's limit;
+- ``host``          ``HostTier.put_from`` / ``get_into``;
+- ``raw file``      one sequential ``writev`` / ``readv`` of the batch over an existing file (no
+                    fsync, then with fsync): the disk's limit, through the page cache;
+- ``lmdb``          ``LmdbTier`` with ``sync: false``; ``lmdb sync`` with ``sync: true`` (the
+                    default config); ``lmdb writemap`` and ``lmdb sync wmap``: the same with
+                    ``writemap: true``;
+- ``HiCacheFile``   SGLang's ``file`` backend, ``batch_set`` / ``batch_get`` over torch tensors
+                    viewing the same bytes (it never fsyncs).
+
+Every buffer is touched once before timing (first touch of memory is slow on VMs): each backend
+does an untimed put and get first, and its bytes are verified. Each round writes fresh keys after
+an untimed ``clear``; reads follow the writes, so they are served from the page cache ("warm");
+``--drop-caches`` (root) adds cold reads after dropping the page cache. Rounds interleave the
+backends of a group (memcpy + host; raw file + lmdb + HiCacheFile), so load from other processes
+hits them alike. Throughput is the median over ``--batches`` rounds, in GB/s (10^9 bytes/s).
+
+    python scripts/bench_tiers.py                       # 64KiB, 1MiB, 8MiB; 3 rounds of 128 pages
+    python scripts/bench_tiers.py --quick               # CI smoke (seconds)
+    python scripts/bench_tiers.py --sizes 1MiB --batches 5 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, parse_size  # noqa: E402
+from mooncake_sgl.tiers.host import HostTier  # noqa: E402
+from mooncake_sgl.tiers.lmdb import LmdbTier  # noqa: E402
+
+GB = 1e9
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def human(n: int) -> str:
+    for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n % div == 0:
+            return f"{n // div}{unit}"
+    return f"{n}B"
+
+
+def drop_page_cache() -> bool:
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+class Batch:
+    """``n`` pages of ``size`` bytes in one buffer; each page two adjacent segments (K, V)."""
+
+    def __init__(self, n: int, size: int, seed: int) -> None:
+        self.n, self.size = n, size
+        self.buf = np.random.default_rng(seed).integers(0, 256, n * size, dtype=np.uint8)
+        half = size // 2
+        mv = memoryview(self.buf)
+        self.pages = [[mv[i * size:i * size + half], mv[i * size + half:(i + 1) * size]] for i in range(n)]
+
+    def nbytes(self) -> int:
+        return self.n * self.size
+
+
+def empty_batch(n: int, size: int) -> Batch:
+    b = Batch.__new__(Batch)
+    b.n, b.size = n, size
+    b.buf = np.ones(n * size, dtype=np.uint8)  # ones, not zeros: forces the pages in now
+    half = size // 2
+    mv = memoryview(b.buf)
+    b.pages = [[mv[i * size:i * size + half], mv[i * size + half:(i + 1) * size]] for i in range(n)]
+    return b
+
+
+def keys_for(r: int, n: int, tag: str) -> list[bytes]:
+    return [f"{tag}-round{r}-page{i:04d}".encode() for i in range(n)]
+
+
+def check(ok: object, what: str) -> None:
+    if ok is not True and not (isinstance(ok, list) and all(ok)):
+        raise SystemExit(f"bench: {what} failed (a tier refused or missed pages); aborting")
+
+
+class Backend:
+    """One row of the table. ``put(r)`` writes the batch under round ``r``'s keys (after an untimed
+    ``reset``); ``get()`` reads the last round's pages into the destination batch."""
+
+    name = ""
+    reads = True
+
+    def __init__(self, src: Batch, dst: Batch) -> None:
+        self.src, self.dst = src, dst
+        self.last = -1
+
+    def setup(self) -> None:
+        """Untimed warm-up: one put and one get, so every buffer and file page is touched."""
+        self.put(-1)
+        if self.reads:
+            self.get()
+
+    def reset(self, r: int) -> None: ...
+    def put(self, r: int) -> None: ...
+    def get(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class Memcpy(Backend):
+    name = "memcpy"
+
+    def put(self, r: int) -> None:
+        for s, d in zip(self.src.pages, self.dst.pages):
+            for a, b in zip(s, d):
+                np.copyto(np.frombuffer(b, dtype=np.uint8), np.frombuffer(a, dtype=np.uint8))
+
+    def get(self) -> None:
+        self.put(0)
+
+
+class Host(Backend):
+    name = "host"
+
+    def __init__(self, src: Batch, dst: Batch) -> None:
+        super().__init__(src, dst)
+        self.tier = HostTier(HostTierConfig(capacity=src.nbytes(), slot_size=src.size, pin_memory=True))
+
+    def reset(self, r: int) -> None:
+        self.tier.clear()
+
+    def put(self, r: int) -> None:
+        check(self.tier.put_from(keys_for(r, self.src.n, "host"), self.src.pages), "host put")
+        self.last = r
+
+    def get(self) -> None:
+        check(self.tier.get_into(keys_for(self.last, self.src.n, "host"), self.dst.pages), "host get")
+
+    def close(self) -> None:
+        self.tier.close()
+
+
+class RawFile(Backend):
+    """Sequential ``writev`` over the previous round's file (as LMDB writes over its own pages)."""
+
+    def __init__(self, src: Batch, dst: Batch, workdir: Path, fsync: bool) -> None:
+        super().__init__(src, dst)
+        self.fsync, self.reads = fsync, not fsync
+        self.name = "raw file fsync" if fsync else "raw file"
+        self.path = workdir / ("raw-fsync.bin" if fsync else "raw.bin")
+        self.iov_max = os.sysconf("SC_IOV_MAX")
+
+    def put(self, r: int) -> None:
+        segs = [s for page in self.src.pages for s in page]
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            for i in range(0, len(segs), self.iov_max):
+                os.writev(fd, segs[i:i + self.iov_max])
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def get(self) -> None:
+        segs = [s for page in self.dst.pages for s in page]
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for i in range(0, len(segs), self.iov_max):
+                chunk = segs[i:i + self.iov_max]
+                if os.readv(fd, chunk) != sum(c.nbytes for c in chunk):
+                    raise SystemExit("bench: short read from the raw file")
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+LMDB_VARIANTS = {"lmdb": {"sync": False}, "lmdb sync": {"sync": True},
+                 "lmdb writemap": {"sync": False, "writemap": True},
+                 "lmdb sync wmap": {"sync": True, "writemap": True}}
+
+
+class Lmdb(Backend):
+    def __init__(self, src: Batch, dst: Batch, workdir: Path, variant: str) -> None:
+        super().__init__(src, dst)
+        self.name = variant
+        self.path = workdir / variant.replace(" ", "-")
+        # Room for two batches: the live one and the pages the previous round freed.
+        self.tier = LmdbTier(LmdbTierConfig(path=str(self.path), capacity=2 * src.nbytes() + (64 << 20),
+                                            **LMDB_VARIANTS[variant]))
+
+    def reset(self, r: int) -> None:
+        self.tier.clear()
+
+    def put(self, r: int) -> None:
+        check(self.tier.put_from(keys_for(r, self.src.n, "lmdb"), self.src.pages), f"{self.name} put")
+        self.last = r
+
+    def get(self) -> None:
+        check(self.tier.get_into(keys_for(self.last, self.src.n, "lmdb"), self.dst.pages),
+              f"{self.name} get")
+
+    def close(self) -> None:
+        self.tier.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class HiCacheFileBackend(Backend):
+    """SGLang's ``file`` backend, built the way ``StorageBackendFactory`` builds it."""
+
+    name = "HiCacheFile"
+
+    def __init__(self, src: Batch, dst: Batch, workdir: Path) -> None:
+        super().__init__(src, dst)
+        import torch
+        from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConfig
+
+        self.path = workdir / "hicache_file"
+        os.environ.pop("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", None)  # it would override the path
+        storage_config = HiCacheStorageConfig(
+            tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+            is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
+            model_name="bench-model", extra_config={"file_storage_path": str(self.path)})
+        self.backend = HiCacheFile(storage_config)
+        # Tensors over the very bytes the tiers move: one per page (K and V are adjacent).
+        self.values = [torch.from_numpy(src.buf[i * src.size:(i + 1) * src.size]) for i in range(src.n)]
+        self.targets = [torch.from_numpy(dst.buf[i * dst.size:(i + 1) * dst.size]) for i in range(dst.n)]
+
+    def _keys(self, r: int) -> list[str]:
+        return [k.decode() for k in keys_for(r, self.src.n, "file")]
+
+    def reset(self, r: int) -> None:
+        self.backend.clear()
+
+    def put(self, r: int) -> None:
+        check(self.backend.batch_set(self._keys(r), self.values), "HiCacheFile set")
+        self.last = r
+
+    def get(self) -> None:
+        got = self.backend.batch_get(self._keys(self.last), self.targets)
+        check(all(g is not None for g in got), "HiCacheFile get")
+
+    def close(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def measure(group: list[Backend], nrounds: int, cold: bool, label: str) -> dict[str, dict[str, float]]:
+    """Rounds interleave the backends of a group, so load from other processes hits them alike."""
+    nbytes = group[0].src.nbytes()
+    times: dict[str, dict[str, list[float]]] = {b.name: {"put": [], "get": [], "get_cold": []} for b in group}
+    for b in group:
+        log(f"{label} warm-up {b.name}")
+        b.setup()
+        if b.reads:
+            verify(b.src, b.dst, b.name)
+    for r in range(nrounds):
+        log(f"{label} round {r + 1}/{nrounds}")
+        for b in group:
+            b.reset(r)
+            t0 = time.perf_counter()
+            b.put(r)
+            times[b.name]["put"].append(time.perf_counter() - t0)
+        for op in ("get", "get_cold") if cold else ("get",):
+            for b in group:
+                if not b.reads:
+                    continue
+                if op == "get_cold":
+                    drop_page_cache()
+                t0 = time.perf_counter()
+                b.get()
+                times[b.name][op].append(time.perf_counter() - t0)
+    for b in group:  # the last round's pages, read once more untimed, must be exact
+        if b.reads:
+            b.get()
+            verify(b.src, b.dst, b.name)
+    return {name: {op: nbytes / statistics.median(ts) / GB for op, ts in ops.items() if ts}
+            for name, ops in times.items()}
+
+
+def verify(src: Batch, dst: Batch, what: str) -> None:
+    if not np.array_equal(src.buf, dst.buf):
+        raise SystemExit(f"bench: {what} returned wrong bytes")
+    dst.buf.fill(1)
+
+
+def run_size(size: int, args: argparse.Namespace, workdir: Path) -> dict[str, dict[str, float]]:
+    n, label = args.batch_size, f"[{human(size)}]"
+    log(f"{label} allocating and touching 2 x {n * size / 2**20:.0f} MiB")
+    src, dst = Batch(n, size, seed=size), empty_batch(n, size)
+    res: dict[str, dict[str, float]] = {}
+    factories: list[list[Callable[[], Backend]]] = [
+        [lambda: Memcpy(src, dst), lambda: Host(src, dst)],
+        [lambda: RawFile(src, dst, workdir, fsync=False), lambda: RawFile(src, dst, workdir, fsync=True)]
+        + [lambda v=v: Lmdb(src, dst, workdir, v) for v in LMDB_VARIANTS]
+        + ([] if args.no_hicache_file else [lambda: HiCacheFileBackend(src, dst, workdir)])]
+    for makers in factories:
+        group: list[Backend] = []
+        try:
+            for make in makers:
+                group.append(make())
+            res.update(measure(group, args.batches, args.drop_caches, label))
+        finally:
+            for b in group:
+                b.close()
+    return res
+
+
+def table(results: dict[str, dict[str, dict[str, float]]], cold: bool) -> str:
+    cols = ["put", "get"] + (["get_cold"] if cold else [])
+    lines = [f"{'size':>7} {'backend':<15} " + " ".join(f"{c:>9}" for c in cols) + "   ratios"]
+    for size, res in results.items():
+        for name, row in res.items():
+            cells = " ".join(f"{row[c]:>9.2f}" if c in row else f"{'-':>9}" for c in cols)
+            ratios = []
+            if name == "host":
+                ratios += [f"put {row['put'] / res['memcpy']['put']:.0%} / get "
+                           f"{row['get'] / res['memcpy']['get']:.0%} of memcpy"]
+            if name.startswith("lmdb"):
+                raw = res["raw file"]
+                wraw = res["raw file fsync"] if name.startswith("lmdb sync") else raw
+                wname = "raw fsync" if wraw is not raw else "raw"
+                ratios += [f"put {row['put'] / wraw['put']:.0%} of {wname}, "
+                           f"get {row['get'] / raw['get']:.0%} of raw"]
+                if "HiCacheFile" in res:
+                    hf = res["HiCacheFile"]
+                    ratios += [f"vs HiCacheFile: put {row['put'] / hf['put']:.1f}x, "
+                               f"get {row['get'] / hf['get']:.1f}x"]
+            lines.append(f"{size:>7} {name:<15} {cells}   {'; '.join(ratios)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="64KiB,1MiB,8MiB", help="page sizes, comma separated")
+    p.add_argument("--batch-size", type=int, default=128, help="pages per put/get call (SGLang: 128)")
+    p.add_argument("--batches", type=int, default=3, help="timed rounds per measurement (median)")
+    p.add_argument("--dir", default=None, help="scratch directory for LMDB, HiCacheFile and the raw file "
+                   "(default: a temporary directory under $TMPDIR)")
+    p.add_argument("--drop-caches", action="store_true",
+                   help="also measure cold reads after dropping the page cache (needs root; "
+                        "disturbs other processes' caches)")
+    p.add_argument("--no-hicache-file", action="store_true", help="skip SGLang's HiCacheFile")
+    p.add_argument("--quick", action="store_true", help="CI smoke: 64KiB and 1MiB, 16 pages, 1 round")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.sizes, args.batch_size, args.batches = "64KiB,1MiB", 16, 1
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    if any(s % 2 or s <= 0 for s in sizes):
+        p.error("page sizes must be positive and even (two segments per page)")
+    if args.batches < 1 or args.batch_size < 1:
+        p.error("--batches and --batch-size must be at least 1")
+    if args.drop_caches and not drop_page_cache():
+        log("cannot drop the page cache (not root?); measuring warm reads only")
+        args.drop_caches = False
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench_tiers.", dir=args.dir))
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    started = time.perf_counter()
+    try:
+        for size in sizes:
+            results[human(size)] = run_size(size, args, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    reads = "cold and warm" if args.drop_caches else "warm (page cache)"
+    print(f"GB/s, {args.batch_size} pages per batch (2 segments each), median of {args.batches} rounds; "
+          f"file reads {reads}; scratch on {workdir.parent}; load average at the end "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(table(results, args.drop_caches))
+    log(f"done in {time.perf_counter() - started:.1f}s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "unit": "GB/s", "batch_size": args.batch_size, "rounds": args.batches,
+            "cold_reads": args.drop_caches, "loadavg": os.getloadavg()[0], "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The pure parts of the live-server benchmarks: workloads, SSE parsing, aggregation, the table, the
+plot, variants and the launch command. The scripts themselves need a GPU host with SGLang serving;
+they were not run against a live server here (no GPU in CI)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from mooncake_sgl.bench.client import RequestResult, SglangClient, apply_meta, parse_sse_lines
+from mooncake_sgl.bench.results import (
+    percentile,
+    plot_side_by_side,
+    side_by_side_table,
+    summarise_round,
+    variant_result,
+)
+from mooncake_sgl.bench.runner import variants_from_args
+from mooncake_sgl.bench.server import Variant, launch_command, parse_variant, small_llama_config
+from mooncake_sgl.bench.workloads import (
+    LongContextSpec,
+    MultiTurnSpec,
+    doc_lengths,
+    long_context,
+    multiturn,
+)
+
+
+def test_long_context_rounds_share_documents_and_span_8k_to_128k() -> None:
+    spec = LongContextSpec(docs=4, min_doc_tokens=8192, max_doc_tokens=131072, questions=3,
+                           question_tokens=32, vocab_size=1000)
+    assert doc_lengths(spec) == [8192, 20643, 52016, 131072]
+    rounds = long_context(spec)
+    assert [len(r) for r in rounds] == [4, 4, 4]
+    for d, n in enumerate(doc_lengths(spec)):
+        asks = [rounds[q][d] for q in range(3)]
+        assert all(a.input_ids[:n] == asks[0].input_ids[:n] for a in asks)  # shared document
+        assert len({tuple(a.input_ids[n:]) for a in asks}) == 3  # distinct questions
+        assert [a.reusable_tokens for a in asks] == [0, n, n]
+    assert all(10 <= t < 1000 for r in rounds for a in r for t in a.input_ids)
+
+
+def test_multiturn_conversations_grow_by_answer_and_user_message() -> None:
+    spec = MultiTurnSpec(conversations=3, turns=4, first_turn_tokens=100, user_tokens=20, output_tokens=5)
+    rounds = multiturn(spec)
+    conv0 = [rounds[t][0] for t in range(4)]
+    assert [len(a.input_ids) for a in conv0] == [100, 125, 150, 175]
+    for prev, cur in zip(conv0, conv0[1:]):
+        assert cur.input_ids[:len(prev.input_ids)] == prev.input_ids
+        assert cur.reusable_tokens == len(prev.input_ids)
+    assert conv0[0].reusable_tokens == 0
+    assert rounds[0][0].input_ids != rounds[0][1].input_ids
+
+
+def test_sse_stream_and_cached_token_details() -> None:
+    lines = [b"data: " + json.dumps({"output_ids": [5], "meta_info": {"prompt_tokens": 10}}).encode() + b"\n",
+             b"\n",
+             b"data: " + json.dumps({"output_ids": [5, 6], "meta_info": {
+                 "prompt_tokens": 10, "completion_tokens": 2, "cached_tokens": 8,
+                 "cached_tokens_details": {"device": 1, "host": 3, "storage": 4,
+                                           "storage_backend": "MooncakeSglStorage"}}}).encode(),
+             b"data: [DONE]", b"data: {\"never\": 1}"]
+    chunks = list(parse_sse_lines(lines))
+    assert len(chunks) == 2
+    r = RequestResult(rid="a", round=1, prompt_tokens=0)
+    apply_meta(r, chunks[-1]["meta_info"])
+    assert (r.prompt_tokens, r.output_tokens, r.cached_tokens) == (10, 2, 8)
+    assert (r.device_tokens, r.host_tokens, r.storage_tokens) == (1, 3, 4)
+    assert r.storage_backend == "MooncakeSglStorage"
+    plain = RequestResult(rid="b", round=0, prompt_tokens=0)
+    apply_meta(plain, {"prompt_tokens": 7, "cached_tokens": 5})
+    assert plain.device_tokens == 5 and plain.storage_tokens == 0
+
+
+def _res(ttft: float, storage: int = 0, err: str = "") -> RequestResult:
+    return RequestResult(rid="x", round=0, prompt_tokens=100, output_tokens=10, ttft_s=ttft,
+                         latency_s=ttft * 2, cached_tokens=storage, storage_tokens=storage, error=err)
+
+
+def test_round_summary_statistics() -> None:
+    rows = [_res(t / 10) for t in range(1, 101)] + [_res(9.0, err="HTTP 500")]
+    s = summarise_round(rows, wall_s=4.0)
+    assert s["requests"] == 101 and s["errors"] == 1
+    assert s["ttft_mean_s"] == pytest.approx(5.05)
+    assert s["ttft_p50_s"] == pytest.approx(5.0, abs=0.1) and s["ttft_p99_s"] == pytest.approx(9.9, abs=0.1)
+    assert s["input_tokens_per_s"] == pytest.approx(100 * 100 / 4.0)
+    assert s["requests_per_s"] == pytest.approx(25.0)
+    assert percentile([], 0.5) == 0.0
+
+
+def test_side_by_side_table_and_plot(tmp_path: Path) -> None:
+    base = variant_result("no-hicache", [([_res(2.0), _res(2.0)], 1.0), ([_res(2.0), _res(2.0)], 1.0)])
+    ours = variant_result("ours:host_lmdb", [([_res(2.0), _res(2.0)], 1.0),
+                                             ([_res(0.5, 900), _res(0.5, 900)], 0.5)])
+    assert ours["reuse_rounds"]["storage_tokens"] == 1800
+    table = side_by_side_table([base, ours])
+    rows = [row.split() for row in table.splitlines()]
+    line = " ".join(next(r for r in rows if r[:2] == ["ours:host_lmdb", "1"]))
+    assert "0.25x" in line and "1,800" in line
+    png = plot_side_by_side([base, ours], tmp_path / "p.png", "test")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_variants_and_launch_command(tmp_path: Path) -> None:
+    tiers = tmp_path / "t.yaml"
+    tiers.write_text("tiers: [{kind: host, capacity: 1GiB}]\n")
+    v = parse_variant(f"ours:{tiers}")
+    assert v.label == "ours:t" and v.args[-1] == f"@{tiers.resolve()}"
+    assert parse_variant("base=no-hicache") == Variant("base", ())
+    assert parse_variant("hicache-l2").args == ("--enable-hierarchical-cache",)
+    with pytest.raises(ValueError, match="does not exist"):
+        parse_variant("ours:/nonexistent.yaml")
+    with pytest.raises(ValueError, match="unknown variant"):
+        parse_variant("fast")
+    cmd = launch_command("/m", 31000, v, dummy=True, extra=("--mem-fraction-static=0.5",))
+    assert cmd[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    assert "--load-format" in cmd and "dummy" in cmd and "--skip-tokenizer-init" in cmd
+    assert cmd[cmd.index("--hicache-storage-backend") + 1] == "mooncake"
+    assert cmd[-1] == "--mem-fraction-static=0.5"
+
+    args = argparse.Namespace(url=None, launch=True, variant=[], tiers=[str(tiers)])
+    assert [x.label for x in variants_from_args(args)] == ["no-hicache", "hicache-l2", "ours:t"]
+
+
+def test_small_model_config_is_a_llama_with_gqa(tmp_path: Path) -> None:
+    cfg = json.loads((small_llama_config(tmp_path / "m", layers=2) / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["num_hidden_layers"] == 2
+    assert cfg["num_attention_heads"] % cfg["num_key_value_heads"] == 0
+
+
+def test_client_rejects_bad_urls_and_sees_no_server() -> None:
+    with pytest.raises(ValueError):
+        SglangClient("https://example.com")
+    assert SglangClient("127.0.0.1:9").healthy() is False  # nothing listens on the discard port

@@ -1,0 +1,39 @@
+"""``mooncake-sgl pool``: the READY line, ``stats``/``health`` against a running server, and config
+errors that name the key and file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from mooncake_sgl.pool.process import PoolProcess
+
+
+def pool_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mooncake_sgl.pool", *args], capture_output=True,
+                          text=True, timeout=30)
+
+
+def test_stats_and_health_of_a_running_pool() -> None:
+    with PoolProcess(capacity="8MiB", slab_size="1MiB", secret="abc") as pool:
+        r = pool_cli("stats", pool.endpoint, "--secret", "abc", "--json")
+        assert r.returncode == 0, r.stderr
+        stats = json.loads(r.stdout)
+        assert stats["capacity_bytes"] == 8 << 20 and stats["pages"] == 0
+        r = pool_cli("health", pool.endpoint, "--secret", "abc")
+        assert r.returncode == 0 and "ok, 0 pages" in r.stdout
+        r = pool_cli("health", pool.endpoint, "--secret", "wrong")
+        assert r.returncode == 1 and "wrong shared secret" in r.stderr
+    r = pool_cli("health", pool.endpoint, "--timeout", "0.5")  # stopped: unreachable
+    assert r.returncode == 1 and "unhealthy" in r.stderr
+
+
+def test_bad_config_names_the_key_and_file(tmp_path) -> None:  # noqa: ANN001
+    cfg = tmp_path / "pool.yaml"
+    cfg.write_text("capcity: 1GiB\n")
+    r = pool_cli("--config", str(cfg))
+    assert r.returncode == 2 and "capcity" in r.stderr and str(cfg) in r.stderr
+    cfg.write_text("capacity: 1KiB\n")
+    r = pool_cli("--config", str(cfg))
+    assert r.returncode == 2 and "at least one slab" in r.stderr

@@ -1,0 +1,232 @@
+"""The pool server in a subprocess, with clients in other processes: concurrent writers and
+readers with every byte checked, a crash mid-batch and a restart, sustained puts into a full pool.
+Clients run in forked processes so the server, the clients and this test share nothing but sockets
+and the segment."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from mooncake_sgl.config import PoolTierConfig
+from mooncake_sgl.pool.process import PoolProcess
+from mooncake_sgl.tiers.pool import PoolTier
+from mooncake_sgl.transfer.client import PoolClient
+
+KIB = 1024
+
+
+def content(key_id: int, size: int) -> np.ndarray:
+    """The only bytes key ``key_id`` may ever hold (so any mix-up or tear is detectable)."""
+    return np.random.default_rng(key_id).integers(0, 256, size, dtype=np.uint8)
+
+
+def key(key_id: int) -> bytes:
+    return b"proc-test/%d" % key_id
+
+
+def pages_of(arrays: list[np.ndarray]) -> list[list[memoryview]]:
+    # Two segments per page, as K and V halves of an SGLang page.
+    return [[memoryview(a[: a.size // 2]), memoryview(a[a.size // 2:])] for a in arrays]
+
+
+def check(ids: list[int], size: int, out: list[np.ndarray], hits: list[bool]) -> list[str]:
+    return [f"key {i}: wrong bytes" for i, a, h in zip(ids, out, hits)
+            if h and not np.array_equal(a, content(i, size))]
+
+
+_ctx = mp.get_context("fork")
+
+
+def _run(target, args_list: list[tuple]) -> list:  # noqa: ANN001
+    with _ctx.Pool(len(args_list)) as pool:
+        return pool.starmap(target, args_list, chunksize=1)
+
+
+# ------------------------------------------------------------------- many concurrent clients
+
+def _mixed_worker(endpoint: str, transport: str, wid: int, rounds: int, size: int) -> dict:
+    client = PoolClient(endpoint, transport=transport, connections=2)
+    rng = random.Random(wid)
+    errors: list[str] = []
+    written: list[int] = []
+    for r in range(rounds):
+        # Own keys plus keys every worker writes at once (same bytes: exercises concurrent puts
+        # of one key).
+        ids = [wid * 10_000 + r * 16 + j for j in range(12)] + [r * 4 + j for j in range(4)]
+        res = client.put_batch([key(i) for i in ids], pages_of([content(i, size) for i in ids]))
+        if not all(res):
+            errors.append(f"round {r}: put refused {res.count(False)} pages in a roomy pool")
+        written += ids
+        probe = rng.sample(written, min(24, len(written))) + [r * 4 + 100_000]  # last one absent
+        out = [np.zeros(size, np.uint8) for _ in probe]
+        hits = client.get_batch([key(i) for i in probe], pages_of(out))
+        errors += check(probe, size, out, hits)
+        if hits[:-1] != [True] * (len(probe) - 1) or hits[-1]:
+            errors.append(f"round {r}: hits {hits}")
+        if client.exists_batch([key(i) for i in probe]) != hits:
+            errors.append(f"round {r}: exists disagrees with get")
+    mode = client.mode
+    client.close()
+    return {"errors": errors, "mode": mode}
+
+
+def test_many_processes_write_and_read_concurrently_byte_exact() -> None:
+    with PoolProcess(capacity="128MiB", slab_size="4MiB") as pool:
+        results = _run(_mixed_worker, [(pool.endpoint, tr, w, 12, 96 * KIB)
+                                       for w, tr in enumerate(["shm", "tcp", "shm", "tcp"])])
+        assert [r["mode"] for r in results] == ["shm", "tcp", "shm", "tcp"]
+        assert [r["errors"] for r in results] == [[]] * 4
+        client = PoolClient(pool.endpoint, transport="tcp")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # workers' last RELEASEs and closes land asynchronously
+            stats = client.stats()
+            if stats["leased"] == 0 and stats["writing"] == 0:
+                break
+            time.sleep(0.01)
+        assert stats["evictions"] == 0 and stats["leased"] == 0 and stats["writing"] == 0
+        client.close()
+
+
+# --------------------------------------------------------------------- crash and restart
+
+def _crash_worker(endpoint: str, transport: str, wid: int, seconds: float, size: int) -> dict:
+    tier = PoolTier(PoolTierConfig(endpoints=[endpoint], transport=transport, retry_after=0.1,
+                                   timeout=2.0, connections=2))
+    errors: list[str] = []
+    failures = recovered_after_failure = rounds = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        ids = [wid * 1_000_000 + rounds * 8 + j for j in range(8)]
+        rounds += 1
+        ok = tier.put_from([key(i) for i in ids], pages_of([content(i, size) for i in ids]))
+        out = [np.zeros(size, np.uint8) for _ in ids]
+        hits = tier.get_into([key(i) for i in ids], pages_of(out))
+        errors += check(ids, size, out, hits)  # a hit is never wrong, crash or not
+        if all(ok) and all(hits):
+            recovered_after_failure += failures > 0
+        else:
+            failures += 1
+    tier.close()
+    return {"errors": errors, "failures": failures, "recovered": recovered_after_failure,
+            "rounds": rounds}
+
+
+def test_server_killed_mid_batch_and_restarted_clients_recover_without_wrong_data() -> None:
+    with PoolProcess(capacity="64MiB", slab_size="4MiB") as pool:
+        def crash() -> None:
+            time.sleep(1.0)
+            pool.kill()  # SIGKILL while batches are in flight
+            time.sleep(0.3)
+            pool.start()  # same port, empty pool
+
+        t = threading.Thread(target=crash)
+        t.start()
+        results = _run(_crash_worker, [(pool.endpoint, tr, w, 3.0, 256 * KIB)
+                                       for w, tr in enumerate(["shm", "tcp", "tcp"])])
+        t.join()
+    for r in results:
+        assert r["errors"] == []
+        assert r["failures"] >= 1, r  # the crash was seen ...
+        assert r["recovered"] >= 3, r  # ... and full service came back after it
+
+
+# ------------------------------------------------------------------------ full pool
+
+def _filler(endpoint: str, transport: str, wid: int, batches: int, size: int) -> dict:
+    client = PoolClient(endpoint, transport=transport, connections=2)
+    refused = readback_miss = 0
+    errors: list[str] = []
+    acked: list[int] = []
+    for b in range(batches):
+        ids = [wid * 1_000_000 + b * 16 + j for j in range(16)]
+        res = client.put_batch([key(i) for i in ids], pages_of([content(i, size) for i in ids]))
+        refused += res.count(False)
+        acked += [i for i, ok in zip(ids, res) if ok]
+        out = [np.zeros(size, np.uint8) for _ in ids]
+        hits = client.get_batch([key(i) for i in ids], pages_of(out))
+        readback_miss += hits.count(False)
+        errors += check(ids, size, out, hits)
+    client.close()
+    return {"refused": refused, "acked": acked, "errors": errors, "readback_miss": readback_miss}
+
+
+def test_full_pool_under_sustained_puts_never_refuses_and_loses_only_evicted_pages() -> None:
+    size = 64 * KIB
+    with PoolProcess(capacity="8MiB", slab_size="1MiB") as pool:  # 128 slots
+        results = _run(_filler, [(pool.endpoint, tr, w, 40, size) for w, tr in enumerate(["shm", "tcp"])])
+        client = PoolClient(pool.endpoint, transport="tcp")
+        stats = client.stats()
+        assert [r["refused"] for r in results] == [0, 0]
+        assert stats["put_no_room"] == 0
+        assert [r["errors"] for r in results] == [[], []]
+        acked = [i for r in results for i in r["acked"]]
+        assert len(acked) == 2 * 40 * 16  # 10x the capacity went in
+        # A page just written is read back at once, except for the rare one a concurrent writer
+        # evicted in between.
+        assert sum(r["readback_miss"] for r in results) <= 0.05 * len(acked)
+        out = [np.zeros(size, np.uint8) for _ in acked]
+        hits = []
+        for i in range(0, len(acked), 256):
+            hits += client.get_batch([key(k) for k in acked[i:i + 256]], pages_of(out[i:i + 256]))
+        assert check(acked, size, out, hits) == []
+        present = sum(hits)
+        # Every acknowledged page is either still there or was evicted (the count adds up), and
+        # the pool stays filled to its watermarks rather than emptied.
+        assert len(acked) - present <= stats["evictions"]
+        assert present >= 0.85 * 128 * 0.9
+        client.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_children() -> None:
+    yield
+    assert mp.active_children() == []
+
+
+# ------------------------------------------------------------------------ reads in flight
+
+def test_pages_leased_by_a_shared_memory_reader_survive_a_flood_and_their_removal() -> None:
+    # Story: a same-host reader has leased 8 pages (it is mid-copy out of the segment). Another
+    # process floods the pool with 3x its capacity and removes half of the leased keys. Until the
+    # reader releases, the bytes at its offsets must not change: no eviction, no slot reuse.
+    from mooncake_sgl.transfer import protocol as P
+
+    size = 64 * KIB
+    with PoolProcess(capacity="4MiB", slab_size="1MiB") as pool:  # 64 slots
+        reader = PoolClient(pool.endpoint, transport="shm")
+        ids = list(range(8))
+        ok = reader.put_batch([key(i) for i in ids], pages_of([content(i, size) for i in ids]))
+        assert ok == [True] * 8
+        with reader._borrow() as link:
+            lease = link.conn.call(P.Op.LEASE, P.KeysSizes([key(i) for i in ids], [size] * 8), P.Lease)
+            assert lease.sizes == [size] * 8
+            flood = _ctx.Process(target=_flood, args=(pool.endpoint, ids[:4], size))
+            flood.start()
+            flood.join(60)
+            assert flood.exitcode == 0
+            for i, off in zip(ids, lease.offsets):
+                out = np.zeros(size, np.uint8)
+                link.mapping.read_page(off, pages_of([out])[0])
+                assert np.array_equal(out, content(i, size)), f"leased page {i} was overwritten"
+            link.conn.send(P.Op.RELEASE, P.ReleaseReq(lease.lease), flags=P.FLAG_NO_REPLY)
+        assert reader.exists_batch([key(i) for i in ids[:4]]) == [False] * 4  # removed stays removed
+        stats = reader.stats()
+        # 192 pages went through the 56 slots not held by the reader.
+        assert stats["evictions"] >= 192 - 56 and stats["put_no_room"] == 0
+        reader.close()
+
+
+def _flood(endpoint: str, remove_ids: list[int], size: int) -> None:
+    client = PoolClient(endpoint, transport="tcp")
+    assert client.remove([key(i) for i in remove_ids]) == len(remove_ids)
+    for b in range(12):
+        ids = [500_000 + b * 16 + j for j in range(16)]
+        ok = client.put_batch([key(i) for i in ids], pages_of([content(i, size) for i in ids]))
+        assert ok == [True] * 16
+    client.close()

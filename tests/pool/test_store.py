@@ -1,0 +1,108 @@
+"""The pool's index and allocator, white-box: slab reuse across size classes, two-phase writes,
+leases that block eviction and slot reuse, LRU eviction order and the bounded wait for room."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from mooncake_sgl.pool.allocator import SlabAllocator
+from mooncake_sgl.pool.store import NO_ROOM, PENDING_DUP, PRESENT, Entry, PoolStore
+
+KIB = 1024
+
+
+def put(store: PoolStore, key: bytes, size: int = 64 * KIB) -> Entry | str | None:
+    (r,) = store.reserve([key], [size])
+    if isinstance(r, Entry):
+        store.commit([r], [True])
+    return r
+
+
+def test_allocator_hands_out_distinct_aligned_slots_and_recycles_empty_slabs() -> None:
+    a = SlabAllocator(4 * 256 * KIB, 256 * KIB)
+    offs = [a.alloc(64 * KIB) for _ in range(16)]
+    assert None not in offs and len(set(offs)) == 16 and all(o % 4096 == 0 for o in offs)
+    assert a.alloc(64 * KIB) is None and a.alloc(128 * KIB) is None  # every slab taken by 64 KiB
+    for o in offs[:4]:  # empty the first slab entirely: it becomes free for another class
+        a.free(o, 64 * KIB)
+    assert a.free_slabs == 1
+    assert a.alloc(128 * KIB) is not None
+    with pytest.raises(ValueError):
+        a.free(offs[5] + 4096, 64 * KIB)  # not a slot boundary: a bug, loudly
+
+
+def test_reserved_page_is_invisible_until_commit_and_abort_frees_it() -> None:
+    s = PoolStore(1 << 20, 256 * KIB)
+    (e,) = s.reserve([b"k"], [1000])
+    assert isinstance(e, Entry)
+    assert s.contains([b"k"]) == b"\x00"
+    assert s.reserve([b"k"], [1000]) == [PENDING_DUP]
+    s.abort([e])
+    assert s.contains([b"k"]) == b"\x00" and s.alloc.used_bytes == 0
+    assert isinstance(put(s, b"k", 1000), Entry)
+    assert s.contains([b"k"]) == b"\x01"
+    assert put(s, b"k", 1000) is PRESENT  # idempotent
+
+
+def test_eviction_takes_least_recently_read_first() -> None:
+    s = PoolStore(4 * 64 * KIB, 64 * KIB)
+    for k in (b"a", b"b", b"c", b"d"):
+        put(s, k)
+    s.release(s.lease([b"a"]))  # a read makes "a" the most recent
+    put(s, b"e")  # full: evicts the least recently used, "b"
+    assert s.contains([b"a", b"b", b"c", b"d", b"e"]) == bytes([1, 0, 1, 1, 1])
+    assert s.counters["evictions"] == 1
+
+
+def test_a_leased_page_is_never_evicted_or_its_slot_reused() -> None:
+    s = PoolStore(2 * 64 * KIB, 64 * KIB, put_wait=0.1)
+    put(s, b"a")
+    put(s, b"b")
+    held = s.lease([b"a", b"b"])  # both being read
+    assert s.reserve([b"c"], [64 * KIB]) == [NO_ROOM]  # waited put_wait, then said so
+    assert s.counters["put_waits"] == 1
+    assert s.remove([b"a"]) == 1  # unlinked at once ...
+    assert s.contains([b"a"]) == b"\x00"
+    assert s.reserve([b"c"], [64 * KIB]) == [NO_ROOM]  # ... but its slot stays with the reader
+    s.release(held)
+    r = put(s, b"c")
+    assert isinstance(r, Entry) and r.offset == held[0].offset
+
+
+def test_a_full_pool_put_waits_for_a_reader_to_finish_instead_of_failing() -> None:
+    s = PoolStore(64 * KIB, 64 * KIB, put_wait=5.0)
+    put(s, b"a")
+    held = s.lease([b"a"])
+    threading.Timer(0.2, s.release, args=(held,)).start()
+    t0 = time.monotonic()
+    assert isinstance(put(s, b"b"), Entry)
+    assert 0.15 < time.monotonic() - t0 < 4.0
+
+
+def test_mixed_page_sizes_take_slabs_from_other_classes() -> None:
+    s = PoolStore(4 * 256 * KIB, 256 * KIB)
+    for i in range(16):
+        put(s, b"small%d" % i, 64 * KIB)  # all four slabs hold 64 KiB slots
+    r = put(s, b"big", 256 * KIB)  # needs a whole empty slab: old small pages go
+    assert isinstance(r, Entry)
+    assert s.contains([b"big"]) == b"\x01"
+    assert s.counters["evictions"] >= 4
+
+
+def test_background_eviction_brings_usage_to_the_low_watermark() -> None:
+    s = PoolStore(20 * 64 * KIB, 64 * KIB, high_watermark=0.9, low_watermark=0.5)
+    for i in range(20):
+        put(s, b"k%d" % i)
+    assert s.over_high_watermark()
+    assert s.evict_to_watermark() == 10
+    assert s.alloc.used_bytes <= 0.5 * s.alloc.capacity
+    assert s.contains([b"k0", b"k19"]) == b"\x00\x01"  # oldest went first
+
+
+def test_page_larger_than_a_slab_is_refused_not_stored() -> None:
+    s = PoolStore(1 << 20, 256 * KIB)
+    assert s.reserve([b"huge"], [512 * KIB]) == [NO_ROOM]
+    assert s.reserve([b"empty"], [0]) == [NO_ROOM]

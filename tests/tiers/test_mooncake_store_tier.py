@@ -1,0 +1,297 @@
+"""MooncakeStoreTier against a real ``mooncake_master`` on 127.0.0.1: the conformance suite, zero
+copy over registered memory, a pool filled past capacity, two nodes sharing pages through the
+tiered store, and the master killed and restarted under SGLang's own backend calls.
+
+Needs the ``mooncake`` extra and ``libibverbs1``; skipped only when the Mooncake wheel is absent.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+if importlib.util.find_spec("mooncake") is None:
+    pytest.skip("the Mooncake wheel is not installed (pip install 'mooncake-sgl[mooncake]')",
+                allow_module_level=True)
+
+os.environ.setdefault("GLOG_minloglevel", "2")
+
+from mooncake_sgl.api import Tier  # noqa: E402
+from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, MooncakeStoreTierConfig  # noqa: E402
+from mooncake_sgl.policy.lru import LruPolicy  # noqa: E402
+from mooncake_sgl.store import TieredStore  # noqa: E402
+from mooncake_sgl.testing import MooncakeMaster  # noqa: E402
+from mooncake_sgl.tiers.host import HostTier  # noqa: E402
+from mooncake_sgl.tiers.lmdb import LmdbTier  # noqa: E402
+from mooncake_sgl.tiers.mooncake_store import MooncakeStoreTier, object_name  # noqa: E402
+
+from .conformance import TierConformance, empty_like, key, make_page, same  # noqa: E402
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def master() -> Iterator[MooncakeMaster]:
+    with MooncakeMaster() as m:
+        yield m
+
+
+def mooncake_tier(m: MooncakeMaster, segment: int | str = "16MiB", **kw: object) -> MooncakeStoreTier:
+    cfg = MooncakeStoreTierConfig(master=m.rpc_address, metadata_server=m.metadata_url,
+                                  segment_size=segment, buffer_size=kw.pop("buffer_size", "4MiB"),
+                                  reconnect_after=kw.pop("reconnect_after", "0.5s"), **kw)
+    return MooncakeStoreTier(cfg)
+
+
+def registered_pages(tier: MooncakeStoreTier, n: int, seg_bytes: int, nseg: int = 2,
+                     seed: int = 0) -> tuple[np.ndarray, list[list[memoryview]]]:
+    """``n`` random pages inside one buffer registered with the tier (the zero-copy path)."""
+    buf = np.random.default_rng(seed).integers(0, 256, (n, nseg, seg_bytes), dtype=np.uint8)
+    tier.register_memory(buf.ctypes.data, buf.nbytes)
+    return buf, [[memoryview(buf[i, s]) for s in range(nseg)] for i in range(n)]
+
+
+class TestMooncakeStoreConformance(TierConformance):
+    self_evicting = True
+    # Mooncake's smallest segment is 16 MiB: pages of 2 x 256 KiB make the suite's "small" tier
+    # (8 pages) round up to it and its 40-page fill overflow it.
+    page_bytes = 256 * 1024
+
+    @pytest.fixture(autouse=True)
+    def _master(self, master: MooncakeMaster) -> None:
+        self.master = master
+
+    def make_tier(self, capacity_bytes: int) -> Tier:
+        # The tier's own segment is the pool: each test's tier is the only client of the master
+        # (the previous one unmounted its segment, and Mooncake dropped its objects, on close).
+        return mooncake_tier(self.master, segment=max(capacity_bytes, 16 * MiB))
+
+
+def test_zero_copy_over_registered_memory_and_staging_elsewhere(master: MooncakeMaster) -> None:
+    tier = mooncake_tier(master)
+    try:
+        src, pages = registered_pages(tier, 8, 4096)
+        keys = [key(i) for i in range(8)]
+        assert tier.put_from(keys, pages) == [True] * 8
+        assert tier.stats()["zero_copy_pages"] == 8 and tier.stats()["staged_pages"] == 0
+        # Read into plain (unregistered) memory: copied through the registered staging buffer.
+        out = [empty_like(p) for p in pages]
+        assert tier.get_into(keys, out) == [True] * 8
+        assert all(same(a, b) for a, b in zip(pages, out))
+        assert tier.stats()["staged_pages"] == 8
+        # The object Mooncake holds is the page's segments concatenated.
+        assert tier.page_size_of(keys[3]) == 2 * 4096
+        # A page larger than the staging buffer cannot be staged: refused, the batch goes on.
+        big = [memoryview(bytearray(5 * MiB))]
+        assert tier.put_from([key(100), key(101)], [big, make_page(101, 1024)]) == [False, True]
+        assert tier.stats()["too_large"] == 1
+    finally:
+        tier.close()
+
+
+def test_pool_filled_past_capacity_acknowledges_every_page_and_loses_none() -> None:
+    # A master of its own, so the only segment is this tier's 64 MiB and the eviction count is ours.
+    with MooncakeMaster() as m:
+        tier = mooncake_tier(m, segment="64MiB", put_retry_window="5s")
+        try:
+            n, batch = 160, 8  # 160 MiB of 1 MiB pages into 64 MiB
+            _, pages = registered_pages(tier, n, MiB // 2, seed=7)
+            keys = [key(i) for i in range(n)]
+            acked = []
+            for b in range(0, n, batch):
+                ok = tier.put_from(keys[b:b + batch], pages[b:b + batch])
+                acked += [i for i, good in zip(range(b, b + batch), ok) if good]
+            assert acked == list(range(n)), "a put was refused although the master evicts"
+            assert tier.stats()["put_no_space_retries"] > 0, "the pool never filled"
+
+            hits = []
+            for i in range(n):
+                out = empty_like(pages[i])
+                if tier.get_into([key(i)], [out]) == [True]:
+                    assert same(pages[i], out), f"page {i} came back with wrong bytes"
+                    hits.append(i)
+            metrics = m.metrics()
+            # Every acknowledged page is readable or was evicted by the master: none vanished.
+            assert n - len(hits) == metrics["master_evicted_key_count"]
+            assert len(hits) == metrics["master_key_count"]
+            assert set(range(n - 16, n)) <= set(hits), "eviction must take the oldest pages first"
+        finally:
+            tier.close()
+
+
+def test_no_space_without_retry_window_is_refused_not_lost() -> None:
+    with MooncakeMaster() as m:
+        tier = mooncake_tier(m, segment="16MiB", put_retry_window=0)
+        try:
+            n = 64
+            _, pages = registered_pages(tier, n, MiB // 2, seed=3)
+            results = []
+            for i in range(0, n, 16):
+                results += tier.put_from([key(j) for j in range(i, i + 16)], pages[i:i + 16])
+            refused = [i for i, ok in enumerate(results) if not ok]
+            assert refused, "16 MiB cannot take 64 MiB in 16-page batches without waiting on eviction"
+            assert tier.stats()["put_failed_no_space"] == len(refused)
+            assert not any(tier.contains([key(i) for i in refused]))
+        finally:
+            tier.close()
+
+
+def test_two_nodes_share_pages_through_their_tiered_stores(master: MooncakeMaster, tmp_path) -> None:
+    """Node A: DRAM -> Mooncake Store -> LMDB. Node B: DRAM -> Mooncake Store. B reads A's pages."""
+    def host() -> HostTier:
+        return HostTier(HostTierConfig(capacity=8 * 8192, pin_memory=False))  # 8 pages
+
+    remote_a = mooncake_tier(master, segment="32MiB")
+    a = TieredStore([host(), remote_a, LmdbTier(LmdbTierConfig(path=str(tmp_path / "a"), capacity="64MiB",
+                                                              sync=False))], LruPolicy(3))
+    b = TieredStore([host(), mooncake_tier(master, segment="32MiB")], LruPolicy(2))
+    try:
+        pages = [make_page(i, 4096) for i in range(32)]
+        keys = [key(1000 + i) for i in range(32)]
+        assert a.put_from(keys, pages) == [True] * 32
+        assert remote_a.contains(keys) == [True] * 32
+
+        out = [empty_like(p) for p in pages]
+        assert a.get_into(keys, out) == [True] * 32  # most pages left A's 8-page DRAM tier
+        assert all(same(x, y) for x, y in zip(pages, out))
+        assert a.counters[1].hits > 0
+
+        assert b.exists_prefix(keys) == 32
+        out = [empty_like(p) for p in pages]
+        assert b.get_into(keys, out) == [True] * 32
+        assert all(same(x, y) for x, y in zip(pages, out))
+        assert b.counters[1].hits == 32  # B never wrote them: every page came over Mooncake
+    finally:
+        a.close()
+        b.close()
+
+
+def test_remove_clear_and_object_names(master: MooncakeMaster) -> None:
+    tier = mooncake_tier(master)
+    try:
+        pages = [make_page(i, 2048) for i in range(4)]
+        assert tier.put_from([key(i) for i in range(4)], pages) == [True] * 4
+        assert tier.contains([key(0)]) == [True]  # grants Mooncake's read lease
+        assert tier.remove([key(0), key(9)]) == 1  # forced: a lease does not block our remove
+        assert object_name(key(1)).startswith("msgl/")
+        tier.clear()
+        assert tier.contains([key(i) for i in range(4)]) == [False] * 4
+    finally:
+        tier.close()
+
+
+def test_soft_pinned_pages_are_counted_by_the_master() -> None:
+    with MooncakeMaster() as m:
+        tier = mooncake_tier(m, soft_pin_ttl="60s")
+        try:
+            pages = [make_page(i, 2048) for i in range(4)]
+            ok = tier.put_from([key(i) for i in range(4)], pages, soft_pin=[True, True, False, False])
+            assert ok == [True] * 4
+            assert m.metrics()["master_soft_pin_key_count"] == 2
+        finally:
+            tier.close()
+
+
+def test_unreachable_master_at_start_answers_misses_then_connects() -> None:
+    m = MooncakeMaster()  # ports chosen, not started
+    tier = mooncake_tier(m)
+    try:
+        assert tier.stats()["connected"] == 0
+        page = make_page(1, 2048)
+        started = time.monotonic()
+        assert tier.put_from([key(1)], [page]) == [False]
+        assert tier.contains([key(1)]) == [False]
+        assert tier.get_into([key(1)], [empty_like(page)]) == [False]
+        assert time.monotonic() - started < 0.5, "a down master must not block callers"
+        m.start()
+        assert _wait(lambda: tier.stats()["connected"] == 1, 20)
+        assert tier.put_from([key(1)], [page]) == [True]
+    finally:
+        tier.close()
+        m.stop()
+
+
+def test_master_killed_and_restarted_under_sglang_calls(caplog, tmp_path) -> None:
+    """SGLang's own calls (our ``MooncakeSglStorage`` on a real sglang host pool) around a master
+    crash: every call returns a well-formed miss quickly, never an error, and the tier comes back."""
+    pytest.importorskip("sglang.srt.mem_cache.hicache_storage")
+    import torch
+
+    from mooncake_sgl.hicache.backend import MooncakeSglStorage
+    from tests.hicache import pools
+
+    caplog.set_level(logging.WARNING)
+    with MooncakeMaster() as m:
+        extra = {"tiers": [
+            {"kind": "host", "capacity": "64KiB", "pin_memory": False},  # 16 pages of 4 KiB
+            {"kind": "mooncake_store", "master": m.rpc_address, "metadata_server": m.metadata_url,
+             "segment_size": "32MiB", "buffer_size": "4MiB", "reconnect_after": "0.5s",
+             "put_retry_window": "0.5s"}], "policy": {"name": "lru"}}
+        pool = pools.build_pool("mha", "page_first")
+        backend = MooncakeSglStorage(pools.storage_config("mha", "page_first", tmp_path, extra=extra), pool)
+        backend.register_mem_pool_host(pool)
+        remote = backend._store.tiers[1]
+        assert isinstance(remote, MooncakeStoreTier) and remote.stats()["registered_bytes"] > 0
+
+        def io(first: int, n: int, slot: int) -> tuple[list[str], torch.Tensor]:
+            """Page hashes ``first..first+n`` and host slots from page ``slot`` (pool: 128 pages)."""
+            hashes = [f"{first + i:064x}" for i in range(n)]
+            return hashes, torch.arange(slot * pools.PAGE, (slot + n) * pools.PAGE, dtype=torch.int64)
+
+        try:
+            before, idx = io(0, 32, slot=0)
+            pools.fill_random(pool, idx, seed=1)
+            want = pools.page_bytes(pool, idx)
+            assert backend.batch_set_v1(before, idx) == [True] * 32
+            assert remote.stats()["zero_copy_pages"] >= 32
+            pools.zero_pages(pool, idx)
+            assert backend.batch_get_v1(before, idx) == [True] * 32
+            assert pools.page_bytes(pool, idx) == want
+
+            m.kill()
+            slowest = 0.0
+            for round_ in range(8):  # "mid-run": the same calls keep coming while it is down
+                hashes, idx = io(100 + 8 * round_, 8, slot=32)
+                for call in (lambda: backend.batch_exists(before),
+                             lambda: backend.batch_get_v1(before, io(0, 32, slot=64)[1]),
+                             lambda: backend.batch_set_v1(hashes, idx),
+                             lambda: backend.batch_exists(hashes)):
+                    t0 = time.monotonic()
+                    res = call()
+                    slowest = max(slowest, time.monotonic() - t0)
+                    assert isinstance(res, (int, list))
+                time.sleep(0.1)
+            assert remote.stats()["connected"] == 0 and remote.stats()["master_lost"] >= 1
+            assert slowest < 1.0, f"a call took {slowest:.2f}s while the master was down"
+
+            m.start()
+            assert _wait(lambda: remote.stats()["connected"] == 1, 20), "no reconnect"
+            after, idx = io(500, 32, slot=64)
+            pools.fill_random(pool, idx, seed=2)
+            want = pools.page_bytes(pool, idx)
+            assert _wait(lambda: backend.batch_set_v1(after, idx) == [True] * 32, 10)
+            pools.zero_pages(pool, idx)
+            hits_before = remote.stats()["gets"]
+            assert backend.batch_get_v1(after, idx) == [True] * 32
+            assert pools.page_bytes(pool, idx) == want
+            assert remote.stats()["gets"] - hits_before >= 16  # the DRAM tier holds only 16
+        finally:
+            backend.close()
+    errors = [r.getMessage() for r in caplog.records
+              if r.name.startswith(("mooncake_sgl.hicache", "mooncake_sgl.store"))]
+    assert errors == [], "a tier error reached the store or SGLang's boundary"
+
+
+def _wait(cond, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return False

@@ -1,0 +1,126 @@
+"""The remote pool tier: the conformance suite over shared memory and over TCP (real servers,
+real sockets), plus rendezvous placement and endpoint failure / return."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from mooncake_sgl.api import Tier
+from mooncake_sgl.config import PoolTierConfig
+from mooncake_sgl.errors import TierClosed
+from mooncake_sgl.pool.config import PoolServerConfig
+from mooncake_sgl.pool.process import PoolProcess
+from mooncake_sgl.pool.server import PoolServer
+from mooncake_sgl.tiers import build_tier
+from mooncake_sgl.tiers.pool import PoolTier
+
+from .conformance import TierConformance, empty_like, key, make_page, same
+
+
+def _server(capacity: int, slab: int = 128 * 1024) -> PoolServer:
+    return PoolServer(PoolServerConfig(port=0, capacity=max(capacity, slab), slab_size=slab,
+                                       put_wait=0.2)).start()
+
+
+class _PoolConformance(TierConformance):
+    self_evicting = True
+    transport = "auto"
+
+    @pytest.fixture(autouse=True)
+    def _servers(self) -> Iterator[None]:
+        self.servers: list[PoolServer] = []
+        yield
+        for s in self.servers:
+            s.stop()
+
+    def make_tier(self, capacity_bytes: int) -> Tier:
+        server = _server(capacity_bytes)
+        self.servers.append(server)
+        host, port = server.address
+        return PoolTier(PoolTierConfig(endpoints=[f"{host}:{port}"], transport=self.transport,
+                                       connections=2))
+
+
+class TestPoolTierOverSharedMemory(_PoolConformance):
+    transport = "shm"
+
+
+class TestPoolTierOverTcp(_PoolConformance):
+    transport = "tcp"
+
+
+def test_build_tier_makes_a_pool_tier_with_declared_capabilities() -> None:
+    server = _server(1 << 20)
+    try:
+        host, port = server.address
+        t = build_tier(PoolTierConfig(endpoints=[f"{host}:{port}"]))
+        assert isinstance(t, PoolTier)
+        assert t.capabilities.shared and t.capabilities.self_evicting
+        assert t.put_from([key(1)], [make_page(1, 4096)]) == [True]
+        assert t.stats()["shm_endpoints"] == 1.0  # same host: auto picked shared memory
+        t.close()
+        with pytest.raises(TierClosed):
+            t.get_into([key(1)], [empty_like(make_page(1, 4096))])
+    finally:
+        server.stop()
+
+
+def test_keys_spread_over_endpoints_by_rendezvous_and_read_back() -> None:
+    servers = [_server(4 << 20) for _ in range(3)]
+    try:
+        eps = [f"{s.address[0]}:{s.address[1]}" for s in servers]
+        tier = PoolTier(PoolTierConfig(endpoints=eps, transport="tcp"))
+        pages = [make_page(i, 4096) for i in range(60)]
+        assert tier.put_from([key(i) for i in range(60)], pages) == [True] * 60
+        per_server = [int(s.stats()["pages"]) for s in servers]
+        assert sum(per_server) == 60 and min(per_server) >= 8, per_server  # all three used
+        # A second tier with the same endpoints in another order places keys identically.
+        again = PoolTier(PoolTierConfig(endpoints=list(reversed(eps)), transport="tcp"))
+        out = [empty_like(p) for p in pages]
+        assert again.get_into([key(i) for i in range(60)], out) == [True] * 60
+        assert all(same(a, b) for a, b in zip(pages, out))
+        tier.close()
+        again.close()
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def test_dead_endpoint_turns_into_misses_and_is_used_again_when_it_returns() -> None:
+    # Story: two pool servers in subprocesses; one is killed. Its keys become misses (never an
+    # exception), the survivor keeps serving its own keys, new puts go to the survivor; the dead
+    # one restarts on the same port and is used again after retry_after.
+    with PoolProcess(capacity="8MiB", slab_size="1MiB") as a, PoolProcess(capacity="8MiB",
+                                                                         slab_size="1MiB") as b:
+        tier = PoolTier(PoolTierConfig(endpoints=[a.endpoint, b.endpoint], transport="tcp",
+                                       retry_after=0.3, timeout=2.0))
+        pages = [make_page(i, 4096) for i in range(40)]
+        keys = [key(i) for i in range(40)]
+        assert tier.put_from(keys, pages) == [True] * 40
+        a.kill()
+        hits = tier.get_into(keys, [empty_like(p) for p in pages])
+        assert 0 < sum(hits) < 40  # b's share still hits, a's share misses
+        assert tier.stats()["endpoints_live"] == 1.0
+        assert tier.contains(keys) == hits  # a's keys now route to b, which lacks them
+        assert tier.put_from([key(100)], [make_page(100, 4096)]) == [True]  # lands on b
+        a.start()
+        time.sleep(0.4)
+        assert tier.put_from(keys, pages) == [True] * 40  # a is back: its share is stored again
+        assert tier.stats()["endpoints_live"] == 2.0
+        out = [empty_like(p) for p in pages]
+        assert tier.get_into(keys, out) == [True] * 40
+        assert all(same(x, y) for x, y in zip(pages, out))
+        tier.close()
+
+
+def test_unreachable_pool_is_all_misses_not_errors() -> None:
+    tier = PoolTier(PoolTierConfig(endpoints=["127.0.0.1:1"], transport="tcp", timeout=0.5))
+    page = make_page(1, 4096)
+    assert tier.put_from([key(1)], [page]) == [False]
+    assert tier.get_into([key(1)], [empty_like(page)]) == [False]
+    assert tier.contains([key(1)]) == [False]
+    assert tier.usage().capacity_bytes == 0
+    tier.close()
