@@ -19,7 +19,8 @@ does an untimed put and get first, and its bytes are verified. Each round writes
 an untimed ``clear``; reads follow the writes, so they are served from the page cache ("warm");
 ``--drop-caches`` (root) adds cold reads after dropping the page cache. Rounds interleave the
 backends of a group (memcpy + host; raw file + lmdb + HiCacheFile), so load from other processes
-hits them alike. Throughput is the median over ``--batches`` rounds, in GB/s (10^9 bytes/s).
+hits them alike. Throughput is the best of ``--batches`` rounds (the JSON also has the median),
+in GB/s (10^9 bytes/s).
 
     python scripts/bench_tiers.py                       # 64KiB, 1MiB, 8MiB; 3 rounds of 128 pages
     python scripts/bench_tiers.py --quick               # CI smoke (seconds)
@@ -109,6 +110,7 @@ class Backend:
 
     name = ""
     reads = True
+    on_disk = False  # cold reads only mean something for file-backed rows
 
     def __init__(self, src: Batch, dst: Batch) -> None:
         self.src, self.dst = src, dst
@@ -162,6 +164,8 @@ class Host(Backend):
 class RawFile(Backend):
     """Sequential ``writev`` over the previous round's file (as LMDB writes over its own pages)."""
 
+    on_disk = True
+
     def __init__(self, src: Batch, dst: Batch, workdir: Path, fsync: bool) -> None:
         super().__init__(src, dst)
         self.fsync, self.reads = fsync, not fsync
@@ -201,6 +205,8 @@ LMDB_VARIANTS = {"lmdb": {"sync": False}, "lmdb sync": {"sync": True},
 
 
 class Lmdb(Backend):
+    on_disk = True
+
     def __init__(self, src: Batch, dst: Batch, workdir: Path, variant: str) -> None:
         super().__init__(src, dst)
         self.name = variant
@@ -227,6 +233,8 @@ class Lmdb(Backend):
 
 class HiCacheFileBackend(Backend):
     """SGLang's ``file`` backend, built the way ``StorageBackendFactory`` builds it."""
+
+    on_disk = True
 
     name = "HiCacheFile"
 
@@ -282,7 +290,7 @@ def measure(group: list[Backend], nrounds: int, cold: bool, label: str) -> dict[
             times[b.name]["put"].append(time.perf_counter() - t0)
         for op in ("get", "get_cold") if cold else ("get",):
             for b in group:
-                if not b.reads:
+                if not b.reads or (op == "get_cold" and not b.on_disk):
                     continue
                 if op == "get_cold":
                     drop_page_cache()
@@ -293,8 +301,15 @@ def measure(group: list[Backend], nrounds: int, cold: bool, label: str) -> dict[
         if b.reads:
             b.get()
             verify(b.src, b.dst, b.name)
-    return {name: {op: nbytes / statistics.median(ts) / GB for op, ts in ops.items() if ts}
-            for name, ops in times.items()}
+    # Best round: other processes' load only ever slows a round down; the median is kept too.
+    out: dict[str, dict[str, float]] = {}
+    for name, ops in times.items():
+        row = out.setdefault(name, {})
+        for op, ts in ops.items():
+            if ts:
+                row[op] = nbytes / min(ts) / GB
+                row[f"{op}_median"] = nbytes / statistics.median(ts) / GB
+    return out
 
 
 def verify(src: Batch, dst: Batch, what: str) -> None:
@@ -353,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="64KiB,1MiB,8MiB", help="page sizes, comma separated")
     p.add_argument("--batch-size", type=int, default=128, help="pages per put/get call (SGLang: 128)")
-    p.add_argument("--batches", type=int, default=3, help="timed rounds per measurement (median)")
+    p.add_argument("--batches", type=int, default=3, help="timed rounds (batches) per measurement")
     p.add_argument("--dir", default=None, help="scratch directory for LMDB, HiCacheFile and the raw file "
                    "(default: a temporary directory under $TMPDIR)")
     p.add_argument("--drop-caches", action="store_true",
@@ -383,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     reads = "cold and warm" if args.drop_caches else "warm (page cache)"
-    print(f"GB/s, {args.batch_size} pages per batch (2 segments each), median of {args.batches} rounds; "
+    print(f"GB/s, {args.batch_size} pages per batch (2 segments each), best of {args.batches} rounds; "
           f"file reads {reads}; scratch on {workdir.parent}; load average at the end "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(table(results, args.drop_caches))

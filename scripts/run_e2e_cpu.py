@@ -57,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host-pool-pages", type=int, help="SGLang host (L2) pool, in pages")
     p.add_argument("--host-tier", help="our DRAM tier capacity, e.g. 512MiB; '' to leave it out")
     p.add_argument("--lmdb-capacity", help="our LMDB tier capacity, e.g. 16GiB")
+    p.add_argument("--policy", choices=["lru", "heat"],
+                   help="our store's placement policy (default lru: every backup written through to LMDB)")
     p.add_argument("--lmdb-sync", action="store_true", help="fsync every LMDB commit")
     p.add_argument("--work-dir", help="where the temporary LMDB directory goes (default: $TMPDIR)")
     p.add_argument("--prefill-tokens-per-s", type=float,
@@ -76,7 +78,8 @@ def config_from_args(args: argparse.Namespace) -> E2EConfig:
           if v is not None}
     top = {k: v for k, v in (("host_pool_pages", args.host_pool_pages), ("host_tier", args.host_tier),
                              ("lmdb_capacity", args.lmdb_capacity), ("work_dir", args.work_dir),
-                             ("prefill_tokens_per_s", args.prefill_tokens_per_s)) if v is not None}
+                             ("prefill_tokens_per_s", args.prefill_tokens_per_s), ("policy", args.policy))
+           if v is not None}
     if args.lmdb_sync:
         top["lmdb_sync"] = True
     return dataclasses.replace(base, shape=shape, workload=dataclasses.replace(base.workload, **wl), **top)

@@ -52,8 +52,10 @@ def parse_variant(spec: str) -> Variant:
 
 
 def small_llama_config(directory: Path, *, layers: int = 4, hidden: int = 1024, heads: int = 16,
-                       kv_heads: int = 4, vocab: int = 32000, context: int = 262144) -> Path:
-    """A Llama-architecture ``config.json`` for dummy weights (GQA like Llama-3)."""
+                       kv_heads: int = 4, vocab: int = 32000, context: int = 135168) -> Path:
+    """A Llama-architecture ``config.json`` for dummy weights (GQA like Llama-3). The context fits
+    the longest default document (128k tokens) plus a question and an answer, and no more: SGLang
+    sizes its request-to-token table by it."""
     directory.mkdir(parents=True, exist_ok=True)
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,

@@ -1,6 +1,14 @@
 """The CPU end-to-end run: SGLang's real ``HiCacheController`` drives our backend on a long-context
 workload; this module plays the part of the radix cache (the scheduler side), which needs CUDA.
 
+Why not the real ``UnifiedRadixCache`` (sglang 0.5.23), as tried on this CPU-only machine: with
+``ServerArgs(device="cpu", enable_hierarchical_cache=True, hicache_storage_backend="mooncake")``
+published, ``UnifiedRadixCache(CacheInitParams(...))`` builds, but ``init_hicache`` fails: the
+hybrid pool assembler (``hybrid_pool_assembler.py``, host pool construction) builds the host pool
+without a ``pin_memory`` argument, so the default ``pin_memory=True`` calls ``cudaHostRegister``
+through ``torch.cuda.cudart()`` → "Found no NVIDIA driver". Past that, load-back to the device and
+the scheduler loop need CUDA streams and kernels too. The controller itself runs unmodified.
+
 Per request, in the order ``UnifiedRadixCache`` does it with the device cache flushed:
 
 1. match the prompt's pages against the host (L2) pool: an LRU of SGLang page hashes → host slots;
@@ -55,6 +63,7 @@ class E2EConfig:
     work_dir: str = ""  # LMDB lives here; default: a fresh temporary directory
     prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
     prefetch_threshold: int = 256
+    policy: str = "lru"  # our store's placement policy: lru (write-through) or heat (the default)
 
     def extra_config(self, work_dir: Path) -> dict[str, Any]:
         """What ``--hicache-storage-backend-extra-config`` would hold for this run."""
@@ -63,7 +72,7 @@ class E2EConfig:
             tiers.append({"kind": "host", "capacity": self.host_tier, "pin_memory": False})
         tiers.append({"kind": "lmdb", "path": str(work_dir / "lmdb"), "capacity": self.lmdb_capacity,
                       "sync": self.lmdb_sync})
-        return {"tiers": tiers, "policy": {"name": "lru"}}
+        return {"tiers": tiers, "policy": {"name": self.policy}}
 
 
 class HostLru:

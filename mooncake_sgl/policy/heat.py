@@ -54,10 +54,6 @@ from ..keys import NAMESPACE_DIGEST_BYTES
 from .sketch import make_sketch
 
 # Largest CLOCK reference count (S3-FIFO uses 2 bits): a page hit often survives 3 extra rounds.
-MAX_REFS = 3
-REF_ALL = False
-ADAPT_SHARE = 0.0
-EAGER = True
 # Ghost entries kept per segment, as a multiple of the tier's resident pages (ARC keeps 1x each).
 GHOST_PER_PAGE = 1
 # Lower bound of the adaptive probation target, as a share of the tier: keeps room for newcomers
@@ -119,7 +115,6 @@ class HeatPolicy(PlacementPolicy):
             raise ValueError("HeatPolicy needs at least one tier")
         self.config = config = config or PolicyConfig()
         self._tiers = [_Segments(c, config.probation_fraction) for c in capacities]
-        self._refs: list[dict[PageKey, int]] = [{} for _ in capacities]
         self._sketch = make_sketch(config.sketch, 0, config.half_life)
         self._page_bytes = 0  # learnt from the first insert; sizes the sketch in pages
         self._where: dict[PageKey, int] = {}  # bitmask of tiers holding a page
@@ -168,20 +163,17 @@ class HeatPolicy(PlacementPolicy):
             floor = sketch.increment(key, floor)
         if parent is not None:
             self._raise_ancestors(parent, floor)
-        for key, tier in (zip(keys, tiers) if REF_ALL else zip(keys[:run], tiers[:run])):
-            if tier is None:
-                continue
-            refs = self._refs[tier]
-            if key in refs:
-                seg = self._tiers[tier]
-                if EAGER and key in seg.probation:  # reuse proven: move to main
-                    n = seg.probation.pop(key)
+        for i in range(run - 1, -1, -1):  # tail to head, so a chain's head ends most recent
+            key, tier = keys[i], tiers[i]
+            seg = self._tiers[tier]
+            if key in seg:
+                n = seg.probation.pop(key, None)
+                if n is not None:  # reuse proven: on to main
                     seg.used_probation -= n
                     seg.main[key] = n
                     seg.used_main += n
-                    refs[key] = 0
                 else:
-                    refs[key] = min(MAX_REFS, refs[key] + 1)
+                    seg.main.move_to_end(key)
         if self._pin_roots and keys:
             # A pinned chain: its first page matches a pin, or it continues a pinned page.
             root = keys[0][_HASH_OFFSET:] if parent is None else None
@@ -199,10 +191,9 @@ class HeatPolicy(PlacementPolicy):
             self._page_bytes = max(1, max(nbytes))
             self._size_sketch()
         seg = self._tiers[tier]
-        refs = self._refs[tier]
         bit = 1 << tier
         for key, n in zip(reversed(keys), reversed(nbytes)):  # tail first: tails leave first
-            if key in refs:
+            if key in seg:
                 continue
             where = self._where.get(key, 0)
             if not where and key in self._pending:
@@ -211,7 +202,6 @@ class HeatPolicy(PlacementPolicy):
             p = self._parent.get(key)
             if p is not None:
                 seg.kids[p] = seg.kids.get(p, 0) + 1
-            refs[key] = 0
             if seg.ghost_probation.pop(key, 0) is None:
                 seg.ghost_hits_probation += 1
                 self._adapt(seg, n, grow=True)
@@ -231,16 +221,15 @@ class HeatPolicy(PlacementPolicy):
 
     def on_remove(self, keys: Sequence[PageKey], tier: int) -> None:
         seg = self._tiers[tier]
-        refs = self._refs[tier]
         bit = 1 << tier
         for key in keys:
-            if refs.pop(key, None) is None:
-                continue
             n = seg.probation.pop(key, None)
             if n is not None:
                 seg.used_probation -= n
+            elif key in seg.main:
+                seg.used_main -= seg.main.pop(key)
             else:
-                seg.used_main -= seg.main.pop(key, 0)
+                continue  # already chosen as a victim, or never here
             self._forget_in_tier(seg, key, bit)
 
     # ------------------------------------------------------------------ decisions
@@ -277,45 +266,21 @@ class HeatPolicy(PlacementPolicy):
             return []
         if self._evictable(seg, protected) < nbytes:
             return None
-        refs = self._refs[tier]
-        chosen: list[PageKey] = []
-        freed = 0
-        # Each pass over a segment may skip every page once (protected, pinned, a parent of a
-        # resident child); after that budget the hand stops honouring the leaves-first rule.
-        patience = 2 * seg.pages() + 4
-        while freed < nbytes:
-            strict = patience > 0
-            patience -= 1
-            use_probation = seg.probation and (seg.used_probation > seg.target or not seg.main)
-            if use_probation:
-                key, n = seg.probation.popitem(last=False)
-                if key in protected or self.is_pinned(key) or (strict and seg.kids.get(key)):
-                    seg.probation[key] = n
-                    continue
-                if refs[key]:
-                    seg.used_probation -= n
-                    seg.main[key] = n
-                    seg.used_main += n
-                    refs[key] = 0
-                    continue
-                seg.used_probation -= n
+        chosen: dict[PageKey, bool] = {}  # victim -> it came from probation
+        freed = self._pick(seg, nbytes, protected, chosen, leaves_only=True)
+        if freed < nbytes:  # only parents of resident children are left: take them too
+            freed += self._pick(seg, nbytes - freed, protected, chosen, leaves_only=False)
+        bit = 1 << tier
+        for key, from_probation in chosen.items():
+            if from_probation:
+                seg.used_probation -= seg.probation.pop(key)
                 seg.remember(seg.ghost_probation, key)
             else:
-                key, n = seg.main.popitem(last=False)
-                r = refs[key]
-                if key in protected or self.is_pinned(key) or (strict and (r or seg.kids.get(key))):
-                    seg.main[key] = n
-                    if r:
-                        refs[key] = r - 1
-                    continue
-                seg.used_main -= n
+                seg.used_main -= seg.main.pop(key)
                 seg.remember(seg.ghost_main, key)
-            del refs[key]
-            self._forget_in_tier(seg, key, 1 << tier)
-            chosen.append(key)
-            freed += n
+            self._forget_in_tier(seg, key, bit)
         seg.evictions += len(chosen)
-        return chosen
+        return list(chosen)
 
     def stats(self) -> dict[str, float]:
         out: dict[str, float] = {
@@ -339,6 +304,34 @@ class HeatPolicy(PlacementPolicy):
         total = sum(s.capacity or 0 for s in self._tiers)
         self._sketch.ensure_capacity(max(1, total // self._page_bytes))
 
+    def _pick(self, seg: _Segments, nbytes: int, protected: frozenset[PageKey],
+              chosen: dict[PageKey, bool], leaves_only: bool) -> int:
+        """Walk both segments oldest first, taking from probation while it is over its target.
+        Skipped pages keep their place (no rotation), so a skip costs nothing on the next call."""
+        over = seg.used_probation - seg.target
+        freed = 0
+        prob, main = iter(seg.probation.items()), iter(seg.main.items())
+        prob_left = main_left = True
+        while freed < nbytes and (prob_left or main_left):
+            from_probation = prob_left and (over > 0 or not main_left)
+            try:
+                key, n = next(prob if from_probation else main)
+            except StopIteration:
+                if from_probation:
+                    prob_left = False
+                else:
+                    main_left = False
+                continue
+            if key in chosen or key in protected or self.is_pinned(key):
+                continue
+            if leaves_only and seg.kids.get(key):
+                continue
+            chosen[key] = from_probation
+            freed += n
+            if from_probation:
+                over -= n
+        return freed
+
     def _evictable(self, seg: _Segments, protected: frozenset[PageKey]) -> int:
         """Bytes of the tier that are neither protected nor pinned (O(protected + pinned))."""
         held = 0
@@ -355,8 +348,7 @@ class HeatPolicy(PlacementPolicy):
         if not seg.capacity:
             return
         gp, gm = len(seg.ghost_probation) + 1, len(seg.ghost_main) + 1
-        quantum = max(nbytes, seg.capacity * ADAPT_SHARE)
-        step = quantum * (max(1.0, gm / gp) if grow else max(1.0, gp / gm))
+        step = nbytes * (max(1.0, gm / gp) if grow else max(1.0, gp / gm))
         target = seg.target + step if grow else seg.target - step
         seg.target = min(MAX_PROBATION * seg.capacity, max(MIN_PROBATION * seg.capacity, target))
 

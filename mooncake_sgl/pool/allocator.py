@@ -9,6 +9,8 @@ the pool's index lock guards it.
 
 from __future__ import annotations
 
+import heapq
+
 ALIGN = 4096  # slots start on page boundaries so copies in and out stay aligned
 
 
@@ -30,8 +32,11 @@ class SlabAllocator:
         self._slab_class = [0] * self.nslabs
         self._slab_free: list[list[int]] = [[] for _ in range(self.nslabs)]
         self._slab_used = [0] * self.nslabs
-        # class (slot size) -> slabs of that class with at least one free slot
+        # class (slot size) -> slabs of that class with at least one free slot, as a set and as a
+        # min-heap with lazy deletion: allocation fills the lowest such slab, so high slabs empty
+        # out and can go to another class.
         self._partial: dict[int, set[int]] = {}
+        self._heap: dict[int, list[int]] = {}
         self.used_bytes = 0  # bytes in allocated slots
 
     @property
@@ -48,13 +53,16 @@ class SlabAllocator:
     def alloc(self, slot: int) -> int | None:
         """Offset of a free slot of size ``slot``, or ``None`` without evicting anything."""
         partial = self._partial.setdefault(slot, set())
-        if partial:
-            s = min(partial)  # fill low slabs first so high ones empty out and can be reassigned
+        heap = self._heap.setdefault(slot, [])
+        while heap and heap[0] not in partial:
+            heapq.heappop(heap)  # stale: the slab filled up or went back to the free list
+        if heap:
+            s = heap[0]
         elif self._free_slabs:
             s = self._free_slabs.pop()
             self._slab_class[s] = slot
             self._slab_free[s] = list(range(self.slab_size // slot - 1, -1, -1))
-            partial.add(s)
+            self._add_partial(slot, s)
         else:
             return None
         free = self._slab_free[s]
@@ -78,7 +86,13 @@ class SlabAllocator:
             self._free_slabs.append(s)
         else:
             self._slab_free[s].append(rem // slot)
-            self._partial[slot].add(s)
+            self._add_partial(slot, s)
+
+    def _add_partial(self, slot: int, s: int) -> None:
+        partial = self._partial[slot]
+        if s not in partial:
+            partial.add(s)
+            heapq.heappush(self._heap[slot], s)
 
     def can_alloc(self, slot: int) -> bool:
         return bool(self._partial.get(slot)) or bool(self._free_slabs)

@@ -31,6 +31,10 @@ from .store import NO_ROOM, PENDING_DUP, PRESENT, Entry, PoolStore
 
 log = logging.getLogger("mooncake_sgl.pool")
 
+# Reservations or leases one connection may hold open at once. A client keeps one of each per
+# request in flight; more means it forgot to COMMIT/RELEASE and would pin the pool. Arbitrary.
+MAX_OPEN_PER_CONNECTION = 64
+
 
 class _Conn:
     """Per-connection state: open one-sided reservations and leases."""
@@ -74,6 +78,14 @@ class PoolServer:
                                low_watermark=cfg.low_watermark, put_wait=cfg.put_wait)
         log.info("segment of %d bytes ready in %.2fs (populate=%s)", capacity, time.monotonic() - t0,
                  cfg.populate)
+        if cfg.rdma_device != "off":  # before listening: every hello must tell the truth about it
+            from ..transfer import rdma
+
+            self.rdma = rdma.open_server_side(self.segment, cfg.rdma_device)
+            if self.rdma is None:
+                log.warning("RDMA requested but off: %s", rdma.unavailable_reason(cfg.rdma_device))
+            else:
+                log.info("RDMA: %s", self.rdma.describe())
         tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         tcp.bind((cfg.host, cfg.port))
@@ -89,11 +101,6 @@ class PoolServer:
             ux.listen(128)
             self._listeners.append(ux)
             self._spawn(self._accept_loop, ux, True)
-        if cfg.rdma_device != "off":
-            from ..transfer import rdma
-
-            self.rdma = rdma.open_server_side(self.segment, cfg.rdma_device)
-            log.info("RDMA: %s", self.rdma.describe() if self.rdma else rdma.unavailable_reason())
         self._spawn(self._evict_loop)
         self.started = time.time()
         log.info("pool %s listening on %s:%d (shared memory %s, secret %s)", self.server_id[:8],
@@ -248,6 +255,11 @@ class PoolServer:
         if sizes is not None and len(sizes) != len(keys):
             raise ProtocolError(f"{len(keys)} keys but {len(sizes)} sizes")
 
+    @staticmethod
+    def _check_open(table: dict, what: str) -> None:
+        if len(table) >= MAX_OPEN_PER_CONNECTION:
+            raise ProtocolError(f"more than {MAX_OPEN_PER_CONNECTION} open {what} on one connection")
+
     def _reply(self, c: _Conn, op: int, msg: object, data: list[memoryview] | None = None) -> None:
         n = sum(v.nbytes for v in data) if data else 0
         send_buffers(c.sock, [P.frame(op | P.REPLY_BIT, msg, n), *(data or [])])  # type: ignore[arg-type]
@@ -287,11 +299,13 @@ class PoolServer:
             self._reply(c, op, P.Stats(self.stats()))
         elif op == P.Op.RESERVE:
             self._check_batch(msg.keys, msg.sizes)
+            self._check_open(c.tickets, "reservations (RESERVE without COMMIT)")
             self._reply(c, op, self._reserve(c, msg.keys, msg.sizes))
         elif op == P.Op.COMMIT:
             self._reply(c, op, P.Flags(self._commit(c, msg.ticket, msg.written)))
         elif op == P.Op.LEASE:
             self._check_batch(msg.keys, msg.sizes)
+            self._check_open(c.leases, "leases (LEASE without RELEASE)")
             entries = store.lease(msg.keys, msg.sizes)
             lease = next(self._ids)
             c.leases[lease] = entries

@@ -143,19 +143,16 @@ class HostTier(Tier):
                     off += n
         finally:
             with self._lock:
-                for slot in slots:
+                for slot, n in zip(slots, sizes):
                     if slot == _NO_SLOT:
                         continue
+                    self._counters["get_hits"] += 1
+                    self._counters["bytes_read"] += n
                     self._readers[slot] -= 1
                     if self._readers[slot] == 0 and self._doomed[slot]:
                         self._doomed[slot] = False
                         self._release(slot)
-        hits = [s != _NO_SLOT for s in slots]
-        with self._lock:
-            n_hit = sum(hits)
-            self._counters["get_hits"] += n_hit
-            self._counters["bytes_read"] += sum(s for s, h in zip(sizes, hits) if h)
-        return hits
+        return [s != _NO_SLOT for s in slots]
 
     def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
         if len(keys) != len(pages):

@@ -111,6 +111,8 @@ class LmdbTier(Tier):
         self._psize = self._env.stat()["psize"]
         self._write_lock = threading.Lock()
         self._stats_lock = threading.Lock()
+        self._state = threading.Condition()
+        self._active = 0
         self._closed = False
         # Reused for every encoded value (under the write lock): no allocation per page.
         self._scratch = bytearray()
@@ -123,16 +125,23 @@ class LmdbTier(Tier):
 
     @contextmanager
     def _lmdb_errors(self, what: str) -> Iterator[None]:
-        """The one place LMDB exceptions become tier errors."""
-        if self._closed:
-            raise TierClosed(f"lmdb tier at {self.path} is closed")
+        """Every use of the environment runs in here: the one place LMDB exceptions become tier
+        errors, and a count of operations in flight that ``close`` waits for (closing unmaps the
+        file, which would crash a thread still copying out of it)."""
+        with self._state:
+            if self._closed:
+                raise TierClosed(f"lmdb tier at {self.path} is closed")
+            self._active += 1
         try:
             yield
         except lmdb.Error as e:
-            if self._closed:
-                raise TierClosed(f"lmdb tier at {self.path} was closed during {what}") from None
             raise TierError(f"lmdb tier at {self.path}: {what} failed: {e}. If the file is "
                             "damaged, delete the directory; its pages will be recomputed.") from e
+        finally:
+            with self._state:
+                self._active -= 1
+                if not self._active:
+                    self._state.notify_all()
 
     def _count(self, **deltas: int) -> None:
         with self._stats_lock:
@@ -155,6 +164,10 @@ class LmdbTier(Tier):
                           xxhash.xxh3_64_intdigest(value[HEADER_BYTES:]))
         return value
 
+    def _key_ok(self, key: PageKey) -> bool:
+        """LMDB refuses empty keys and keys over its limit (511 bytes by default) with an error."""
+        return 0 < len(key) <= self._max_key
+
     @staticmethod
     def _header_ok(value: memoryview) -> int | None:
         """Payload length the header declares, or ``None`` if the header is not ours/intact."""
@@ -176,7 +189,7 @@ class LmdbTier(Tier):
     def contains(self, keys: Sequence[PageKey]) -> list[bool]:
         with self._lmdb_errors("contains"), self._env.begin(buffers=True) as txn:
             # Existence only: checksums are verified when the bytes are actually read.
-            return [len(k) <= self._max_key and txn.get(k) is not None for k in keys]
+            return [self._key_ok(k) and txn.get(k) is not None for k in keys]
 
     def get_into(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
         if len(keys) != len(pages):
@@ -186,7 +199,7 @@ class LmdbTier(Tier):
         misses = mismatched = hits = nread = 0
         with self._lmdb_errors("get"), self._env.begin(buffers=True) as txn:
             for i, (key, page) in enumerate(zip(keys, pages)):
-                value = txn.get(key) if len(key) <= self._max_key else None
+                value = txn.get(key) if self._key_ok(key) else None
                 if value is None:
                     misses += 1
                     continue
@@ -235,7 +248,7 @@ class LmdbTier(Tier):
         results = [False] * len(keys)
         todo = []
         for i, key in enumerate(keys):
-            if len(key) > self._max_key or not key:
+            if not self._key_ok(key):
                 self._count(put_bad_key=1)
             else:
                 todo.append(i)
@@ -333,7 +346,7 @@ class LmdbTier(Tier):
 
     def remove(self, keys: Sequence[PageKey]) -> int:
         def body(txn: lmdb.Transaction) -> int:
-            return sum(1 for key in keys if len(key) <= self._max_key and txn.delete(key))
+            return sum(1 for key in keys if self._key_ok(key) and txn.delete(key))
 
         removed = self._freeing_txn("remove", body)
         self._count(removed=removed)
@@ -354,7 +367,7 @@ class LmdbTier(Tier):
         return -(-(_LMDB_PAGE_HEADER + HEADER_BYTES + nbytes) // self._psize)
 
     def page_size_of(self, key: PageKey) -> int | None:
-        if len(key) > self._max_key:
+        if not self._key_ok(key):
             return None
         with self._lmdb_errors("page_size_of"), self._env.begin(buffers=True) as txn:
             value = txn.get(key)
@@ -393,8 +406,9 @@ class LmdbTier(Tier):
         self._freeing_txn("clear", body)
 
     def close(self) -> None:
-        with self._write_lock:
+        with self._state:
             if self._closed:
                 return
             self._closed = True
-            self._env.close()
+            self._state.wait_for(lambda: self._active == 0)
+        self._env.close()

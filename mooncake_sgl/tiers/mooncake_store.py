@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "msgl/"  # every object this package writes; ``clear`` drops exactly these
 OK, NO_SPACE, INVALID_PARAMS, ILLEGAL_CLIENT = 0, -200, -600, -601
-REPLICA_NOT_READY, NOT_FOUND, ALREADY_EXISTS, HAS_LEASE, LEASE_EXPIRED = -703, -704, -705, -706, -707
+REPLICA_NOT_READY, NOT_FOUND, ALREADY_EXISTS, LEASE_EXPIRED = -703, -704, -705, -707
 RPC_FAIL, RPC_TIMEOUT, UNAVAILABLE = -900, -901, -1010
 MASTER_LOST = frozenset({RPC_FAIL, RPC_TIMEOUT, ILLEGAL_CLIENT, UNAVAILABLE})
 _TOO_LARGE = -10_000  # ours: a page outside registered memory larger than the staging buffer
@@ -55,6 +55,7 @@ _WATCH_INTERVAL = 0.25  # how often the watcher looks at the link (cheap: no mas
 # a dead master, and a call in that window blocks ~4.4 s. Once a second per node is cheap.
 _UP_PROBE_INTERVAL = 1.0
 _PROBE_KEY = KEY_PREFIX + "probe"
+_MAX_SETUP_BACKOFF = 60.0
 
 
 def _load_mooncake() -> Any:
@@ -79,12 +80,28 @@ def _address(seg: memoryview) -> int:
     return np.frombuffer(seg, dtype=np.uint8).ctypes.data
 
 
-def _master_endpoint(master: str) -> tuple[str, int] | None:
-    """(host, port) of a plain ``host:port`` master; ``None`` for etcd:// or redis:// (HA)."""
-    if "://" in master or ";" in master:
+def _endpoints(master: str) -> list[tuple[str, int]]:
+    """TCP endpoints to probe for a master address: the master itself (``host:port``), or the
+    etcd/redis endpoints an HA set elects its leader through (``etcd://h1:2379;h2:2379``)."""
+    out = []
+    for part in master.split("://", 1)[-1].split(";"):
+        host, _, port = part.strip().rpartition(":")
+        if host and port.isdigit():
+            out.append((host, int(port)))
+    return out
+
+
+def _reachable(endpoints: list[tuple[str, int]]) -> bool | None:
+    """Does any endpoint accept a TCP connection (``None``: nothing to probe)."""
+    if not endpoints:
         return None
-    host, _, port = master.rpartition(":")
-    return (host, int(port)) if host and port.isdigit() else None
+    for ep in endpoints:
+        try:
+            with socket.create_connection(ep, timeout=0.5):
+                return True
+        except OSError:
+            pass
+    return False
 
 
 class MooncakeStoreTier(Tier):
@@ -106,14 +123,15 @@ class MooncakeStoreTier(Tier):
         # Each setup retry against a dead master blocks ~4.5 s (20 by default); the watcher
         # retries on its own schedule instead. setdefault: an operator's value wins.
         os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
-        self._endpoint = _master_endpoint(config.master)
+        self._probe_endpoints = _endpoints(config.master)
+        # While up, only a plain master address is probed: an HA set's leader is not at a fixed one.
+        self._direct = "://" not in config.master
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._client: Any = None
         self._up = False
         self._closed = False
         self._inflight = 0
-        self._down_since = time.monotonic()
         self._reachable_since: float | None = None
         self._ranges: list[tuple[int, int]] = []  # registered (start, end), sorted by start
         self._staging: mmap.mmap | None = None
@@ -273,7 +291,7 @@ class MooncakeStoreTier(Tier):
                 self._idle.wait()
             client, self._client = self._client, None
         if client is not None:
-            client.close()  # unmounts our segment; takes 2-5 s in Mooncake
+            client.close()  # unmounts our segment: 2-7 s, holding the GIL
         if self._staging is not None:
             self._staging.close()
             self._staging = None
@@ -455,7 +473,6 @@ class MooncakeStoreTier(Tier):
             if not self._up:
                 return
             self._up = False
-            self._down_since = time.monotonic()
             self._reachable_since = None
             self._counts["master_lost"] += 1
         logger.warning("%s: master %s unreachable (%s); answering misses until it is back",
@@ -487,31 +504,26 @@ class MooncakeStoreTier(Tier):
             self._up = True
         return OK
 
-    def _master_reachable(self) -> bool | None:
-        if self._endpoint is None:
-            return None
-        try:
-            with socket.create_connection(self._endpoint, timeout=0.5):
-                return True
-        except OSError:
-            return False
-
     def _watch(self) -> None:
         """Notice a lost master before a caller blocks on it (an RPC to a dead master waits
         ~4.4 s), and bring the link back: first give the client's own reconnect a chance, then,
-        ``reconnect_after`` after the master answers again, a fresh setup."""
+        ``reconnect_after`` after the master's endpoint answers again, a fresh setup (retried with
+        doubling back-off; an HA client is left to follow the new leader). Mooncake's ``setup``
+        and ``close`` hold the GIL for their whole run (4.5 s against a dead master, 2-7 s),
+        freezing every thread of the process, so neither is tried while the endpoint refuses
+        connections."""
         last_setup = last_probe = time.monotonic()
+        backoff = self.config.reconnect_after
         while not self._stop.wait(_WATCH_INTERVAL):
+            now = time.monotonic()
             if self._up:
-                now = time.monotonic()
-                probe = now - last_probe >= _UP_PROBE_INTERVAL
+                backoff = self.config.reconnect_after
+                probe = self._direct and now - last_probe >= _UP_PROBE_INTERVAL
                 last_probe = now if probe else last_probe
-                if self._client.health_check() == 2 or (probe and self._master_reachable() is False):
+                if self._client.health_check() == 2 or (probe and _reachable(self._probe_endpoints) is False):
                     self._mark_down("health check")
                 continue
-            now = time.monotonic()
-            reachable = self._master_reachable()
-            if reachable is False:
+            if _reachable(self._probe_endpoints) is False:
                 self._reachable_since = None
                 continue
             if self._reachable_since is None:
@@ -525,10 +537,13 @@ class MooncakeStoreTier(Tier):
                         self._counts["reconnects"] += 1
                 logger.warning("%s: master %s is back", self.name, self.config.master)
                 continue
-            waited = now - max(self._reachable_since, last_setup)
-            if waited >= self.config.reconnect_after:
-                last_setup = now
+            # An HA client follows the new leader by itself (~10 s); closing it after a fail-over
+            # was seen to take 40 s with the GIL held, so it is only replaced for a plain master.
+            replaceable = client is None or self._direct
+            if replaceable and now - max(self._reachable_since, last_setup) >= backoff:
                 self._fresh_setup()
+                last_setup = time.monotonic()
+                backoff = min(backoff * 2, _MAX_SETUP_BACKOFF)
 
     def _fresh_setup(self) -> None:
         with self._lock:

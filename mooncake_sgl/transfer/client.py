@@ -39,7 +39,7 @@ T = TypeVar("T")
 SPLIT_BYTES = 32 << 20
 # Shared-memory batches at least this large are copied by ``copy_threads`` threads (numpy releases
 # the GIL for the copy); below it the hand-off costs more than it saves. Arbitrary, measured.
-PARALLEL_COPY_BYTES = 8 << 20
+PARALLEL_COPY_BYTES = 32 << 20
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -102,6 +102,7 @@ class PoolClient:
         hello = first.hello
         why_not_shm = "the server offers no Unix socket (shared_memory: false)"
         if self.transport in ("auto", "shm") and hello.unix_name:
+            conn = None
             try:
                 conn = self._open(hello.unix_name, want_shm=True)
                 self._mapping = SharedMapping(conn.segment_fd, conn.segment_size)
@@ -109,6 +110,8 @@ class PoolClient:
                 self._mode, self._hello, self._idle = "shm", hello, [conn]
                 return
             except (OSError, ProtocolError) as e:
+                if conn is not None:
+                    conn.close()
                 why_not_shm = f"the server's Unix socket is not reachable from here ({e})"
         if self.transport == "shm":
             first.close()
@@ -213,6 +216,9 @@ class PoolClient:
     def _run_chunks(self, n: int, sizes: Sequence[int], fn: Callable[[int, int], list[T]]) -> list[T]:
         if n == 0:
             return []
+        if self._hello is None:
+            with self._borrow():  # connect first: the chunking needs the server's limits
+                pass
         chunks = self._chunks(sizes)
         if len(chunks) == 1:
             return fn(0, n)
@@ -242,6 +248,9 @@ class PoolClient:
         return self._run_chunks(len(keys), sizes, lambda a, b: self._get(keys[a:b], pages[a:b], sizes[a:b]))
 
     def exists_batch(self, keys: Sequence[PageKey]) -> list[bool]:
+        if keys and self._hello is None:
+            with self._borrow():  # connect first: the batch limit is the server's
+                pass
         out: list[bool] = []
         step = self._hello.max_batch if self._hello else P.DEFAULT_MAX_BATCH
         for i in range(0, len(keys), step):
@@ -251,6 +260,9 @@ class PoolClient:
         return out
 
     def remove(self, keys: Sequence[PageKey]) -> int:
+        if keys and self._hello is None:
+            with self._borrow():
+                pass
         n = 0
         step = self._hello.max_batch if self._hello else P.DEFAULT_MAX_BATCH
         for i in range(0, len(keys), step):

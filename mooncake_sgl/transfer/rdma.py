@@ -33,6 +33,7 @@ from . import protocol as P
 
 _SYSTEM_DIST = "/usr/lib/python3/dist-packages"
 STAGING_BYTES = 64 << 20  # staging buffer per client; arbitrary, a few 8 MiB pages
+MAX_SEND_WR = 256  # work requests in flight per queue pair; a group never posts more
 _PORT = 1
 _GID_INDEX = 0
 
@@ -104,7 +105,7 @@ class _Verbs:
         import pyverbs.enums as e
         from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 
-        cap = QPCap(max_send_wr=256, max_recv_wr=1, max_send_sge=1, max_recv_sge=1)
+        cap = QPCap(max_send_wr=MAX_SEND_WR, max_recv_wr=1, max_send_sge=1, max_recv_sge=1)
         init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap)
         return QP(self.pd, init, QPAttr(port_num=_PORT))  # returned in INIT
 
@@ -124,6 +125,11 @@ class _Verbs:
         attr.sq_psn = local_psn
         attr.max_dest_rd_atomic = 16
         attr.max_rd_atomic = 16
+        # Usual RC values (ibv_rc_pingpong's): ~67 ms ack timeout, 7 retries, 7 RNR retries.
+        attr.timeout = 14
+        attr.retry_cnt = 7
+        attr.rnr_retry = 7
+        attr.min_rnr_timer = 12
         attr.qp_access_flags = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ
                                 | e.IBV_ACCESS_REMOTE_WRITE)
         gr = GlobalRoute(dgid=GID(remote.gid.decode()), sgid_index=_GID_INDEX)
@@ -202,14 +208,14 @@ class ClientSide:
             done += n
 
     def _batches(self, offsets: Sequence[int], pages: Sequence[PageView]):  # noqa: ANN202
-        """Group pages so each group fits the staging buffer."""
+        """Group pages so each group fits the staging buffer and the send queue."""
         group: list[tuple[int, int, PageView]] = []
         used = 0
         for off, page in zip(offsets, pages):
             n = sum(s.nbytes for s in page)
             if n > STAGING_BYTES:
                 raise TierUnavailable(f"page of {n} bytes exceeds the RDMA staging buffer")
-            if used + n > STAGING_BYTES:
+            if used + n > STAGING_BYTES or len(group) == MAX_SEND_WR:
                 yield group
                 group, used = [], 0
             group.append((used, off, page))

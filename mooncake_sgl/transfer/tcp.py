@@ -165,8 +165,10 @@ def open_connection(address: tuple[str, int] | str, *, secret: str, timeout: flo
         ok = P.decode(meta, P.HelloOk)
         if want_shm and ok.shm and fd is None:
             raise ProtocolError("server offered shared memory but sent no segment descriptor")
-        # Data calls block as long as the server needs (a put waiting for room is bounded there).
-        sock.settimeout(timeout * 4 if timeout else None)
+        # The same limit then applies to every blocking send/recv of a call: a peer that moves no
+        # byte for that long is treated as dead. Keep it above the server's put_wait (a put
+        # waiting for room sends nothing meanwhile).
+        sock.settimeout(timeout or None)
         return FramedConnection(sock, hello, ok.segment_size, fd)
     except BaseException:
         sock.close()

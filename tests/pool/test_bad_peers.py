@@ -148,3 +148,28 @@ def test_client_side_truncation_is_a_protocol_error() -> None:
     with pytest.raises(ProtocolError, match="after 5 of 24 bytes: truncated frame"):
         recv_exact(b, 24)
     b.close()
+
+
+def test_a_client_that_never_releases_is_cut_off_and_its_leases_freed(pool: PoolProcess,
+                                                                      good: PoolClient) -> None:
+    still_serving(good, b"lease-me")
+    s = raw(pool)
+    meta = P.encode(P.KeysSizes([b"lease-me"], [8000]))
+    for _ in range(64):
+        send_buffers(s, [P.pack_header(P.Op.LEASE, len(meta)), meta])
+        read_frame(s, max_meta=1 << 20, max_data=0)
+    send_buffers(s, [P.pack_header(P.Op.LEASE, len(meta)), meta])
+    assert "more than 64 open leases" in error_reply(s).message
+    deadline = time.monotonic() + 5
+    while good.stats()["leased"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert good.stats()["leased"] == 0
+
+
+def test_a_new_client_learns_the_limits_before_its_first_batch(pool: PoolProcess) -> None:
+    fresh = PoolClient(pool.endpoint, transport="shm", secret=SECRET)
+    keys = [b"first-%d" % i for i in range(150)]  # past max_batch=64 on the very first call
+    assert fresh.exists_batch(keys) == [False] * 150
+    assert fresh.put_batch(keys, [[memoryview(b"v" * 5000)] for _ in keys]) == [True] * 150
+    assert fresh.remove(keys) == 150
+    fresh.close()

@@ -1,7 +1,7 @@
 """The pool server in a subprocess, with clients in other processes: concurrent writers and
 readers with every byte checked, a crash mid-batch and a restart, sustained puts into a full pool.
-Clients run in forked processes so the server, the clients and this test share nothing but sockets
-and the segment."""
+Clients run in separate (spawned) processes so the server, the clients and this test share nothing
+but sockets and the segment."""
 
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ def check(ids: list[int], size: int, out: list[np.ndarray], hits: list[bool]) ->
             if h and not np.array_equal(a, content(i, size))]
 
 
-_ctx = mp.get_context("fork")
+# spawn, not fork: the test process may hold threads (torch, sglang) that a fork would copy mid-lock.
+_ctx = mp.get_context("spawn")
 
 
 def _run(target, args_list: list[tuple]) -> list:  # noqa: ANN001
@@ -120,14 +121,21 @@ def _crash_worker(endpoint: str, transport: str, wid: int, seconds: float, size:
 def test_server_killed_mid_batch_and_restarted_clients_recover_without_wrong_data() -> None:
     with PoolProcess(capacity="64MiB", slab_size="4MiB") as pool:
         def crash() -> None:
-            time.sleep(1.0)
+            # Wait until all three workers are connected and running, then give them time to be
+            # mid-stream.
+            watcher = PoolClient(pool.endpoint, transport="tcp")
+            deadline = time.monotonic() + 30
+            while watcher.stats()["connections"] < 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            watcher.close()
+            time.sleep(0.5)
             pool.kill()  # SIGKILL while batches are in flight
             time.sleep(0.3)
             pool.start()  # same port, empty pool
 
         t = threading.Thread(target=crash)
         t.start()
-        results = _run(_crash_worker, [(pool.endpoint, tr, w, 3.0, 256 * KIB)
+        results = _run(_crash_worker, [(pool.endpoint, tr, w, 5.0, 256 * KIB)
                                        for w, tr in enumerate(["shm", "tcp", "tcp"])])
         t.join()
     for r in results:

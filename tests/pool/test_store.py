@@ -34,6 +34,26 @@ def test_allocator_hands_out_distinct_aligned_slots_and_recycles_empty_slabs() -
         a.free(offs[5] + 4096, 64 * KIB)  # not a slot boundary: a bug, loudly
 
 
+def test_allocator_never_hands_out_overlapping_slots_under_random_churn() -> None:
+    import random
+
+    rng = random.Random(7)
+    a = SlabAllocator(8 * 256 * KIB, 256 * KIB)
+    live: dict[int, int] = {}  # offset -> slot size
+    for _ in range(5000):
+        if live and rng.random() < 0.45:
+            off = rng.choice(list(live))
+            a.free(off, live.pop(off))
+            continue
+        slot = rng.choice((64 * KIB, 96 * KIB, 128 * KIB))
+        off = a.alloc(slot)
+        if off is not None:
+            assert all(off + slot <= o or o + n <= off for o, n in live.items()), "overlap"
+            assert off // a.slab_size == (off + slot - 1) // a.slab_size, "slot crosses a slab"
+            live[off] = slot
+    assert a.used_bytes == sum(live.values())
+
+
 def test_reserved_page_is_invisible_until_commit_and_abort_frees_it() -> None:
     s = PoolStore(1 << 20, 256 * KIB)
     (e,) = s.reserve([b"k"], [1000])

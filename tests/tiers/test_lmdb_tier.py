@@ -8,13 +8,16 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from mooncake_sgl.api import Tier
 from mooncake_sgl.config import LmdbTierConfig
-from mooncake_sgl.errors import TierError, TierFull
+from mooncake_sgl.errors import TierClosed, TierError, TierFull
 from mooncake_sgl.tiers import build_tier
 from mooncake_sgl.tiers import lmdb as lmdb_mod
 from mooncake_sgl.tiers.lmdb import HEADER_BYTES, LmdbTier
@@ -111,6 +114,10 @@ def test_pages_survive_sigkill_of_the_writer_and_are_found_by_a_new_process(
     assert tier.get_into(keys, out) == [True] * len(keys)
     assert all(bytes(o[0]) == page_bytes(k, nbytes) for k, o in zip(keys, out))
     assert tier.stats()["corrupt_pages"] == 0
+    # The writer may have died holding LMDB's write lock: a new writer must still get it.
+    fresh = [b"after-restart-%d" % i for i in range(4)]
+    assert tier.put_from(fresh, [[memoryview(page_bytes(k, 4096))] for k in fresh]) == [True] * 4
+    assert tier.remove(fresh[:1]) == 1
     tier.close()
 
 
@@ -255,8 +262,9 @@ def test_wrong_size_destination_is_a_miss_but_the_page_is_kept(tmp_path: Path) -
 def test_oversized_key_is_a_per_key_false(tmp_path: Path) -> None:
     tier = lmdb_tier(tmp_path, sync=False)
     page = make_page(1, 1024)
-    assert tier.put_from([b"k" * 600, key(1)], [page, page]) == [False, True]
-    assert tier.contains([b"k" * 600]) == [False]
+    assert tier.put_from([b"k" * 600, b"", key(1)], [page, page, page]) == [False, False, True]
+    assert tier.contains([b"k" * 600, b""]) == [False, False]
+    assert tier.get_into([b""], [empty_like(page)]) == [False] and tier.remove([b""]) == 0
     tier.close()
 
 
@@ -277,3 +285,45 @@ def test_unwritable_path_is_a_clear_tier_error(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     with pytest.raises(TierError, match="cannot open LMDB tier"):
         lmdb_tier(blocker / "sub")
+
+
+class _ParkedPage(list):
+    """A destination that parks the reader inside its read transaction: the tier iterates a page
+    once to size it, then again to copy into it (the second time it waits for ``go``)."""
+
+    def __init__(self, segs: list[memoryview]) -> None:
+        super().__init__(segs)
+        self.iterations = 0
+        self.parked, self.go = threading.Event(), threading.Event()
+
+    def __iter__(self) -> Iterator[memoryview]:
+        self.iterations += 1
+        if self.iterations == 2:
+            self.parked.set()
+            assert self.go.wait(10)
+        return super().__iter__()
+
+
+def test_close_waits_for_a_read_in_flight_and_refuses_new_calls(tmp_path: Path) -> None:
+    # Closing unmaps the file; a reader still copying out of the map must finish first.
+    tier = lmdb_tier(tmp_path, sync=False)
+    page = make_page(1, 4096)
+    assert tier.put_from([key(1)], [page]) == [True]
+    dst = _ParkedPage(empty_like(page))
+    result: list[list[bool]] = []
+    reader = threading.Thread(target=lambda: result.append(tier.get_into([key(1)], [dst])))
+    reader.start()
+    assert dst.parked.wait(10)
+    closer = threading.Thread(target=tier.close)
+    closer.start()
+    deadline = time.monotonic() + 10
+    while not tier._closed and time.monotonic() < deadline:  # white-box: close() has begun
+        time.sleep(0.01)
+    closer.join(0.2)
+    assert closer.is_alive(), "close must wait for the read in flight"
+    with pytest.raises(TierClosed):
+        tier.contains([key(1)])
+    dst.go.set()
+    reader.join(10)
+    closer.join(10)
+    assert not closer.is_alive() and result == [[True]] and same(page, dst)

@@ -10,7 +10,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
+import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import numpy as np
@@ -26,10 +29,10 @@ from mooncake_sgl.api import Tier  # noqa: E402
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, MooncakeStoreTierConfig  # noqa: E402
 from mooncake_sgl.policy.lru import LruPolicy  # noqa: E402
 from mooncake_sgl.store import TieredStore  # noqa: E402
-from mooncake_sgl.testing import MooncakeMaster  # noqa: E402
+from mooncake_sgl.testing import MooncakeMaster, free_port  # noqa: E402
 from mooncake_sgl.tiers.host import HostTier  # noqa: E402
 from mooncake_sgl.tiers.lmdb import LmdbTier  # noqa: E402
-from mooncake_sgl.tiers.mooncake_store import MooncakeStoreTier, object_name  # noqa: E402
+from mooncake_sgl.tiers.mooncake_store import MooncakeStoreTier, _reachable, object_name  # noqa: E402
 
 from .conformance import TierConformance, empty_like, key, make_page, same  # noqa: E402
 
@@ -258,12 +261,12 @@ def test_master_killed_and_restarted_under_sglang_calls(caplog, tmp_path) -> Non
             slowest = 0.0
             for round_ in range(8):  # "mid-run": the same calls keep coming while it is down
                 hashes, idx = io(100 + 8 * round_, 8, slot=32)
-                for call in (lambda: backend.batch_exists(before),
-                             lambda: backend.batch_get_v1(before, io(0, 32, slot=64)[1]),
-                             lambda: backend.batch_set_v1(hashes, idx),
-                             lambda: backend.batch_exists(hashes)):
+                for fn, args in ((backend.batch_exists, (before,)),
+                                 (backend.batch_get_v1, (before, io(0, 32, slot=64)[1])),
+                                 (backend.batch_set_v1, (hashes, idx)),
+                                 (backend.batch_exists, (hashes,))):
                     t0 = time.monotonic()
-                    res = call()
+                    res = fn(*args)
                     slowest = max(slowest, time.monotonic() - t0)
                     assert isinstance(res, (int, list))
                 time.sleep(0.1)
@@ -286,6 +289,65 @@ def test_master_killed_and_restarted_under_sglang_calls(caplog, tmp_path) -> Non
     errors = [r.getMessage() for r in caplog.records
               if r.name.startswith(("mooncake_sgl.hicache", "mooncake_sgl.store"))]
     assert errors == [], "a tier error reached the store or SGLang's boundary"
+
+
+@pytest.mark.skipif(shutil.which("etcd") is None or not os.environ.get("MOONCAKE_SGL_TEST_HA"),
+                    reason="opt-in (MOONCAKE_SGL_TEST_HA=1; ~60 s, Mooncake's close after a fail-over "
+                           "is slow) and needs etcd (apt-get install etcd-server)")
+def test_ha_masters_over_etcd_fail_over_and_the_tier_follows_the_leader(tmp_path) -> None:
+    """The HA deployment of the guide: two masters elect a leader through etcd, the tier is given
+    ``etcd://...`` as its master; the leader is killed and the tier serves again via the other."""
+    client_port, peer_port = free_port(), free_port()
+    etcd = subprocess.Popen(
+        ["etcd", "--data-dir", str(tmp_path / "etcd"), "--listen-client-urls",
+         f"http://127.0.0.1:{client_port}", "--advertise-client-urls", f"http://127.0.0.1:{client_port}",
+         "--listen-peer-urls", f"http://127.0.0.1:{peer_port}", "--initial-advertise-peer-urls",
+         f"http://127.0.0.1:{peer_port}", "--initial-cluster", f"default=http://127.0.0.1:{peer_port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"127.0.0.1:{client_port}"
+    ha = ["--enable_ha=true", "--ha_backend_type=etcd", f"--ha_backend_connstring={endpoint}",
+          f"--etcd_endpoints={endpoint}"]
+    masters = [MooncakeMaster(extra_args=ha), MooncakeMaster(extra_args=ha)]
+    tier = None
+    try:
+        assert _wait(lambda: _reachable([("127.0.0.1", client_port)]), 10), "etcd did not start"
+        for m in masters:
+            m.start()
+        tier = MooncakeStoreTier(MooncakeStoreTierConfig(
+            master=f"etcd://{endpoint}", segment_size="16MiB", buffer_size="4MiB", reconnect_after="1s",
+            put_retry_window="0.5s"))
+        page = make_page(1, 4096)
+        assert _wait(lambda: tier.put_from([key(1)], [page]) == [True], 20), "no leader reached"
+        leader = next(m for m in masters if _role(m) == "leader")
+        leader.kill()
+        slowest = 0.0
+
+        def put_again() -> bool:
+            nonlocal slowest
+            t0 = time.monotonic()
+            ok = tier.put_from([key(2)], [page]) == [True]
+            slowest = max(slowest, time.monotonic() - t0)
+            return ok
+
+        assert _wait(put_again, 40), "the tier never reached the new leader"
+        assert slowest < 1.5, f"a call took {slowest:.2f}s during the fail-over"
+        out = empty_like(page)
+        assert tier.get_into([key(2)], [out]) == [True] and same(page, out)
+    finally:
+        if tier is not None:
+            tier.close()
+        for m in masters:
+            m.stop()
+        etcd.terminate()
+        etcd.wait(10)
+
+
+def _role(m: MooncakeMaster) -> str:
+    try:
+        with urllib.request.urlopen(f"{m.metrics_url}/role", timeout=2) as r:
+            return r.read().decode().strip()
+    except OSError:
+        return ""
 
 
 def _wait(cond, timeout: float) -> bool:
