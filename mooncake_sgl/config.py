@@ -215,6 +215,9 @@ class PolicyConfig(_Section):
     half_life: Union[float, str] = "10m"
     # Heat a page needs before it is written to a slower tier (DRAM pool, SSD); 1 = write-through.
     admission_min_hits: int = 2
+    # Colder pages are written to a slower tier anyway while at least this share of them is looked
+    # up again within that tier's residence time (measured online); 1.0 = never, 0.0 = always.
+    admission_min_reuse: float = 0.1
     # Heat a victim of a tier needs to be moved down a tier instead of dropped.
     demotion_min_hits: int = 2
     # Heat a page found in a slower tier needs to be copied back into tier 0.
@@ -230,6 +233,8 @@ class PolicyConfig(_Section):
                 raise ValueError(f"{name} must be at least 1")
         if self.half_life <= 0:
             raise ValueError("half_life must be positive")
+        if not 0.0 <= self.admission_min_reuse <= 1.0:
+            raise ValueError("admission_min_reuse must be between 0 and 1")
         if not 0.0 < self.probation_fraction < 1.0:
             raise ValueError("probation_fraction must be between 0 and 1 (exclusive)")
 

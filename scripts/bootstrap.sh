@@ -12,13 +12,18 @@ stamp="$VENV/.bootstrap-$(cat scripts/bootstrap.sh pyproject.toml | sha256sum | 
 
 say() { printf '[bootstrap] %s\n' "$*" >&2; }
 
-if ! ldconfig -p 2>/dev/null | grep -q libibverbs.so.1; then
-  say "installing Debian libibverbs1 (needed by the mooncake wheel)"
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 >/dev/null
-  else
-    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 >/dev/null
-  fi
+# Debian packages: libibverbs1 for the mooncake wheel; g++, ninja and OpenSSL headers for the C++
+# page-hash extension sglang compiles on first use.
+apt_missing=()
+ldconfig -p 2>/dev/null | grep -q libibverbs.so.1 || apt_missing+=(libibverbs1)
+command -v g++ >/dev/null || apt_missing+=(g++)
+command -v ninja >/dev/null || apt_missing+=(ninja-build)
+[ -f /usr/include/openssl/sha.h ] || apt_missing+=(libssl-dev)
+if [ ${#apt_missing[@]} -gt 0 ]; then
+  say "installing Debian packages: ${apt_missing[*]}"
+  sudo_=""; [ "$(id -u)" = 0 ] || sudo_=sudo
+  $sudo_ apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${apt_missing[@]}" >/dev/null
 fi
 
 [ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PY" -m venv "$VENV"; }

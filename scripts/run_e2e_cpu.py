@@ -39,8 +39,7 @@ PRESETS: dict[str, E2EConfig] = {
     "ci": E2EConfig(shape=KvShape(layers=2),
                     workload=WorkloadSpec(docs=3, min_doc_tokens=1024, max_doc_tokens=2048, questions=3),
                     host_pool_pages=40, host_tier="8MiB", lmdb_capacity="1GiB"),
-    "default": E2EConfig(workload=WorkloadSpec(docs=3, min_doc_tokens=4096, max_doc_tokens=8192, questions=4),
-                         host_pool_pages=136, host_tier="256MiB", lmdb_capacity="8GiB"),
+    "default": E2EConfig(),  # 3 documents of 4k-8k tokens, 4 questions, 136-page host pool
     "large": E2EConfig(workload=WorkloadSpec(docs=4, min_doc_tokens=8192, max_doc_tokens=32768, questions=6),
                        host_pool_pages=520, host_tier="1GiB", lmdb_capacity="32GiB"),
 }

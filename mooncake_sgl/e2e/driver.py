@@ -6,7 +6,8 @@ Why not the real ``UnifiedRadixCache`` (sglang 0.5.23), as tried on this CPU-onl
 published, ``UnifiedRadixCache(CacheInitParams(...))`` builds, but ``init_hicache`` fails: the
 hybrid pool assembler (``hybrid_pool_assembler.py``, host pool construction) builds the host pool
 without a ``pin_memory`` argument, so the default ``pin_memory=True`` calls ``cudaHostRegister``
-through ``torch.cuda.cudart()`` → "Found no NVIDIA driver". Past that, load-back to the device and
+through ``torch.cuda.cudart()`` → "Found no NVIDIA driver" (getting that far also needs ``openai``,
+``sniffio`` and ``partial-json-parser``, which the lean install lacks). Past that, load-back to the device and
 the scheduler loop need CUDA streams and kernels too. The controller itself runs unmodified.
 
 Per request, in the order ``UnifiedRadixCache`` does it with the device cache flushed:
@@ -27,7 +28,6 @@ the same tokens at ``prefill_tokens_per_s``; per tier of our store, pages and by
 
 from __future__ import annotations
 
-import logging
 import resource
 import statistics
 import tempfile
@@ -44,8 +44,6 @@ import torch
 from .rig import Rig, build_rig
 from .workload import KvShape, PagePattern, Request, WorkloadSpec, make_requests
 
-logger = logging.getLogger(__name__)
-
 # Llama-3-8B prefill on one H100 (bf16, long prompts, FlashAttention): roughly 10k-20k tokens/s
 # depending on context length; the middle of that range is the stated default.
 DEFAULT_PREFILL_TOKENS_PER_S = 15_000.0
@@ -56,9 +54,9 @@ _QUEUE_TIMEOUT_S = 300.0
 class E2EConfig:
     shape: KvShape = field(default_factory=KvShape)
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
-    host_pool_pages: int = 200  # SGLang's host (L2) pool; must hold the largest request
-    host_tier: str = "512MiB"  # our DRAM tier; "" leaves it out
-    lmdb_capacity: str = "16GiB"
+    host_pool_pages: int = 136  # SGLang's host (L2) pool; must hold the largest request
+    host_tier: str = "256MiB"  # our DRAM tier; "" leaves it out
+    lmdb_capacity: str = "8GiB"
     lmdb_sync: bool = False
     work_dir: str = ""  # LMDB lives here; default: a fresh temporary directory
     prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
@@ -218,13 +216,13 @@ class _Runner:
 
 
 def _memory() -> dict[str, float]:
-    """Peak RSS, and the current anonymous vs file-backed split (LMDB's map is file-backed page
-    cache the kernel can drop; the pools are anonymous memory)."""
+    """Peak RSS, and the current split: anonymous and shared memory (the pools; SGLang maps its host
+    pool MAP_SHARED) vs file-backed (LMDB's map: page cache the kernel can drop)."""
     out = {"peak_rss_bytes": float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             name, _, value = line.partition(":")
-            if name in ("RssAnon", "RssFile"):
+            if name in ("RssAnon", "RssFile", "RssShmem"):
                 out[name.lower() + "_bytes"] = float(value.split()[0]) * 1024
     except OSError:
         pass

@@ -74,6 +74,6 @@ def format_report(report: dict[str, Any]) -> str:
     mem = report.get("memory", {})
     if mem:
         out.append(f"  memory: peak RSS {_gib(mem['peak_rss_bytes'])}; at the end anonymous "
-                   f"{_gib(mem.get('rssanon_bytes', 0))}, file-backed (LMDB map, page cache) "
-                   f"{_gib(mem.get('rssfile_bytes', 0))}")
+                   f"{_gib(mem.get('rssanon_bytes', 0))} + shared {_gib(mem.get('rssshmem_bytes', 0))} "
+                   f"(pools), file-backed {_gib(mem.get('rssfile_bytes', 0))} (LMDB map: page cache)")
     return "\n".join(out)

@@ -70,7 +70,7 @@ def ensure_backend_registered() -> str:
 
 @dataclass
 class Rig:
-    """The SGLang objects of one run. ``close()`` stops the controller's threads and our backend."""
+    """The SGLang objects of one run. ``close()`` detaches (and so closes) our backend."""
     shape: KvShape
     device_pool: Any
     allocator: Any
@@ -93,13 +93,8 @@ class Rig:
         return kv[0, first_slot:first_slot + ps], kv[1, first_slot:first_slot + ps]
 
     def close(self) -> None:
-        cc = self.controller
-        try:
-            cc._stop_storage_threads()
-        finally:
-            backend = cc.storage_backend
-            if backend is not None:
-                backend.close()
+        # SGLang's own teardown: stops the four storage threads, then closes our backend.
+        self.controller.detach_storage_backend()
 
 
 def build_rig(shape: KvShape, host_pool_pages: int, extra_config: dict[str, Any],

@@ -52,8 +52,8 @@ class Request:
 @dataclass(frozen=True)
 class WorkloadSpec:
     docs: int = 3
-    min_doc_tokens: int = 6144
-    max_doc_tokens: int = 12288
+    min_doc_tokens: int = 4096
+    max_doc_tokens: int = 8192
     questions: int = 4  # per document
     question_tokens: int = 96
     seed: int = 1

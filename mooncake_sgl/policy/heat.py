@@ -7,16 +7,17 @@ requested chain, hit or miss, so heat measures demand, not residency. Memory is 
 fixed size; per-page state exists only for resident pages, and the ghost lists are bounded by the
 number of resident pages.
 
-Each bounded tier is split the way S3-FIFO splits a cache (Yang et al., SOSP'23), with ARC's
+Each bounded tier is split in two, as S3-FIFO's small/main queues (Yang et al., SOSP'23), with ARC's
 self-tuning split (Megiddo & Modha, FAST'03):
 
 - ``probation``: a FIFO for newcomers that have shown no reuse yet. Most KV pages are one-hit wonders
   (58 % of the distinct blocks of the Mooncake trace); they leave from here without disturbing
   ``main``.
-- ``main``: a CLOCK of pages with reuse. A hit sets a page's reference count (0..3); the hand gives
-  referenced pages another round and evicts unreferenced ones.
-- A newcomer enters ``main`` directly when the sketch says it was demanded before (heat >= 2) or it
-  is in a ghost list; otherwise it enters ``probation``, where a hit moves it to ``main``.
+- ``main``: an LRU of pages with reuse. (A CLOCK with S3-FIFO's 2-bit reference counts was measured
+  and lost on a recency-heavy chat workload: counts earned by a finished session outlive it.)
+- A newcomer enters ``main`` directly when the sketch says it was demanded before (heat >= 2), which
+  remembers far longer than any ghost list, or when it is in a ghost list; otherwise it enters
+  ``probation``, where a hit moves it to ``main``.
 - Adaptivity: two bounded ghost lists remember recent victims of each segment. A newcomer found in
   the probation ghost would have hit with a larger probation, so its target grows; one found in the
   main ghost shrinks it (ARC's ``p``). No constant is fitted to a trace: the split follows the
@@ -25,16 +26,20 @@ self-tuning split (Megiddo & Modha, FAST'03):
 Prefix awareness (a page is useless without the pages before it in its chain):
 
 - Chains are queued tail first, so at equal standing a chain's tail is evicted before its head.
-- A page with a resident child in the same tier is skipped by the eviction hand (leaves first, as
-  SGLang's radix cache evicts leaves), unless nothing else can be freed.
+- A page with a resident child in the same tier is skipped when victims are chosen (leaves first,
+  as SGLang's radix cache evicts leaves), unless nothing else can be freed. Skipped pages keep their
+  place, so a skip costs nothing on later calls.
 - Heat never decreases toward the root: a lookup walks its chain tail to head and raises each page's
   sketch counters to at least its child's estimate, and aging (halving or exponential decay) is
   uniform, so it keeps that order.
 - Only the leading run of hits of a lookup counts as hits (as SGLang uses it); pages resident past
   the first miss are demanded (heat) but not referenced.
 
-Across tiers: tier 0 takes every write; a slower tier admits a page only when its heat reached
-``admission_min_hits`` (no one-hit wonders on SSD); a victim of a tier is demoted to the next tier
+Across tiers: tier 0 takes every write; a slower tier admits a page when its heat reached
+``admission_min_hits``, and a colder page only while the tier's reuse watch sees at least
+``admission_min_reuse`` of such pages come back within the tier's residence horizon (one-hit wonders
+stay off the SSD when they really are one-hit; when first accesses do come back, as with chat
+sessions, the filter opens instead of costing those hits); a victim of a tier is demoted to the next tier
 when warm (heat >= ``demotion_min_hits``) and dropped when cold; a page found in a slower tier is
 promoted to tier 0 when hot (heat >= ``promotion_min_hits``). Pinned prefixes (a system prompt's
 chain, matched by the page hash of its first page) are never victims until ``ttl`` after their last
@@ -53,7 +58,6 @@ from ..config import PolicyConfig
 from ..keys import NAMESPACE_DIGEST_BYTES
 from .sketch import make_sketch
 
-# Largest CLOCK reference count (S3-FIFO uses 2 bits): a page hit often survives 3 extra rounds.
 # Ghost entries kept per segment, as a multiple of the tier's resident pages (ARC keeps 1x each).
 GHOST_PER_PAGE = 1
 # Lower bound of the adaptive probation target, as a share of the tier: keeps room for newcomers
@@ -63,12 +67,17 @@ MIN_PROBATION = 0.01
 MAX_PROBATION = 0.9
 # Chain links of looked-up pages not yet resident, kept until their write arrives (pages).
 PENDING_LINKS = 1 << 16
+# Largest reuse-watch ghost per tier (keys): bounds memory for tiers of millions of pages, at the
+# price of measuring reuse over a shorter horizon than such a tier's. Arbitrary.
+WATCH_LIMIT = 1 << 18
+# Outcomes (reused or expired candidates) the admission reuse rate is measured over. Arbitrary.
+WATCH_WINDOW = 1024
 # Byte offset in a page key where its kind byte and page hash start (see ``keys.page_key``).
 _HASH_OFFSET = NAMESPACE_DIGEST_BYTES
 
 
 class _Segments:
-    """One bounded tier: probation FIFO + main CLOCK, both ordered oldest first."""
+    """One tier: probation FIFO + main LRU, both ordered oldest first, with their ghost lists."""
 
     __slots__ = ("capacity", "probation", "main", "used_probation", "used_main", "target",
                  "ghost_probation", "ghost_main", "kids", "evictions", "ghost_hits_probation",
@@ -101,6 +110,49 @@ class _Segments:
             ghost.popitem(last=False)
 
 
+class _ReuseWatch:
+    """How often pages too cold for a slower tier's admission threshold are looked up again while
+    they would still be in that tier: the evidence that makes admission adaptive.
+
+    Every such candidate (admitted or not) enters a FIFO ghost as long as the tier holds pages
+    (its residence horizon, capped at ``WATCH_LIMIT``). A lookup of a ghost is a reuse; a ghost
+    falling out unseen is not. The rate is kept over a sliding window (counts halved past
+    ``WATCH_WINDOW``), so it follows the workload: a chat service whose sessions come back
+    opens the door, a stream of one-off documents closes it.
+    """
+
+    __slots__ = ("ghost", "limit", "reused", "expired")
+
+    def __init__(self, capacity_pages: int):
+        self.ghost: OrderedDict[PageKey, None] = OrderedDict()
+        self.limit = max(64, min(WATCH_LIMIT, capacity_pages))
+        # Prior of one reuse in two: the door starts open, so nothing is lost before evidence.
+        self.reused = 1.0
+        self.expired = 1.0
+
+    def reuse_rate(self) -> float:
+        return self.reused / (self.reused + self.expired)
+
+    def candidate(self, key: PageKey) -> None:
+        ghost = self.ghost
+        ghost[key] = None
+        ghost.move_to_end(key)
+        if len(ghost) > self.limit:
+            ghost.popitem(last=False)
+            self._count(expired=1.0)
+
+    def looked_up(self, key: PageKey) -> None:
+        if self.ghost.pop(key, 0) is None:
+            self._count(reused=1.0)
+
+    def _count(self, reused: float = 0.0, expired: float = 0.0) -> None:
+        self.reused += reused
+        self.expired += expired
+        if self.reused + self.expired > WATCH_WINDOW:
+            self.reused /= 2
+            self.expired /= 2
+
+
 class HeatPolicy(PlacementPolicy):
     """Heat-based admission, eviction, promotion and demotion over ``len(capacities)`` tiers.
 
@@ -116,6 +168,7 @@ class HeatPolicy(PlacementPolicy):
         self.config = config = config or PolicyConfig()
         self._tiers = [_Segments(c, config.probation_fraction) for c in capacities]
         self._sketch = make_sketch(config.sketch, 0, config.half_life)
+        self._watch = [_ReuseWatch(0) for _ in capacities]  # sized with the sketch (page size)
         self._page_bytes = 0  # learnt from the first insert; sizes the sketch in pages
         self._where: dict[PageKey, int] = {}  # bitmask of tiers holding a page
         self._parent: dict[PageKey, PageKey | None] = {}  # chain links of resident pages
@@ -134,6 +187,11 @@ class HeatPolicy(PlacementPolicy):
     def heat(self, key: PageKey) -> float:
         """Decayed access frequency of ``key`` (sketch estimate; 0 for a page never seen)."""
         return self._sketch.estimate(key)
+
+    def _hot(self, key: PageKey, hits: int) -> bool:
+        """Heat reached ``hits`` accesses. Half an access of slack: a decayed count of two recent
+        accesses is just under 2, and for integer counts the slack changes nothing."""
+        return self._sketch.estimate(key) >= hits - 0.5
 
     def is_pinned(self, key: PageKey) -> bool:
         return self._pinned.get(key, -1.0) > self._now
@@ -156,6 +214,10 @@ class HeatPolicy(PlacementPolicy):
         self._learn_links(keys, parent)
         run = next((i for i, t in enumerate(tiers) if t is None), len(tiers))
         self.hit_pages += run
+        for watch in self._watch[1:]:
+            if watch.ghost:
+                for key in keys:
+                    watch.looked_up(key)
         # Tail to head: each page's counters end at least as high as its child's estimate.
         sketch = self._sketch
         floor = 0.0
@@ -191,6 +253,10 @@ class HeatPolicy(PlacementPolicy):
             self._page_bytes = max(1, max(nbytes))
             self._size_sketch()
         seg = self._tiers[tier]
+        if seg.capacity is None:
+            # A self-evicting tier drops pages without telling anyone: tracking them would grow
+            # without bound, and no victims are ever asked of it.
+            return
         bit = 1 << tier
         for key, n in zip(reversed(keys), reversed(nbytes)):  # tail first: tails leave first
             if key in seg:
@@ -211,7 +277,7 @@ class HeatPolicy(PlacementPolicy):
                 self._adapt(seg, n, grow=False)
                 into_main = True
             else:
-                into_main = self._sketch.estimate(key) >= 2
+                into_main = self._hot(key, 2)
             if into_main:
                 seg.main[key] = n
                 seg.used_main += n
@@ -238,7 +304,15 @@ class HeatPolicy(PlacementPolicy):
         if tier == 0:
             return [True] * len(keys)
         need = self.config.admission_min_hits
-        out = [self._sketch.estimate(k) >= need or self.is_pinned(k) for k in keys]
+        watch = self._watch[tier]
+        open_door = watch.reuse_rate() >= self.config.admission_min_reuse
+        out = []
+        for k in keys:
+            if self._hot(k, need) or self.is_pinned(k):
+                out.append(True)
+            else:
+                watch.candidate(k)
+                out.append(open_door)
         ok = sum(out)
         self.admitted += ok
         self.refused += len(out) - ok
@@ -247,7 +321,7 @@ class HeatPolicy(PlacementPolicy):
     def promotion_target(self, key: PageKey, found_tier: int) -> int | None:
         if found_tier <= 0:
             return None
-        if self.is_pinned(key) or self._sketch.estimate(key) >= self.config.promotion_min_hits:
+        if self.is_pinned(key) or self._hot(key, self.config.promotion_min_hits):
             return 0
         return None
 
@@ -255,7 +329,7 @@ class HeatPolicy(PlacementPolicy):
         below = from_tier + 1
         if below >= len(self._tiers):
             return None
-        if self._sketch.estimate(key) >= self.config.demotion_min_hits or self.is_pinned(key):
+        if self._hot(key, self.config.demotion_min_hits) or self.is_pinned(key):
             return below
         return None
 
@@ -296,6 +370,8 @@ class HeatPolicy(PlacementPolicy):
                 out[f"tier{i}_probation_target"] = seg.target / seg.capacity
             out[f"tier{i}_ghost_hits_probation"] = float(seg.ghost_hits_probation)
             out[f"tier{i}_ghost_hits_main"] = float(seg.ghost_hits_main)
+            if i:
+                out[f"tier{i}_cold_reuse_rate"] = self._watch[i].reuse_rate()
         return out
 
     # ------------------------------------------------------------------ internals
@@ -303,6 +379,10 @@ class HeatPolicy(PlacementPolicy):
     def _size_sketch(self) -> None:
         total = sum(s.capacity or 0 for s in self._tiers)
         self._sketch.ensure_capacity(max(1, total // self._page_bytes))
+        for seg, watch in zip(self._tiers, self._watch):
+            # A tier that evicts on its own: assume its capacity is that of the largest bounded tier.
+            pages = (seg.capacity or max(s.capacity or 0 for s in self._tiers)) // self._page_bytes
+            watch.limit = max(64, min(WATCH_LIMIT, pages))
 
     def _pick(self, seg: _Segments, nbytes: int, protected: frozenset[PageKey],
               chosen: dict[PageKey, bool], leaves_only: bool) -> int:
@@ -397,12 +477,13 @@ class HeatPolicy(PlacementPolicy):
         return self._pinned[parent] - self._now
 
     def _raise_ancestors(self, key: PageKey | None, floor: float) -> None:
-        """A lookup that started mid-chain: keep the resident ancestors at least as warm."""
+        """A lookup that started mid-chain: keep the known ancestors (resident, or looked up recently)
+        at least as warm. Stops at the first ancestor already as warm: those above it are too."""
         sketch = self._sketch
-        steps = len(self._parent) + 1  # links form a forest; the bound only guards a corrupt cycle
+        steps = len(self._parent) + len(self._pending) + 1  # guards a corrupt cycle only
         while key is not None and steps > 0 and sketch.estimate(key) < floor:
             sketch.increment(key, floor)
-            key = self._parent.get(key)
+            key = self._parent[key] if key in self._parent else self._pending.get(key)
             steps -= 1
 
 

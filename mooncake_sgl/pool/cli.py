@@ -45,6 +45,9 @@ def _serve(argv: list[str]) -> int:
     server = PoolServer(cfg)
     try:
         server.start()
+    except MooncakeSglError as e:
+        print(f"mooncake-sgl pool: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"mooncake-sgl pool: cannot start on {cfg.host}:{cfg.port}: {e}", file=sys.stderr)
         return 1

@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 
-from ..errors import AuthError, ProtocolError
+from ..errors import AuthError, ConfigError, ProtocolError
 from ..transfer import protocol as P
 from ..transfer.shm import Segment
 from ..transfer.tcp import discard, read_frame, recv_exact_into, send_buffers, tune
@@ -34,6 +34,17 @@ log = logging.getLogger("mooncake_sgl.pool")
 # Reservations or leases one connection may hold open at once. A client keeps one of each per
 # request in flight; more means it forgot to COMMIT/RELEASE and would pin the pool. Arbitrary.
 MAX_OPEN_PER_CONNECTION = 64
+
+
+def _mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 class _Conn:
@@ -73,6 +84,11 @@ class PoolServer:
         cfg = self.config
         t0 = time.monotonic()
         capacity = cfg.capacity // cfg.slab_size * cfg.slab_size
+        avail = _mem_available()
+        if cfg.populate and avail is not None and capacity > avail:
+            # Pre-faulting more than the machine has would end in the OOM killer, not an error.
+            raise ConfigError(f"capacity of {capacity} bytes exceeds the {avail} bytes of memory "
+                              "available; lower it", key="capacity")
         self.segment = Segment(capacity, populate=cfg.populate)
         self.store = PoolStore(capacity, cfg.slab_size, high_watermark=cfg.high_watermark,
                                low_watermark=cfg.low_watermark, put_wait=cfg.put_wait)

@@ -8,7 +8,8 @@ Per request (a prompt's chain of pages, arriving at ``t``):
 2. read: pages of that run found below tier 0 are offered for promotion (``promotion_target``) and
    written into the target tier;
 3. write-back: the pages after the run are written with ``parent`` = the last hit page: to tier 0,
-   and to each slower tier that ``admit`` accepts.
+   and to each slower tier that ``admit`` accepts; a page no tier took (a batch larger than
+   tier 0) then goes to the first slower tier with room, admitted or not.
 
 A write first makes room: ``victims`` for the missing bytes, each victim demoted where
 ``demotion_target`` says (unless already there), then removed (``on_remove``). A tier that cannot
@@ -99,7 +100,7 @@ class Simulator:
                 target = policy.promotion_target(key, w)
                 if target is not None and target < w:
                     promote.setdefault(target, []).append(key)
-        protected = frozenset(keys)
+        protected = frozenset(keys[:run])  # the store protects the pages of the read batch
         for target, ks in promote.items():
             res.tiers[target].bytes_promoted += self.page * self._write(target, ks, protected, None)
         # Write-back of the pages computed by this request.
@@ -107,13 +108,20 @@ class Simulator:
             todo = keys[run:]
             parent = keys[run - 1] if run else None
             put_protected = frozenset(todo)
+            admitted = [[True] * len(todo)] + [policy.admit(todo, t) for t in range(1, len(self.caps))]
+            stored: set[PageKey] = set()
             for tier in range(len(self.caps)):
-                if tier == 0:
-                    ks = list(todo)
-                else:
-                    ks = [k for k, ok in zip(todo, policy.admit(todo, tier)) if ok]
+                ks = [k for k, ok in zip(todo, admitted[tier]) if ok]
                 if ks:
                     self._write(tier, ks, put_protected, parent)
+                    stored.update(k for k in ks if k in self.resident[tier])
+            # As the store does: a page no admitting tier took goes to the first slower tier
+            # that takes it (admission saves writes, it must not lose pages).
+            for tier in range(1, len(self.caps)):
+                ks = [k for k, ok in zip(todo, admitted[tier]) if not ok and k not in stored]
+                if ks:
+                    self._write(tier, ks, put_protected, parent)
+                    stored.update(k for k in ks if k in self.resident[tier])
         return run
 
     def _locate(self, keys: Sequence[PageKey]) -> list[int | None]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +67,7 @@ class HostTier(Tier):
              "put_too_large", "bytes_read", "bytes_written", "removed"), 0)
         # The buffer is allocated up front, so a capacity the machine cannot give fails at startup;
         # memory is only touched (faulted in) as slots are first written.
-        self._tensor, self._buf = _allocate_buffer(self._capacity, config.pin_memory)
+        self._tensor, self._buf = self._allocate(self._capacity)
         self._pinned = bool(self._tensor.is_pinned())
         self._slot_size = 0
         self._nslots = 0
@@ -89,7 +90,7 @@ class HostTier(Tier):
 
     def _carve(self, slot_size: int) -> None:
         if slot_size <= 0:
-            raise TierError(f"host tier slot_size must be positive, got {slot_size}")
+            raise TierError(f"{self.name} tier slot_size must be positive, got {slot_size}")
         self._slot_size = slot_size
         self._nslots = self._capacity // slot_size
         # Stack top is the end of the array; lowest slots are handed out first.
@@ -100,12 +101,37 @@ class HostTier(Tier):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise TierClosed("host tier is closed")
+            raise TierClosed(f"{self.name} tier is closed")
 
     def _release(self, slot: int) -> None:
         """Return a slot to the free stack (lock held)."""
         self._free[self._nfree] = slot
         self._nfree += 1
+
+    # Storage hooks: a subclass keeping its slots elsewhere (the HBM tier, on a device) overrides
+    # these three and reuses all slot bookkeeping above.
+
+    def _allocate(self, nbytes: int) -> tuple[object, Any]:
+        """The backing tensor (kept alive by the tier) and the buffer the copy hooks address."""
+        return _allocate_buffer(nbytes, self._config.pin_memory)
+
+    def _read_slots(self, buf: Any, reads: list[tuple[int, PageView]]) -> None:
+        """Copy each (slot, page) from the buffer into the page's segments (no lock held)."""
+        for slot, page in reads:
+            off = slot * self._slot_size
+            for seg in page:
+                n = seg.nbytes
+                np.copyto(np.frombuffer(seg, dtype=np.uint8), buf[off:off + n])
+                off += n
+
+    def _write_slots(self, buf: Any, writes: list[tuple[int, PageView]]) -> None:
+        """Copy each (slot, page) from the page's segments into the buffer (no lock held)."""
+        for slot, page in writes:
+            off = slot * self._slot_size
+            for seg in page:
+                n = seg.nbytes
+                np.copyto(buf[off:off + n], np.frombuffer(seg, dtype=np.uint8))
+                off += n
 
     # ------------------------------------------------------------------------------ Tier API
 
@@ -133,14 +159,7 @@ class HostTier(Tier):
                     slots[i] = entry[0]
                     self._readers[entry[0]] += 1
         try:
-            for slot, page in zip(slots, pages):
-                if slot == _NO_SLOT:
-                    continue
-                off = slot * self._slot_size
-                for seg in page:
-                    n = seg.nbytes
-                    np.copyto(np.frombuffer(seg, dtype=np.uint8), buf[off:off + n])
-                    off += n
+            self._read_slots(buf, [(slot, page) for slot, page in zip(slots, pages) if slot != _NO_SLOT])
         finally:
             with self._lock:
                 for slot, n in zip(slots, sizes):
@@ -180,12 +199,7 @@ class HostTier(Tier):
             buf = self._buf
         committed = False
         try:
-            for i, slot in reserved:
-                off = slot * self._slot_size
-                for seg in pages[i]:
-                    n = seg.nbytes
-                    np.copyto(buf[off:off + n], np.frombuffer(seg, dtype=np.uint8))
-                    off += n
+            self._write_slots(buf, [(slot, pages[i]) for i, slot in reserved])
             committed = True
         finally:
             with self._lock:

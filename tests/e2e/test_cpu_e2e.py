@@ -9,6 +9,7 @@ must come back from our tiers.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -116,14 +117,24 @@ def test_page_pattern_catches_a_wrong_or_torn_page() -> None:
     assert not pattern.matches(k, v, "ab" * 32)
 
 
-def test_cli_ci_size_prints_the_per_tier_report(tmp_path: Path) -> None:
+def test_cli_at_ci_size_prints_the_per_tier_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                   ) -> None:
     sys.path.insert(0, str(SCRIPTS))
     try:
         import run_e2e_cpu
     finally:
         sys.path.remove(str(SCRIPTS))
-    args = run_e2e_cpu.parse_args(["--size", "ci", "--work-dir", str(tmp_path), "--docs", "2"])
-    cfg = run_e2e_cpu.config_from_args(args)
+    assert run_e2e_cpu.PRESETS["default"].shape.page_bytes == 8 << 20  # Llama-3-8B pages outside CI
+    cfg = run_e2e_cpu.config_from_args(run_e2e_cpu.parse_args(["--size", "ci", "--docs", "2"]))
     assert cfg.workload.docs == 2 and cfg.shape.layers == 2 and cfg.host_pool_pages == 40
-    assert run_e2e_cpu.PRESETS["default"].shape.layers == 32  # 8 MiB pages outside CI
-    assert run_e2e_cpu.PRESETS["default"].shape.page_bytes == 8 << 20
+    out_json = tmp_path / "r.json"
+    rc = run_e2e_cpu.main(["--size", "ci", "--questions", "2", "--work-dir", str(tmp_path), "--no-progress",
+                           "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "Per tier of our store" in out
+    table = out.split("Per tier of our store", 1)[1].split("\n\n", 1)[0]
+    tier_rows = [line.split() for line in table.splitlines()[3:]]
+    assert [r[0] for r in tier_rows] == ["host", "lmdb"]
+    assert "load/recompute" in out and "15,000 prefill tokens/s" in out
+    assert json.loads(out_json.read_text())["totals"]["storage_tokens"] == sum(DOC_PAGES) * PS

@@ -37,3 +37,6 @@ def test_bad_config_names_the_key_and_file(tmp_path) -> None:  # noqa: ANN001
     cfg.write_text("capacity: 1KiB\n")
     r = pool_cli("--config", str(cfg))
     assert r.returncode == 2 and "at least one slab" in r.stderr
+    cfg.write_text("capacity: 100TiB\nport: 0\n")  # never pre-fault past the machine's memory
+    r = pool_cli("--config", str(cfg))
+    assert r.returncode == 2 and "exceeds the" in r.stderr and "memory" in r.stderr

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 
 from mooncake_sgl.api import Tier  # noqa: E402
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, MooncakeStoreTierConfig  # noqa: E402
+from mooncake_sgl.errors import TierError  # noqa: E402
 from mooncake_sgl.policy.lru import LruPolicy  # noqa: E402
 from mooncake_sgl.store import TieredStore  # noqa: E402
 from mooncake_sgl.testing import MooncakeMaster, free_port  # noqa: E402
@@ -175,6 +177,42 @@ def test_two_nodes_share_pages_through_their_tiered_stores(master: MooncakeMaste
         b.close()
 
 
+_STORAGE_NODE = """
+import sys
+from mooncake.store import MooncakeDistributedStore
+s = MooncakeDistributedStore()
+rc = s.setup("127.0.0.1", sys.argv[1], 32 << 20, 16 << 20, "tcp", "", sys.argv[2])
+print("READY" if rc == 0 else f"FAILED {rc}", flush=True)
+sys.stdin.read()  # serve the segment until the test closes our stdin
+s.close()
+"""
+
+
+def test_pure_client_moves_pages_to_and_from_another_process(master: MooncakeMaster) -> None:
+    """A node that lends no memory (``segment_size: 0``): every byte crosses the transfer engine
+    to the segment of a separate storage process, zero copy from registered memory and staged
+    from elsewhere."""
+    node = subprocess.Popen([sys.executable, "-c", _STORAGE_NODE, master.metadata_url, master.rpc_address],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    tier = None
+    try:
+        assert node.stdout.readline().strip() == b"READY"
+        tier = mooncake_tier(master, segment=0)
+        _, direct = registered_pages(tier, 16, 32 * 1024, seed=5)
+        staged = [make_page(100 + i, 16 * 1024) for i in range(16)]
+        keys = [key(2000 + i) for i in range(32)]
+        assert tier.put_from(keys, direct + staged) == [True] * 32
+        out = [empty_like(p) for p in direct + staged]
+        assert tier.get_into(keys, out) == [True] * 32
+        assert all(same(a, b) for a, b in zip(direct + staged, out))
+        assert tier.stats()["zero_copy_pages"] == 16
+    finally:
+        if tier is not None:
+            tier.close()
+        node.stdin.close()
+        node.wait(20)
+
+
 def test_remove_clear_and_object_names(master: MooncakeMaster) -> None:
     tier = mooncake_tier(master)
     try:
@@ -199,6 +237,14 @@ def test_soft_pinned_pages_are_counted_by_the_master() -> None:
             assert m.metrics()["master_soft_pin_key_count"] == 2
         finally:
             tier.close()
+
+
+def test_missing_mooncake_names_both_install_commands(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "mooncake.store", None)  # what an absent wheel looks like
+    with pytest.raises(TierError) as err:
+        MooncakeStoreTier(MooncakeStoreTierConfig())
+    assert "pip install 'mooncake-sgl[mooncake]'" in str(err.value)
+    assert "apt-get install libibverbs1" in str(err.value)
 
 
 def test_unreachable_master_at_start_answers_misses_then_connects() -> None:
