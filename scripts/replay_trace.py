@@ -93,7 +93,7 @@ def plot(results: dict[str, dict[int, float]], distinct: int, path: Path, title:
                 styles.get(policy, "x-"), label=policy)
     ax.set_xscale("log")
     shares = sorted({100.0 * c / distinct for by_cap in results.values() for c in by_cap})
-    ax.set_xticks(shares, [f"{s:g}%" for s in shares])
+    ax.set_xticks(shares, [f"{s:.3g}%" for s in shares])
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("capacity (% of distinct blocks, log scale)")
     ax.set_ylabel("prefix hit ratio (%)")

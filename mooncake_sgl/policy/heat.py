@@ -58,6 +58,9 @@ from ..config import PolicyConfig
 from ..keys import NAMESPACE_DIGEST_BYTES
 from .sketch import make_sketch
 
+# Heat of a page demanded at least once before this write: it skips probation. The sketch
+# remembers ~10 accesses per page of capacity, far longer than a ghost list.
+SEEN_BEFORE = 2
 # Ghost entries kept per segment, as a multiple of the tier's resident pages (ARC keeps 1x each).
 GHOST_PER_PAGE = 1
 # Lower bound of the adaptive probation target, as a share of the tier: keeps room for newcomers
@@ -268,6 +271,7 @@ class HeatPolicy(PlacementPolicy):
             p = self._parent.get(key)
             if p is not None:
                 seg.kids[p] = seg.kids.get(p, 0) + 1
+            # Ghost values are ``None``: ``pop(key, 0) is None`` means "was in that ghost".
             if seg.ghost_probation.pop(key, 0) is None:
                 seg.ghost_hits_probation += 1
                 self._adapt(seg, n, grow=True)
@@ -277,7 +281,7 @@ class HeatPolicy(PlacementPolicy):
                 self._adapt(seg, n, grow=False)
                 into_main = True
             else:
-                into_main = self._hot(key, 2)
+                into_main = self._hot(key, SEEN_BEFORE)
             if into_main:
                 seg.main[key] = n
                 seg.used_main += n

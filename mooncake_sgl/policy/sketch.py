@@ -1,6 +1,6 @@
 """Frequency sketches: bounded-memory estimates of how often a page was accessed recently.
 
-Two estimators with one interface (``ensure_capacity``, ``increment``, ``estimate``, ``stamp``/``aged``),
+Two estimators with one interface (``ensure_capacity``, ``increment``, ``estimate``, ``advance``),
 so the heat policy can use either and the simulator can measure which predicts reuse better:
 
 - ``FrequencySketch`` — a count-min sketch of 4-bit saturating counters, aged by halving every counter
@@ -64,10 +64,6 @@ class FrequencySketch:
         self._width = 0
         self.ensure_capacity(capacity_pages)
 
-    @property
-    def capacity_pages(self) -> int:
-        return self._capacity
-
     def ensure_capacity(self, capacity_pages: int) -> None:
         """Size for ``capacity_pages`` resident pages; grows (and resets) only when needed."""
         width = _row_width(max(1, capacity_pages))
@@ -117,10 +113,6 @@ class FrequencySketch:
         """Opaque aging clock: the number of halvings so far."""
         return float(self._periods)
 
-    def aged(self, value: float, stamp: float) -> float:
-        """``value`` measured at ``stamp``, aged to now exactly as the counters were."""
-        return float(int(value) >> int(self._periods - stamp))
-
     def advance(self, now: float) -> None:
         """Time plays no part in this sketch's aging (it ages by access count)."""
 
@@ -149,13 +141,8 @@ class DecayingSketch:
         self._now = 0.0
         self.ensure_capacity(capacity_pages)
 
-    @property
-    def capacity_pages(self) -> int:
-        return self._capacity
-
     def ensure_capacity(self, capacity_pages: int) -> None:
         width = _row_width(max(1, capacity_pages))
-        self._capacity = max(1, capacity_pages)
         if width <= self._width:
             return
         self._width = width
@@ -200,9 +187,6 @@ class DecayingSketch:
 
     def stamp(self) -> float:
         return self._now
-
-    def aged(self, value: float, stamp: float) -> float:
-        return value * 2.0 ** (-(self._now - stamp) / self.half_life)
 
     def memory_bytes(self) -> int:
         return 8 * len(self._table)

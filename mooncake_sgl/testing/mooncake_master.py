@@ -6,7 +6,9 @@
         m.restart()                          # same ports, so clients find it again
         m.metrics()["master_evicted_key_count"]  # the master's /metrics as a dict
 
-The binary comes from the installed wheel (``mooncake-transfer-engine[-non-cuda]``), or from
+Ports are picked free just before the first start (and re-picked if another process takes one
+meanwhile), so read the addresses after ``start()``/``__enter__``. The binary comes from the
+installed wheel (``mooncake-transfer-engine[-non-cuda]``), or from
 ``$MOONCAKE_MASTER_BIN``. It needs ``libibverbs.so.1`` (Debian: ``apt-get install libibverbs1``).
 The master's log goes to a temporary file (``log_path``); its tail is in every start error.
 """
@@ -32,6 +34,13 @@ MASTER_BIN_ENV = "MOONCAKE_MASTER_BIN"
 
 class MasterStartError(RuntimeError):
     """The master binary is missing or did not become healthy in time."""
+
+
+class _EarlyExit(Exception):
+    """The master process died during startup (typically: a port was taken meanwhile)."""
+
+
+_START_ATTEMPTS = 3
 
 
 def find_master_binary() -> str:
@@ -92,6 +101,7 @@ class MooncakeMaster:
         self._startup_timeout = startup_timeout
         self._binary = find_master_binary()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._started_once = False
         self._logdir = tempfile.mkdtemp(prefix="mooncake_master_")
         self.log_path = os.path.join(self._logdir, "master.log")
 
@@ -133,11 +143,25 @@ class MooncakeMaster:
         return argv + self._extra_args
 
     def start(self) -> MooncakeMaster:
-        """Start the master and wait until ``/health`` answers; no-op while it runs."""
+        """Start the master and wait until ``/health`` answers; no-op while it runs.
+
+        A free port can be taken by another process between choosing and binding it; a first
+        start that dies early therefore retries on new ports (``restart`` keeps its ports)."""
         if self.pid is not None:
             return self
+        for attempt in range(_START_ATTEMPTS):
+            try:
+                return self._start_once()
+            except _EarlyExit as e:
+                if self._started_once or attempt == _START_ATTEMPTS - 1:
+                    raise MasterStartError(str(e)) from None
+                self.rpc_port, self.metrics_port, self.http_metadata_port = (
+                    free_port(self.host), free_port(self.host), free_port(self.host))
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> MooncakeMaster:
         env = dict(os.environ)
-        env.setdefault("GLOG_minloglevel", "1")
+        env["GLOG_minloglevel"] = "0"  # its own log file: keep everything a failure might need
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(self._argv(), stdin=subprocess.DEVNULL, stdout=log,
                                           stderr=subprocess.STDOUT, env=env, start_new_session=True,
@@ -145,9 +169,10 @@ class MooncakeMaster:
         deadline = time.monotonic() + self._startup_timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise MasterStartError(f"mooncake_master exited with code {self._proc.returncode} "
-                                       f"during startup:\n{self.log_tail()}")
+                raise _EarlyExit(f"mooncake_master exited with code {self._proc.returncode} during "
+                                 f"startup ({self!r}):\n{self.log_tail()}")
             if self.healthy():
+                self._started_once = True
                 return self
             time.sleep(0.05)
         self.kill()

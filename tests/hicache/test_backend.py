@@ -92,7 +92,6 @@ def test_mooncake_allocator_falls_back_without_mooncake(monkeypatch, make_backen
 
 
 def test_real_mooncake_allocator_pool_round_trips(make_backend) -> None:
-    pytest.importorskip("mooncake.store", reason="needs the mooncake package for its host allocator")
     pool = pools.build_pool("mla", "page_first", allocator_type="mooncake")
     assert type(pool.allocator).__name__ == "MooncakeHostTensorAllocator"
     backend, _ = make_backend("mla", "page_first", pool=pool)

@@ -226,7 +226,7 @@ def test_self_evicting_tiers_keep_no_per_page_state():
 
 def test_pinned_prefix_is_kept_until_its_ttl_expires():
     pin_hash = "ab" * 32  # SGLang's page hashes are 64 hex digits
-    p = HeatPolicy([PAGE * 4], PolicyConfig(pins=[PinConfig(prefix_hash=pin_hash, ttl="30s")]))
+    p = HeatPolicy([PAGE * 4, PAGE * 100], PolicyConfig(pins=[PinConfig(prefix_hash=pin_hash, ttl="30s")]))
     system = [page_key(NS, pin_hash)] + chain("s2")
     p.tick(100.0)
     lookup(p, system)
@@ -279,3 +279,18 @@ def test_policy_config_validates_heat_fields():
     with pytest.raises(ValueError, match="probation_fraction"):
         PolicyConfig(probation_fraction=1.5)
     assert PolicyConfig(half_life="2m").half_life == 120.0
+
+
+def test_yaml_selects_and_tunes_the_policy(tmp_path):
+    from mooncake_sgl.config import load_config_file
+
+    path = tmp_path / "tiers.yaml"
+    path.write_text("policy:\n  name: heat\n  sketch: decay\n  half_life: 2m\n  admission_min_reuse: 1.0\n"
+                    "  pins:\n    - prefix_hash: sys-prompt\n      ttl: 30s\n")
+    cfg = load_config_file(path).policy
+    p = policy_for_capacities(cfg, [PAGE * 10, PAGE * 100])
+    assert isinstance(p, HeatPolicy) and p._sketch.half_life == 120.0
+    lookup(p, chain("sys-prompt", "x"))
+    assert p.is_pinned(pk("x"))
+    path.write_text("policy:\n  name: lru\n")
+    assert isinstance(policy_for_capacities(load_config_file(path).policy, [PAGE]), LruPolicy)
