@@ -50,12 +50,18 @@ class KeyNamespace:
 
 def page_key(namespace: KeyNamespace, page_hash: str) -> PageKey:
     """The key of one page. Deterministic across processes, hosts and restarts."""
+    return namespace.digest + page_hash_part(page_hash)
+
+
+def page_hash_part(page_hash: str) -> bytes:
+    """The namespace-free tail of a page key: what identifies the page within any namespace (the
+    policy matches configured pins on it)."""
     if len(page_hash) == 64:
         try:
-            return namespace.digest + _HEX_HASH + bytes.fromhex(page_hash)
+            return _HEX_HASH + bytes.fromhex(page_hash)
         except ValueError:
             pass
-    return namespace.digest + _TEXT_HASH + page_hash.encode()
+    return _TEXT_HASH + page_hash.encode()
 
 
 def page_keys(namespace: KeyNamespace, page_hashes: list[str]) -> list[PageKey]:

@@ -44,22 +44,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mooncake_sgl.bench.console import human, log  # noqa: E402
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, parse_size  # noqa: E402
 from mooncake_sgl.tiers.host import HostTier  # noqa: E402
 from mooncake_sgl.tiers.lmdb import LmdbTier  # noqa: E402
 
 GB = 1e9
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def human(n: int) -> str:
-    for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n % div == 0:
-            return f"{n // div}{unit}"
-    return f"{n}B"
 
 
 def drop_page_cache() -> bool:

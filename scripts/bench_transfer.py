@@ -53,6 +53,7 @@ os.environ.setdefault("GLOG_minloglevel", "2")  # before mooncake is imported: q
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mooncake_sgl.bench.console import human, log  # noqa: E402
 from mooncake_sgl.config import HostTierConfig, parse_size  # noqa: E402
 from mooncake_sgl.pool.process import PoolProcess  # noqa: E402
 from mooncake_sgl.tiers.host import HostTier  # noqa: E402
@@ -60,17 +61,6 @@ from mooncake_sgl.transfer.client import PoolClient  # noqa: E402
 from mooncake_sgl.transfer.tcp import recv_exact_into, send_buffers, tune  # noqa: E402
 
 GB = 1e9
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def human(n: int) -> str:
-    for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n % div == 0:
-            return f"{n // div}{unit}"
-    return f"{n}B"
 
 
 def page_aligned(nbytes: int) -> np.ndarray:

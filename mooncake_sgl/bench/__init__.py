@@ -4,6 +4,7 @@
 - ``client``    streamed ``/generate`` with TTFT, ``/flush_cache``, storage clear, ``/health``.
 - ``server``    variants (no HiCache, HiCache L2, ours on a tier set) and ``sglang.launch_server``.
 - ``results``   per-round aggregation, the side-by-side table, the PNG plot.
+- ``console``   progress lines and size formatting shared by every benchmark script.
 - ``runner``    the CLIs behind ``scripts/bench_long_context.py`` and ``scripts/bench_multiturn.py``.
 
 Nothing here imports sglang: the client only needs a server's URL.

@@ -55,7 +55,7 @@ from collections.abc import Sequence
 
 from ..api import PageKey, PlacementPolicy
 from ..config import PolicyConfig
-from ..keys import NAMESPACE_DIGEST_BYTES
+from ..keys import NAMESPACE_DIGEST_BYTES, page_hash_part
 from .sketch import make_sketch
 
 # Heat of a page demanded at least once before this write: it skips probation. The sketch
@@ -176,7 +176,7 @@ class HeatPolicy(PlacementPolicy):
         self._where: dict[PageKey, int] = {}  # bitmask of tiers holding a page
         self._parent: dict[PageKey, PageKey | None] = {}  # chain links of resident pages
         self._pending: OrderedDict[PageKey, PageKey | None] = OrderedDict()
-        self._pin_roots = {_pin_suffix(p.prefix_hash): p.ttl for p in config.pins}
+        self._pin_roots = {page_hash_part(p.prefix_hash): p.ttl for p in config.pins}
         self._pinned: dict[PageKey, float] = {}  # page -> time its pin expires
         self._now = 0.0
         self._next_pin_sweep = 0.0
@@ -489,14 +489,3 @@ class HeatPolicy(PlacementPolicy):
             sketch.increment(key, floor)
             key = self._parent[key] if key in self._parent else self._pending.get(key)
             steps -= 1
-
-
-def _pin_suffix(prefix_hash: str) -> bytes:
-    """Kind byte and page hash of a page key, encoded exactly as ``keys.page_key`` encodes them
-    (64 hex digits: raw bytes after ``h``; anything else: UTF-8 after ``s``)."""
-    if len(prefix_hash) == 64:
-        try:
-            return b"h" + bytes.fromhex(prefix_hash)
-        except ValueError:
-            pass
-    return b"s" + prefix_hash.encode()

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
 import msgspec
 
+from ..procs import ServerProcess
 from .config import PoolServerConfig, parse_config
 
 
@@ -30,14 +28,12 @@ class PoolStartError(RuntimeError):
     pass
 
 
-class PoolProcess:
+class PoolProcess(ServerProcess):
     def __init__(self, startup_timeout: float = 30.0, **config: Any):
         config.setdefault("port", 0)
         self.config: PoolServerConfig = parse_config(config, "PoolProcess", PoolServerConfig)
-        self._dir = tempfile.mkdtemp(prefix="mooncake_sgl_pool_")
-        self.log_path = os.path.join(self._dir, "pool.log")
+        super().__init__("mooncake_sgl_pool_", "pool.log")
         self._startup_timeout = startup_timeout
-        self._proc: subprocess.Popen[bytes] | None = None
         self.host = self.config.host
         self.port = self.config.port
 
@@ -45,15 +41,11 @@ class PoolProcess:
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc and self._proc.poll() is None else None
-
     def start(self) -> PoolProcess:
         """Start (on the port of the previous run, if any) and wait for READY."""
         if self.pid is not None:
             return self
-        cfg_path = os.path.join(self._dir, "pool.json")
+        cfg_path = os.path.join(self.workdir, "pool.json")
         data = msgspec.to_builtins(self.config)
         data["port"] = self.port
         with open(cfg_path, "w") as f:
@@ -82,40 +74,3 @@ class PoolProcess:
                                      f"READY:\n{self.log_tail()}")
             time.sleep(0.2)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM (clean shutdown), SIGKILL after ``timeout``."""
-        self._signal(signal.SIGTERM, timeout)
-
-    def kill(self) -> None:
-        """SIGKILL: a crash, mid-batch if a batch is in flight."""
-        self._signal(signal.SIGKILL, 10.0)
-
-    def _signal(self, sig: signal.Signals, timeout: float) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(sig)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-    def log_tail(self, nbytes: int = 4000) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - nbytes))
-                return f.read().decode(errors="replace")
-        except OSError:
-            return "(no log)"
-
-    def __enter__(self) -> PoolProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-        shutil.rmtree(self._dir, ignore_errors=True)

@@ -22,12 +22,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+
+from ..procs import ServerProcess
 
 MASTER_BIN_ENV = "MOONCAKE_MASTER_BIN"
 
@@ -79,7 +80,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-class MooncakeMaster:
+class MooncakeMaster(ServerProcess):
     """One ``mooncake_master`` subprocess with RPC, metrics and HTTP metadata on 127.0.0.1.
 
     ``lease_ttl`` (e.g. ``"1s"``) shortens Mooncake's 10 s read lease so eviction tests run fast;
@@ -100,10 +101,8 @@ class MooncakeMaster:
         self._extra_args = list(extra_args)
         self._startup_timeout = startup_timeout
         self._binary = find_master_binary()
-        self._proc: subprocess.Popen[bytes] | None = None
+        super().__init__("mooncake_master_", "master.log")
         self._started_once = False
-        self._logdir = tempfile.mkdtemp(prefix="mooncake_master_")
-        self.log_path = os.path.join(self._logdir, "master.log")
 
     # -------------------------------------------------------------------------------- addresses
 
@@ -121,10 +120,6 @@ class MooncakeMaster:
     def metrics_url(self) -> str:
         """Base URL of the admin HTTP server (``/health``, ``/metrics``, ``/get_all_keys``...)."""
         return f"http://{self.host}:{self.metrics_port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc and self._proc.poll() is None else None
 
     # -------------------------------------------------------------------------------- lifecycle
 
@@ -202,45 +197,11 @@ class MooncakeMaster:
                     pass
         return out
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout`` (a clean shutdown takes 2–5 s)."""
-        self._signal_and_wait(signal.SIGTERM, timeout)
-
-    def kill(self) -> None:
-        """SIGKILL at once, as a crash would; the master's object metadata is lost."""
-        self._signal_and_wait(signal.SIGKILL, 10.0)
-
     def restart(self) -> MooncakeMaster:
         """Kill if running, then start again on the same ports."""
         self.kill()
         return self.start()
 
-    def _signal_and_wait(self, sig: signal.Signals, timeout: float) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def log_tail(self, nbytes: int = 4000) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - nbytes))
-                return f.read().decode(errors="replace")
-        except OSError:
-            return "(no log)"
-
-    def __enter__(self) -> MooncakeMaster:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-        shutil.rmtree(self._logdir, ignore_errors=True)
 
     def __repr__(self) -> str:
         return f"MooncakeMaster(rpc={self.rpc_address}, metadata={self.metadata_url}, pid={self.pid})"

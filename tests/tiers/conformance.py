@@ -40,6 +40,24 @@ def key(i: int) -> bytes:
     return b"conformance-key-" + i.to_bytes(8, "big")
 
 
+class ParkedPage(list):
+    """A destination page that parks its reader: a tier iterates a page once to size it and again to
+    copy into it, so on the second iteration the reader holds whatever the tier guards a read with
+    (a slot's reader count, a read transaction) until the test sets ``go``."""
+
+    def __init__(self, segs: list[memoryview]) -> None:
+        super().__init__(segs)
+        self.iterations = 0
+        self.parked, self.go = threading.Event(), threading.Event()
+
+    def __iter__(self) -> Iterator[memoryview]:
+        self.iterations += 1
+        if self.iterations == 2:
+            self.parked.set()
+            assert self.go.wait(10)
+        return super().__iter__()
+
+
 class TierConformance:
     page_bytes = 16 * 1024  # per segment; a page is two segments (K and V)
     self_evicting = False

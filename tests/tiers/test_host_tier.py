@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ from mooncake_sgl.config import HostTierConfig, StoreConfig
 from mooncake_sgl.tiers import build_tier
 from mooncake_sgl.tiers.host import HostTier
 
-from .conformance import TierConformance, empty_like, key, make_page, same
+from .conformance import ParkedPage, TierConformance, empty_like, key, make_page, same
 
 
 def host(capacity: int | str, slot_size: int | str = "auto") -> HostTier:
@@ -76,31 +75,13 @@ def test_freed_slots_are_reused_and_usage_counts_slots() -> None:
     t.close()
 
 
-class _BlockingPage(list):
-    """A destination page that parks the reader on its second iteration: the tier iterates a
-    page once to size it and once to copy into it, so the reader is then registered on its slot."""
-
-    def __init__(self, segs: list[memoryview]) -> None:
-        super().__init__(segs)
-        self.iterations = 0
-        self.parked = threading.Event()
-        self.go = threading.Event()
-
-    def __iter__(self) -> Iterator[memoryview]:
-        self.iterations += 1
-        if self.iterations == 2:
-            self.parked.set()
-            assert self.go.wait(10)
-        return super().__iter__()
-
-
 def test_a_page_being_read_is_not_overwritten_by_a_remove_and_reuse() -> None:
     # One slot only: if remove freed it while a reader is mid-copy, the next put would reuse it
     # and the reader would return the new page's bytes under the old key.
     t = host(8192, slot_size=8192)
     old, new = make_page(1, 4096), make_page(2, 4096)
     assert t.put_from([key(1)], [old]) == [True]
-    dst = _BlockingPage(empty_like(old))
+    dst = ParkedPage(empty_like(old))
     result: list[list[bool]] = []
     reader = threading.Thread(target=lambda: result.append(t.get_into([key(1)], [dst])))
     reader.start()

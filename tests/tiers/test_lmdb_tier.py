@@ -10,7 +10,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from mooncake_sgl.tiers import build_tier
 from mooncake_sgl.tiers import lmdb as lmdb_mod
 from mooncake_sgl.tiers.lmdb import HEADER_BYTES, LmdbTier
 
-from .conformance import TierConformance, empty_like, key, make_page, same
+from .conformance import ParkedPage, TierConformance, empty_like, key, make_page, same
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -287,29 +286,12 @@ def test_unwritable_path_is_a_clear_tier_error(tmp_path: Path) -> None:
         lmdb_tier(blocker / "sub")
 
 
-class _ParkedPage(list):
-    """A destination that parks the reader inside its read transaction: the tier iterates a page
-    once to size it, then again to copy into it (the second time it waits for ``go``)."""
-
-    def __init__(self, segs: list[memoryview]) -> None:
-        super().__init__(segs)
-        self.iterations = 0
-        self.parked, self.go = threading.Event(), threading.Event()
-
-    def __iter__(self) -> Iterator[memoryview]:
-        self.iterations += 1
-        if self.iterations == 2:
-            self.parked.set()
-            assert self.go.wait(10)
-        return super().__iter__()
-
-
 def test_close_waits_for_a_read_in_flight_and_refuses_new_calls(tmp_path: Path) -> None:
     # Closing unmaps the file; a reader still copying out of the map must finish first.
     tier = lmdb_tier(tmp_path, sync=False)
     page = make_page(1, 4096)
     assert tier.put_from([key(1)], [page]) == [True]
-    dst = _ParkedPage(empty_like(page))
+    dst = ParkedPage(empty_like(page))
     result: list[list[bool]] = []
     reader = threading.Thread(target=lambda: result.append(tier.get_into([key(1)], [dst])))
     reader.start()
