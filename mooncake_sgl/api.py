@@ -47,6 +47,9 @@ class TierCapabilities:
     # The tier makes room on its own when full (a pool server with watermarks); the store
     # never asks the policy for victims there.
     self_evicting: bool = False
+    # ``put_from`` takes ``soft_pin=[bool per key]``: the tier itself keeps pinned pages longest
+    # (Mooncake Store's soft pin), which matters where the tier evicts on its own.
+    soft_pin: bool = False
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,10 @@ class PlacementPolicy(ABC):
     @abstractmethod
     def demotion_target(self, key: PageKey, from_tier: int) -> int | None:
         """Slower tier to move a victim of ``from_tier`` into, or ``None`` to drop it."""
+
+    def is_pinned(self, key: PageKey) -> bool:
+        """Is ``key`` part of a configured pinned prefix (a system prompt) right now."""
+        return False
 
     def tick(self, now: float) -> None:
         """Logical time advanced to ``now`` (seconds); drives decay and pin expiry."""

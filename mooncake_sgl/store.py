@@ -18,6 +18,7 @@ removed. A put is acknowledged (``True``) only once the page is readable in at l
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -219,7 +220,14 @@ class TieredStore:
                 need = sum(tier.footprint(sizes[i]) for i in todo if keys[i] not in self._resident[t])
                 # Short of room (a batch larger than the tier): the tier still takes what fits.
                 roomy = self._make_room(t, need, protected)
-            res = self._guarded(tier, "put", tier.put_from, [keys[i] for i in todo], [pages[i] for i in todo])
+            batch_keys, batch_pages = [keys[i] for i in todo], [pages[i] for i in todo]
+            if tier.capabilities.soft_pin:
+                with self._lock:
+                    pins = [self.policy.is_pinned(k) for k in batch_keys]
+                res = self._guarded(tier, "put", functools.partial(tier.put_from, soft_pin=pins),
+                                    batch_keys, batch_pages)
+            else:
+                res = self._guarded(tier, "put", tier.put_from, batch_keys, batch_pages)
             written, failed = [], []
             for i, good in zip(todo, res):
                 (written if good else failed).append(i)

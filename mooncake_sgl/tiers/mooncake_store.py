@@ -119,7 +119,7 @@ class MooncakeStoreTier(Tier):
     """
 
     kind = TierKind.REMOTE
-    capabilities = TierCapabilities(persistent=False, shared=True, self_evicting=True)
+    capabilities = TierCapabilities(persistent=False, shared=True, self_evicting=True, soft_pin=True)
 
     def __init__(self, config: MooncakeStoreTierConfig, name: str = "mooncake_store"):
         self.name = name
