@@ -109,3 +109,10 @@ def test_cli_config_check_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert cli_main(["config", "check", str(good)]) == 0
     assert cli_main(["config", "check", str(bad)]) == 2
     assert "tiers[0].capacity" in capsys.readouterr().err
+
+
+def test_shipped_pool_server_example_is_valid() -> None:
+    from mooncake_sgl.pool.config import PoolServerConfig
+
+    config = load_config_file(CONFIGS / "pool.yaml", PoolServerConfig)
+    assert config.capacity == 16 << 30 and config.port == 7480
