@@ -27,7 +27,7 @@ from ..transfer import protocol as P
 from ..transfer.shm import Segment
 from ..transfer.tcp import discard, read_frame, recv_exact_into, send_buffers, tune
 from .config import PoolServerConfig
-from .store import NO_ROOM, PENDING_DUP, PRESENT, Entry, PoolStore
+from .store import PRESENT, Entry, PoolStore
 
 log = logging.getLogger("mooncake_sgl.pool")
 
@@ -356,21 +356,12 @@ class PoolServer:
             raise
         self.counters["bytes_in"] += sum(sizes)
         store.commit(entries, [True] * len(entries))
-        out = bytearray(r is PRESENT or isinstance(r, Entry) for r in res)
-        dups = [i for i, r in enumerate(res) if r is PENDING_DUP]
-        if dups:
-            for i, ok in zip(dups, store.wait_written([keys[i] for i in dups])):
-                out[i] = ok
-        return bytes(out)
+        return bytes(r is PRESENT or isinstance(r, Entry) for r in res)
 
     def _reserve(self, c: _Conn, keys: list[bytes], sizes: list[int]) -> P.Reservation:
         store = self.store
         assert store is not None
         res = store.reserve(keys, sizes)
-        dups = [i for i, r in enumerate(res) if r is PENDING_DUP]
-        if dups:
-            for i, ok in zip(dups, store.wait_written([keys[i] for i in dups])):
-                res[i] = PRESENT if ok else NO_ROOM
         status = bytes(P.RESERVE_WRITE if isinstance(r, Entry) else
                        P.RESERVE_PRESENT if r is PRESENT else P.RESERVE_NO_ROOM for r in res)
         ticket = next(self._ids)

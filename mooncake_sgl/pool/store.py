@@ -11,6 +11,12 @@ a leased entry is never evicted, and a removed leased entry keeps its slot until
 goes, so a read in flight is never overwritten. Keys are written once (puts are idempotent), so a
 readable slot never changes under anyone.
 
+Concurrent puts of one key (several SGLang instances storing the same prefix, or one batch naming
+a key twice) each write their own reserved slot; the first commit makes its copy readable and
+every later one frees its slot and reports success, since the key is then readable. No writer ever
+waits for another: waiting made a put fail when the other writer was slow, and deadlocked a
+shared-memory batch that named a key twice on itself until the wait ran out.
+
 Room. Above the high watermark a background thread evicts least-recently-read pages down to the
 low watermark. A reservation that still finds no slot evicts inline: first the oldest page of its
 own size class, else the oldest pages of any class until a slab empties. If everything left is
@@ -45,7 +51,6 @@ class Entry:
 
 PRESENT = "present"  # reserve(): the key is already readable (put is a no-op success)
 NO_ROOM = None  # reserve(): nothing could be freed within put_wait
-PENDING_DUP = "pending"  # reserve(): another writer is writing this key right now
 
 
 class PoolStore:
@@ -63,19 +68,20 @@ class PoolStore:
         self.put_wait = put_wait
         self._cond = threading.Condition(threading.Lock())
         self._index: dict[PageKey, Entry] = {}  # readable entries
-        self._writing: dict[PageKey, Entry] = {}
+        self._writing = 0  # reserved entries not yet committed or aborted
         self._lru: dict[int, OrderedDict[PageKey, Entry]] = {}  # slot size -> readable, oldest first
         self._tick = 0
         self._leased = 0  # entries with at least one lease
         self.stored_bytes = 0
         self.counters: dict[str, int] = dict.fromkeys(
-            ("puts", "put_present", "put_no_room", "put_waits", "evictions", "evicted_bytes",
-             "removes", "gets", "get_hits", "exists_checks", "aborts"), 0)
+            ("puts", "put_present", "put_no_room", "put_waits", "put_dup_writes", "evictions",
+             "evicted_bytes", "removes", "gets", "get_hits", "exists_checks", "aborts"), 0)
 
     # ------------------------------------------------------------------------------------ writes
 
     def reserve(self, keys: Sequence[PageKey], sizes: Sequence[int]) -> list[Entry | str | None]:
-        """Per key: a reserved ``Entry`` to write, ``PRESENT``, ``PENDING_DUP`` or ``NO_ROOM``."""
+        """Per key: a reserved ``Entry`` to write, ``PRESENT`` or ``NO_ROOM``. A key another
+        writer is writing right now gets an ``Entry`` of its own (see the module docstring)."""
         out: list[Entry | str | None] = []
         deadline: float | None = None
         with self._cond:
@@ -84,9 +90,6 @@ class PoolStore:
                 if key in self._index:
                     out.append(PRESENT)
                     self.counters["put_present"] += 1
-                    continue
-                if key in self._writing:
-                    out.append(PENDING_DUP)
                     continue
                 slot = slot_size_for(size)
                 if size <= 0 or not self.alloc.fits(slot):
@@ -112,18 +115,21 @@ class PoolStore:
                     self.counters["put_no_room"] += 1
                     continue
                 e = Entry(key, offset, size, slot)
-                self._writing[key] = e
+                self._writing += 1
                 self.stored_bytes += size
                 out.append(e)
         return out
 
     def commit(self, entries: Sequence[Entry], written: Sequence[bool]) -> None:
-        """Make completely written entries readable; free the others."""
+        """Make completely written entries readable; free the others. A written entry whose key
+        another writer made readable first is freed too: the key is stored either way."""
         with self._cond:
             for e, ok in zip(entries, written):
-                if self._writing.get(e.key) is e:
-                    del self._writing[e.key]
-                if ok and not e.dropped:
+                self._writing -= 1
+                if ok and e.key in self._index:
+                    self.counters["put_dup_writes"] += 1
+                    self._free(e)
+                elif ok:
                     self._tick += 1
                     e.tick = self._tick
                     e.readable = True
@@ -136,14 +142,6 @@ class PoolStore:
 
     def abort(self, entries: Sequence[Entry]) -> None:
         self.commit(entries, [False] * len(entries))
-
-    def wait_written(self, keys: Sequence[PageKey]) -> list[bool]:
-        """For keys another writer was writing: wait (bounded) and report whether they landed."""
-        deadline = time.monotonic() + self.put_wait
-        with self._cond:
-            while any(k in self._writing for k in keys) and time.monotonic() < deadline:
-                self._cond.wait(max(0.0, deadline - time.monotonic()))
-            return [k in self._index for k in keys]
 
     # ------------------------------------------------------------------------------------- reads
 
@@ -281,7 +279,7 @@ class PoolStore:
             out: dict[str, float] = {k: float(v) for k, v in self.counters.items()}
             out.update(capacity_bytes=float(self.alloc.capacity), used_bytes=float(self.alloc.used_bytes),
                        stored_bytes=float(self.stored_bytes), pages=float(len(self._index)),
-                       writing=float(len(self._writing)),
+                       writing=float(self._writing),
                        leased=float(self._leased),
                        free_slabs=float(self.alloc.free_slabs), slabs=float(self.alloc.nslabs),
                        size_classes=float(sum(1 for lru in self._lru.values() if lru)))

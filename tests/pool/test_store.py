@@ -9,7 +9,7 @@ import time
 import pytest
 
 from mooncake_sgl.pool.allocator import SlabAllocator
-from mooncake_sgl.pool.store import NO_ROOM, PENDING_DUP, PRESENT, Entry, PoolStore
+from mooncake_sgl.pool.store import NO_ROOM, PRESENT, Entry, PoolStore
 
 KIB = 1024
 
@@ -59,12 +59,49 @@ def test_reserved_page_is_invisible_until_commit_and_abort_frees_it() -> None:
     (e,) = s.reserve([b"k"], [1000])
     assert isinstance(e, Entry)
     assert s.contains([b"k"]) == b"\x00"
-    assert s.reserve([b"k"], [1000]) == [PENDING_DUP]
     s.abort([e])
     assert s.contains([b"k"]) == b"\x00" and s.alloc.used_bytes == 0
     assert isinstance(put(s, b"k", 1000), Entry)
     assert s.contains([b"k"]) == b"\x01"
     assert put(s, b"k", 1000) is PRESENT  # idempotent
+
+
+def test_concurrent_writers_of_one_key_never_wait_and_the_first_commit_wins() -> None:
+    s = PoolStore(1 << 20, 256 * KIB, put_wait=30.0)
+    t0 = time.monotonic()
+    (a,) = s.reserve([b"k"], [1000])
+    (b,) = s.reserve([b"k"], [1000])  # while "a" is still being written: a slot of its own
+    assert time.monotonic() - t0 < 1.0
+    assert isinstance(a, Entry) and isinstance(b, Entry) and a.offset != b.offset
+    assert s.snapshot()["writing"] == 2
+    s.commit([b], [True])  # the second writer lands first: its copy is the readable one
+    assert s.lease([b"k"]) == [b]
+    s.release([b])
+    s.commit([a], [True])  # the slower one finds the key stored and gives its slot back
+    assert s.lease([b"k"]) == [b]
+    s.release([b])
+    snap = s.snapshot()
+    assert snap["pages"] == 1 and snap["writing"] == 0 and snap["put_dup_writes"] == 1
+    assert s.alloc.used_bytes == 4096 and snap["aborts"] == 0
+
+
+def test_a_batch_naming_a_key_twice_stores_it_once_without_waiting() -> None:
+    s = PoolStore(1 << 20, 256 * KIB, put_wait=30.0)
+    res = s.reserve([b"x", b"y", b"x"], [1000] * 3)
+    assert all(isinstance(r, Entry) for r in res)
+    s.commit(res, [True] * 3)
+    assert s.contains([b"x", b"y"]) == b"\x01\x01"
+    assert s.snapshot()["pages"] == 2 and s.alloc.used_bytes == 2 * 4096
+
+
+def test_an_aborted_writer_does_not_spoil_a_concurrent_writer_of_the_same_key() -> None:
+    s = PoolStore(1 << 20, 256 * KIB)
+    (a,) = s.reserve([b"k"], [1000])
+    (b,) = s.reserve([b"k"], [1000])
+    s.abort([a])  # e.g. its client died mid-copy
+    assert s.contains([b"k"]) == b"\x00"
+    s.commit([b], [True])
+    assert s.contains([b"k"]) == b"\x01" and s.alloc.used_bytes == 4096
 
 
 def test_eviction_takes_least_recently_read_first() -> None:
