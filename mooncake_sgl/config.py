@@ -118,13 +118,15 @@ class LmdbTierConfig(_Section, tag="lmdb", tag_field="kind"):
     """LMDB on local SSD: checksummed pages that survive restarts."""
     path: str = ""  # default: <cache dir>/lmdb
     capacity: Union[int, str] = "64GiB"  # the LMDB map size (sparse file; grows as written)
-    # fsync on every write transaction commit; off trades crash durability of the last
-    # transactions for speed (LMDB stays consistent either way).
-    sync: bool = True
+    # fsync every batch commit. Off (the default, as SGLang's own file backend never fsyncs): a
+    # killed process loses nothing; a machine crash may lose recent pages or, with ``writemap``,
+    # damage the file, which the tier then moves aside and starts empty (it is a cache). On costs
+    # 3-4x in put bandwidth (scripts/bench_tiers.py).
+    sync: bool = False
     # Write pages straight into the memory map instead of through malloc'd buffers and pwrite:
     # 2-4x faster puts (scripts/bench_tiers.py). A stray write in this process could then reach
     # the file, but every page carries a checksum checked on read, so it would be a miss, never
-    # bad data. With ``sync: false`` a machine crash (not a process crash) can corrupt the file.
+    # bad data.
     writemap: bool = True
     max_readers: int = 256
 

@@ -8,9 +8,9 @@ go through:
 - ``host``          ``HostTier.put_from`` / ``get_into``;
 - ``raw file``      one sequential ``writev`` / ``readv`` of the batch over an existing file (no
                     fsync, then with fsync): the disk's limit, through the page cache;
-- ``lmdb``          ``LmdbTier`` with ``sync: false``; ``lmdb sync`` with ``sync: true`` (the
-                    default config); ``lmdb writemap`` and ``lmdb sync wmap``: the same with
-                    ``writemap: true``;
+- ``lmdb``          ``LmdbTier`` with ``sync: false, writemap: false``; ``lmdb sync`` with
+                    ``sync: true``; ``lmdb writemap`` (the default config) and ``lmdb sync wmap``:
+                    the same with ``writemap: true``;
 - ``HiCacheFile``   SGLang's ``file`` backend, ``batch_set`` / ``batch_get`` over torch tensors
                     viewing the same bytes (it never fsyncs).
 
@@ -189,7 +189,7 @@ class RawFile(Backend):
         self.path.unlink(missing_ok=True)
 
 
-LMDB_VARIANTS = {"lmdb": {"sync": False}, "lmdb sync": {"sync": True},
+LMDB_VARIANTS = {"lmdb": {"sync": False, "writemap": False}, "lmdb sync": {"sync": True, "writemap": False},
                  "lmdb writemap": {"sync": False, "writemap": True},
                  "lmdb sync wmap": {"sync": True, "writemap": True}}
 

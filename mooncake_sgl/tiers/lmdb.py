@@ -39,9 +39,11 @@ so a write transaction stays on one thread, and LMDB's own lock serialises write
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -52,6 +54,12 @@ import xxhash
 from ..api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
 from ..config import LmdbTierConfig, default_cache_dir
 from ..errors import TierClosed, TierError, TierFull
+
+logger = logging.getLogger(__name__)
+
+# What LMDB raises when its own structures (meta, branch, leaf pages) are damaged.
+_STRUCTURAL_DAMAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError,
+                      lmdb.BadRslotError, lmdb.PanicError)
 
 _HEADER = struct.Struct("<4sBBHQQ")
 HEADER_BYTES = _HEADER.size
@@ -91,21 +99,22 @@ class LmdbTier(Tier):
     def __init__(self, config: LmdbTierConfig) -> None:
         self._config = config
         self.path = config.path or default_lmdb_path()
+        self._capacity = int(config.capacity)
         try:
-            os.makedirs(self.path, exist_ok=True)
-            self._capacity = int(config.capacity)
-            headroom = max(self._capacity // _HEADROOM_FRACTION, _MIN_HEADROOM)
-            self._env = lmdb.open(
-                self.path, map_size=self._capacity + headroom, subdir=True, lock=True,
-                writemap=config.writemap, sync=config.sync, metasync=config.sync,
-                max_readers=config.max_readers, max_dbs=0,
-                # Values are written whole, so LMDB need not zero its dirty buffers first.
-                meminit=False)
-            # A process killed while reading leaves its reader slot behind, pinning old pages.
-            self._env.reader_check()
-        except (OSError, lmdb.Error) as e:
-            raise TierError(f"cannot open LMDB tier at {self.path}: {e}. Check that the directory "
-                            "is writable and on a local filesystem.") from None
+            self._env = self._open()
+            self._check_structure()
+        except _STRUCTURAL_DAMAGE as e:
+            # The B-tree itself is damaged (a machine crash with ``sync: false``, a bad disk):
+            # page checksums cannot help there. It is a cache, so keep the damaged files for a
+            # post-mortem, start empty and say so, rather than refuse to serve.
+            damaged = getattr(self, "_env", None)
+            if damaged is not None:
+                damaged.close()
+            aside = f"{self.path}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            logger.error("LMDB tier at %s is damaged (%s); moved it to %s and starting empty",
+                         self.path, e, aside)
+            os.rename(self.path, aside)
+            self._env = self._open()
         self._db = self._env.open_db()
         self._max_key = self._env.max_key_size()
         self._psize = self._env.stat()["psize"]
@@ -122,6 +131,33 @@ class LmdbTier(Tier):
              "write_txns", "map_full_retries"), 0)
 
     # --------------------------------------------------------------------------- plumbing
+
+    def _open(self) -> lmdb.Environment:
+        config = self._config
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            headroom = max(self._capacity // _HEADROOM_FRACTION, _MIN_HEADROOM)
+            env = lmdb.open(
+                self.path, map_size=self._capacity + headroom, subdir=True, lock=True,
+                writemap=config.writemap, sync=config.sync, metasync=config.sync,
+                max_readers=config.max_readers, max_dbs=0,
+                # Values are written whole, so LMDB need not zero its dirty buffers first.
+                meminit=False)
+            # A process killed while reading leaves its reader slot behind, pinning old pages.
+            env.reader_check()
+            return env
+        except _STRUCTURAL_DAMAGE:
+            raise
+        except (OSError, lmdb.Error) as e:
+            raise TierError(f"cannot open LMDB tier at {self.path}: {e}. Check that the directory "
+                            "is writable and on a local filesystem.") from None
+
+    def _check_structure(self) -> None:
+        """Walk every key (not the values): damaged branch or leaf pages raise here, at start,
+        instead of in the middle of SGLang's traffic."""
+        with self._env.begin() as txn:
+            for _ in txn.cursor().iternext(keys=True, values=False):
+                pass
 
     @contextmanager
     def _lmdb_errors(self, what: str) -> Iterator[None]:

@@ -309,3 +309,24 @@ def test_close_waits_for_a_read_in_flight_and_refuses_new_calls(tmp_path: Path) 
     reader.join(10)
     closer.join(10)
     assert not closer.is_alive() and result == [[True]] and same(page, dst)
+
+
+def test_a_tier_with_damaged_lmdb_structure_starts_empty_and_keeps_the_damaged_files(tmp_path: Path) -> None:
+    # A machine crash with sync off can leave LMDB's own pages (not ours, which are checksummed)
+    # inconsistent. The tier must still start: empty, with the damaged files moved aside.
+    tier = lmdb_tier(tmp_path / "db", sync=False)
+    assert tier.put_from([key(i) for i in range(4)], [make_page(i, 4096) for i in range(4)]) == [True] * 4
+    tier.close()
+    data = tmp_path / "db" / "data.mdb"
+    with open(data, "r+b") as f:  # both meta pages
+        f.write(os.urandom(2 * 4096))
+    reopened = lmdb_tier(tmp_path / "db", sync=False)
+    try:
+        assert reopened.contains([key(i) for i in range(4)]) == [False] * 4
+        assert [p.name.startswith("db.damaged-") for p in tmp_path.iterdir()].count(True) == 1
+        page = make_page(9, 4096)
+        assert reopened.put_from([key(9)], [page]) == [True]
+        out = empty_like(page)
+        assert reopened.get_into([key(9)], [out]) == [True] and same(page, out)
+    finally:
+        reopened.close()
