@@ -19,6 +19,8 @@ ldconfig -p 2>/dev/null | grep -q libibverbs.so.1 || apt_missing+=(libibverbs1)
 command -v g++ >/dev/null || apt_missing+=(g++)
 command -v ninja >/dev/null || apt_missing+=(ninja-build)
 [ -f /usr/include/openssl/sha.h ] || apt_missing+=(libssl-dev)
+# etcd: the Mooncake Store HA test runs two masters electing a leader through it.
+command -v etcd >/dev/null || apt_missing+=(etcd-server)
 # pyverbs (RDMA transport): present so the no-device path is what the tests exercise.
 [ -d /usr/lib/python3/dist-packages/pyverbs ] || apt_missing+=(python3-pyverbs)
 if [ ${#apt_missing[@]} -gt 0 ]; then
