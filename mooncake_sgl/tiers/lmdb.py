@@ -28,10 +28,13 @@ Why each choice:
   map still fill, ``MapFullError`` never escapes: the batch is retried with the pages that fit.
 - *Reads* use ``buffers=True`` (zero-copy views into the map) and copy into the caller's segments
   before the read transaction ends, because those views die with it.
-- ``writemap`` is off by default so a stray write through the map cannot corrupt the file; the
-  price is that LMDB copies every page into freshly malloc'd buffers and ``pwrite``s them at commit
-  (see ``scripts/bench_tiers.py`` for what that costs). ``lock=True`` lets several processes share
-  one environment.
+- ``writemap`` is on by default: LMDB writes values straight into the map instead of copying
+  every page into freshly malloc'd buffers and ``pwrite``-ing them at commit, 2-4x faster puts
+  (``scripts/bench_tiers.py``). A stray write through the map could reach the file, but the
+  checksum turns that into a miss. ``sync`` is off by default (SGLang's own file backend never
+  fsyncs): a killed process loses nothing; a machine crash may lose recent pages or damage the
+  B-tree, which is found at open (every key is walked) and answered by moving the directory aside
+  and starting empty. ``lock=True`` lets several processes share one environment.
 
 Thread context: reads run in parallel (LMDB readers never block); writes take one in-process lock
 so a write transaction stays on one thread, and LMDB's own lock serialises writers across processes.
