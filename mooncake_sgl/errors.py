@@ -6,8 +6,7 @@ are for a component that is broken, closed or misconfigured as a whole.
     ├── TierError              a tier as a whole cannot serve
     │   ├── TierUnavailable    unreachable peer, master down (callers turn it into misses)
     │   ├── TierClosed         used after close()
-    │   ├── TierFull           no room and nothing evictable (carries a hint)
-    │   └── CorruptPage        a page failed its checksum (counted, removed, reported as a miss)
+    │   └── TierFull           no room and nothing evictable (carries a hint)
     └── ProtocolError          a malformed, truncated, oversized or wrong-version frame
         └── AuthError          wrong or missing shared secret
 
@@ -49,10 +48,6 @@ class TierFull(TierError):
     def __init__(self, message: str, hint: str = ""):
         super().__init__(f"{message}. {hint}" if hint else message)
         self.hint = hint
-
-
-class CorruptPage(TierError):
-    """A stored page failed its integrity check."""
 
 
 class ProtocolError(MooncakeSglError):

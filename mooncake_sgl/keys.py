@@ -62,7 +62,3 @@ def page_hash_part(page_hash: str) -> bytes:
         except ValueError:
             pass
     return _TEXT_HASH + page_hash.encode()
-
-
-def page_keys(namespace: KeyNamespace, page_hashes: list[str]) -> list[PageKey]:
-    return [page_key(namespace, h) for h in page_hashes]

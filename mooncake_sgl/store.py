@@ -80,8 +80,7 @@ class TieredStore:
             self.lookup_hits += run
         return run
 
-    def get_into(self, keys: Sequence[PageKey], pages: Sequence[PageView],
-                 parent: PageKey | None = None) -> list[bool]:
+    def get_into(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
         """Copy each page into its destination from the fastest tier holding it."""
         if len(keys) != len(pages):
             raise ValueError(f"{len(keys)} keys but {len(pages)} destination pages")
@@ -95,16 +94,17 @@ class TieredStore:
                                [keys[i] for i in pending], [pages[i] for i in pending])
             missed = []
             lost = []
+            nread = 0
             for i, hit in zip(pending, ok):
                 if hit:
                     done[i] = True
                     found_in[i] = t
-                    self.counters[t].hits += 1
-                    self.counters[t].bytes_read += page_nbytes(pages[i])
+                    nread += page_nbytes(pages[i])
                 else:
                     missed.append(i)
                     if keys[i] in self._resident[t]:
                         lost.append(keys[i])  # removed under us, or found corrupt by the tier
+            self._count(t, hits=len(pending) - len(missed), bytes_read=nread)
             if lost:
                 self._forget(t, lost)
             pending = missed
@@ -232,20 +232,18 @@ class TieredStore:
             for i, good in zip(todo, res):
                 (written if good else failed).append(i)
                 ok[i] = good
-            c = self.counters[t]
-            c.writes += len(written)
-            c.bytes_written += sum(sizes[i] for i in written)
+            self._count(t, writes=len(written), bytes_written=sum(sizes[i] for i in written))
             if written:
                 with self._lock:
                     fresh = [i for i in written if keys[i] not in self._resident[t]]
-                    for i in fresh:
-                        self._resident[t][keys[i]] = tier.footprint(sizes[i])
-                    self.policy.on_insert([keys[i] for i in fresh], t,
-                                          [tier.footprint(sizes[i]) for i in fresh], parent)
+                    charged = [tier.footprint(sizes[i]) for i in fresh]
+                    for i, n in zip(fresh, charged):
+                        self._resident[t][keys[i]] = n
+                    self.policy.on_insert([keys[i] for i in fresh], t, charged, parent)
             todo = failed
             if not todo or not self._managed[t] or not roomy:
                 break
-        self.counters[t].write_failures += len(todo)
+        self._count(t, write_failures=len(todo))
         return ok
 
     def _make_room(self, t: int, need: int, protected: frozenset[PageKey]) -> bool:
@@ -267,7 +265,7 @@ class TieredStore:
         self._demote(t, victims, protected)
         self._guarded(tier, "remove", tier.remove, victims)
         self._forget(t, victims)
-        self.counters[t].evictions += len(victims)
+        self._count(t, evictions=len(victims))
         return True
 
     def _demote(self, t: int, victims: list[PageKey], protected: frozenset[PageKey]) -> None:
@@ -295,7 +293,7 @@ class TieredStore:
                     moved.append(k)
             if moved:
                 ok = self._write(target, moved, staged, protected | frozenset(moved), None)
-                self.counters[target].demotions += sum(ok)
+                self._count(target, demotions=sum(ok))
 
     def _promote(self, keys: Sequence[PageKey], pages: Sequence[PageView], found_in: list[int | None]
                  ) -> None:
@@ -309,7 +307,14 @@ class TieredStore:
         for target, idx in by_target.items():
             ok = self._write(target, [keys[i] for i in idx], [pages[i] for i in idx],
                              frozenset(keys), None)
-            self.counters[target].promotions += sum(ok)
+            self._count(target, promotions=sum(ok))
+
+    def _count(self, t: int, **deltas: int) -> None:
+        # SGLang's storage threads call in concurrently: counters change under the lock.
+        with self._lock:
+            c = self.counters[t]
+            for name, d in deltas.items():
+                setattr(c, name, getattr(c, name) + d)
 
     def _forget(self, t: int, keys: list[PageKey]) -> None:
         if not keys:

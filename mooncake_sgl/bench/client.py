@@ -10,7 +10,7 @@ import json
 import time
 import urllib.parse
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .workloads import BenchRequest
@@ -30,7 +30,6 @@ class RequestResult:
     storage_tokens: int = 0
     storage_backend: str = ""
     error: str = ""
-    started_at: float = field(default=0.0, repr=False)
 
 
 def parse_sse_lines(lines: Iterable[bytes]) -> Iterable[dict[str, Any]]:
@@ -121,10 +120,6 @@ class SglangClient:
         status, _ = self._request("POST", "/hicache/storage-backend/clear", timeout=120.0)
         return status == 200
 
-    def server_info(self) -> dict[str, Any]:
-        status, body = self._request("GET", "/get_server_info", timeout=30.0)
-        return json.loads(body) if status == 200 else {}
-
     def generate(self, req: BenchRequest) -> RequestResult:
         """One streamed request; TTFT is the arrival of the first chunk carrying output."""
         result = RequestResult(rid=req.rid, round=req.round, prompt_tokens=len(req.input_ids))
@@ -133,7 +128,6 @@ class SglangClient:
                                     "ignore_eos": True}}
         conn = self._conn()
         start = time.perf_counter()
-        result.started_at = start
         try:
             conn.request("POST", "/generate", body=json.dumps(body),
                          headers={"Content-Type": "application/json"})

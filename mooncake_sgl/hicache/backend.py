@@ -189,7 +189,7 @@ class MooncakeSglStorage(HiCacheStorage):
         self._live()
         start = time.perf_counter()
         pages = layout.page_views(self.mem_pool_host, self._geometry, host_indices, len(keys))
-        ok = _normalise(self._store.get_into(self._keys(keys), pages, self._parent(extra_info)), len(keys))
+        ok = _normalise(self._store.get_into(self._keys(keys), pages), len(keys))
         self._record(self._prefetch_pgs, self._prefetch_bw, sum(ok), start)
         return ok
 

@@ -36,7 +36,7 @@ from .allocator import SlabAllocator, slot_size_for
 
 
 class Entry:
-    __slots__ = ("key", "offset", "size", "slot", "leases", "readable", "dropped", "tick")
+    __slots__ = ("key", "offset", "size", "slot", "leases", "dropped", "tick")
 
     def __init__(self, key: PageKey, offset: int, size: int, slot: int):
         self.key = key
@@ -44,7 +44,6 @@ class Entry:
         self.size = size
         self.slot = slot
         self.leases = 0
-        self.readable = False
         self.dropped = False  # removed from the index; slot freed when the last lease goes
         self.tick = 0
 
@@ -132,7 +131,6 @@ class PoolStore:
                 elif ok:
                     self._tick += 1
                     e.tick = self._tick
-                    e.readable = True
                     self._index[e.key] = e
                     self._lru.setdefault(e.slot, OrderedDict())[e.key] = e
                 else:
@@ -259,7 +257,6 @@ class PoolStore:
     def _drop(self, e: Entry) -> None:
         del self._index[e.key]
         del self._lru[e.slot][e.key]
-        e.readable = False
         e.dropped = True
         if e.leases == 0:
             self._release_slot(e)
