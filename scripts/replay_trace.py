@@ -6,7 +6,8 @@ same factory the store uses, from the same ``PolicyConfig``), driven by ``moonca
 which issues the events ``TieredStore`` issues (lookup, promotion, write-back with admission, victims,
 demotion, removal). The store itself is not in the loop: it moves real bytes through real tiers and
 replaying 100k+ page accesses through it would take hours, so the simulator stands in for it with
-byte-sized tiers that hold no data. ``arc`` (per-tier ARC) is a simulator-only reference policy;
+byte-sized tiers that hold no data. ``arc``, ``lirs`` and ``lfuda`` (per tier) are simulator-only
+reference policies;
 ``belady`` is the offline optimum for page hits (MIN with bypass), single tier only.
 
 Reports, per capacity (single tier) and per policy: prefix hit ratio (the leading run of a request's
@@ -15,7 +16,7 @@ per tier (share of hits served by the fastest tier) and bytes written / promoted
 
 Examples:
     python scripts/replay_trace.py /work/shared/traces/synthetic_trace.jsonl \\
-        --capacity-blocks 2%,9%,36% --policy lru,arc,heat,belady --tiers 2%:36% \\
+        --capacity-blocks 2%,9%,36% --policy lru,arc,lirs,lfuda,heat,belady --tiers 2%:36% \\
         --plot docs/replay_hit_ratio.png --json /tmp/replay.json
     python scripts/replay_trace.py TRACE --capacity-blocks 500 --policy heat --limit 300   # smoke run
 """
@@ -34,11 +35,12 @@ from tqdm import tqdm  # noqa: E402
 
 from mooncake_sgl.config import PolicyConfig, load_config_file, parse_size  # noqa: E402
 from mooncake_sgl.policy import policy_for_capacities  # noqa: E402
-from mooncake_sgl.sim.reference import ArcPolicy, belady_prefix_hits  # noqa: E402
+from mooncake_sgl.sim.reference import ArcPolicy, LfuDaPolicy, LirsPolicy, belady_prefix_hits  # noqa: E402
 from mooncake_sgl.sim.simulator import SimResult, Simulator  # noqa: E402
 from mooncake_sgl.sim.trace import Request, distinct_blocks, load_trace  # noqa: E402
 
-POLICIES = ("lru", "arc", "heat", "belady")
+REFERENCES = {"arc": ArcPolicy, "lirs": LirsPolicy, "lfuda": LfuDaPolicy}  # simulator-only
+POLICIES = ("lru", "arc", "lirs", "lfuda", "heat", "belady")
 # Arbitrary default page size: one 512-token block of a Llama-3-8B-like model in bf16
 # (32 layers x 8 KV heads x 128 dims x 2 (K, V) x 2 bytes x 512 tokens).
 DEFAULT_PAGE_BYTES = 64 << 20
@@ -64,8 +66,8 @@ def run_one(policy: str, requests: list[Request], blocks: list[int], page_bytes:
             raise ValueError("belady is a single-tier bound")
         hits, total = belady_prefix_hits(requests, blocks[0])
         return SimResult("belady", requests=len(requests), lookup_pages=total, hit_pages=hits)
-    if policy == "arc":
-        pol = ArcPolicy(caps)
+    if policy in REFERENCES:
+        pol = REFERENCES[policy](caps)
     else:
         pol = policy_for_capacities(PolicyConfig(**{**_fields(config), "name": policy}), caps)
     sim = Simulator(pol, caps, page_bytes, policy)
@@ -86,7 +88,7 @@ def plot(results: dict[str, dict[int, float]], distinct: int, path: Path, title:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    styles = {"lru": "o-", "arc": "s-", "heat": "D-", "belady": "k--"}
+    styles = {"lru": "o-", "arc": "s-", "lirs": "^-", "lfuda": "v-", "heat": "D-", "belady": "k--"}
     for policy, by_cap in results.items():
         caps = sorted(by_cap)
         ax.plot([100.0 * c / distinct for c in caps], [100.0 * by_cap[c] for c in caps],
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("trace", type=Path)
     ap.add_argument("--capacity-blocks", default="2%,9%,36%",
                     help="single-tier capacities: block counts or shares of distinct blocks (2%%,9%%,36%%)")
-    ap.add_argument("--policy", default=",".join(POLICIES), help="comma list of lru, arc, heat, belady")
+    ap.add_argument("--policy", default=",".join(POLICIES), help="comma list of " + ", ".join(POLICIES))
     ap.add_argument("--tiers", action="append", default=[],
                     help="a multi-tier run, capacities fastest first separated by ':' (e.g. 2%%:36%% "
                          "for small DRAM over larger LMDB); repeatable")

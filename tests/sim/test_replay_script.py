@@ -1,4 +1,4 @@
-"""scripts/replay_trace.py end to end on a slice of the real trace (CI-sized)."""
+"""scripts/replay_trace.py end to end on a slice of the real trace (CI-sized), and scripts/hazard_bound.py."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TRACE = Path("/work/shared/traces/synthetic_trace.jsonl")
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("replay_trace", ROOT / "scripts" / "replay_trace.py")
+def load_script(name: str = "replay_trace"):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -30,9 +30,9 @@ def test_replay_reports_table_tiers_json_and_plot(tmp_path: Path, capsys):
     assert data["requests"] == 400 and len(data["single_tier"]) == 2
     for row in data["single_tier"]:
         bound = row["belady"]["hit_ratio"]
-        assert all(row[p]["hit_ratio"] <= bound for p in ("lru", "arc", "heat"))
+        assert all(row[p]["hit_ratio"] <= bound for p in ("lru", "arc", "lirs", "lfuda", "heat"))
     tiers = data["multi_tier"][0]["results"]
-    assert set(tiers) == {"lru", "arc", "heat"}
+    assert set(tiers) == {"lru", "arc", "lirs", "lfuda", "heat"}
     # Heat keeps one-hit wonders off the slow tier: fewer bytes written there than write-through LRU.
     assert tiers["heat"]["tiers"][1]["bytes_written"] < tiers["lru"]["tiers"][1]["bytes_written"]
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
@@ -44,3 +44,16 @@ def test_replay_rejects_bad_arguments():
         replay.main([str(TRACE), "--policy", "fifo"])
     with pytest.raises(SystemExit, match="bad capacity"):
         replay.main([str(TRACE), "--limit", "10", "--capacity-blocks", "lots", "--quiet"])
+
+
+def test_hazard_bound_without_evictions_equals_the_unbounded_cache(tmp_path: Path):
+    mod = load_script("hazard_bound")
+    chains = [[1, 2, 3], [4], [1, 2, 5], [6, 7], [1, 2, 3], [4, 8]]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": i, "hash_ids": c}) + "\n"
+                             for i, c in enumerate(chains)))
+    out = tmp_path / "h.json"
+    assert mod.main([str(trace), "--capacity-blocks", "8,2", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[0]["fit_whole"] == rows[0]["fit_first_half"] == 6 / 14  # leading hits 2 + 3 + 1 of 14 blocks
+    assert 0.0 <= rows[1]["fit_whole"] < 6 / 14

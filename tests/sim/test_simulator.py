@@ -12,7 +12,7 @@ import pytest
 from mooncake_sgl.config import HostTierConfig, PolicyConfig
 from mooncake_sgl.policy import policy_for_capacities
 from mooncake_sgl.policy.lru import LruPolicy
-from mooncake_sgl.sim.reference import ArcPolicy, belady_prefix_hits
+from mooncake_sgl.sim.reference import ArcPolicy, LfuDaPolicy, LirsPolicy, belady_prefix_hits
 from mooncake_sgl.sim.simulator import Simulator
 from mooncake_sgl.sim.synth import chat_sessions
 from mooncake_sgl.sim.trace import Request, block_key, distinct_blocks, load_trace, read_trace
@@ -109,7 +109,7 @@ def test_belady_bounds_the_online_policies():
     requests = load_trace(TRACE, limit=600)
     cap = 300
     hits, total = belady_prefix_hits(requests, cap)
-    for policy in (LruPolicy(1), ArcPolicy([cap * PAGE]),
+    for policy in (LruPolicy(1), ArcPolicy([cap * PAGE]), LirsPolicy([cap * PAGE]), LfuDaPolicy([cap * PAGE]),
                    policy_for_capacities(PolicyConfig(), [cap * PAGE])):
         res = Simulator(policy, [cap * PAGE], PAGE).run(requests)
         assert res.lookup_pages == total
@@ -131,6 +131,39 @@ def test_arc_adapts_and_respects_protection():
         sim.request(ks, 0.0)
     assert p.victims(0, 4 * PAGE) is None
     assert keys[0] not in p.victims(0, PAGE, frozenset(keys[:1]))
+
+
+@pytest.mark.parametrize("cls", [LirsPolicy, LfuDaPolicy])
+def test_reference_policies_respect_protection_and_refuse_what_cannot_be_freed(cls):
+    p = cls([3 * PAGE])
+    keys = [block_key(i) for i in range(3)]
+    sim = Simulator(p, [3 * PAGE], PAGE)
+    for k in keys:
+        sim.request([k], 0.0)
+    assert p.victims(0, 4 * PAGE) is None
+    assert p.victims(0, 2 * PAGE, frozenset(keys[:2])) is None
+    assert p.victims(0, PAGE, frozenset(keys[:2])) == [keys[2]]
+
+
+def test_lirs_keeps_a_loop_that_lru_thrashes():
+    # A loop of 12 pages over a 10-page tier: LRU misses every time, LIRS keeps most of the loop.
+    loop = [[i] for i in range(12)] * 6
+    lru = Simulator(LruPolicy(1), [10 * PAGE], PAGE).run(reqs(*loop))
+    lirs = Simulator(LirsPolicy([10 * PAGE]), [10 * PAGE], PAGE).run(reqs(*loop))
+    assert lru.hit_pages == 0
+    assert lirs.hit_pages >= 0.6 * (len(loop) - 12)
+
+
+def test_lfuda_keeps_the_frequent_page_then_ages_it_out():
+    sim = Simulator(LfuDaPolicy([2 * PAGE]), [2 * PAGE], PAGE)
+    for _ in range(3):
+        sim.request([block_key(0)], 0.0)  # page 0: priority 3
+    for i in range(1, 4):  # one-off pages evict each other, raising L to 1, 2, ...
+        sim.request([block_key(i)], 0.0)
+    assert sim.request([block_key(0)], 0.0) == 1  # still cached: more frequent than the one-offs
+    for i in range(10, 20):  # L climbs past page 0's priority: it ages out
+        sim.request([block_key(i)], 0.0)
+    assert sim.request([block_key(0)], 0.0) == 0
 
 
 def test_synthetic_chat_trace_is_prefix_consistent_and_seeded():
