@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from ..api import PageKey, PlacementPolicy
 from .trace import Request
@@ -41,6 +41,13 @@ class _Arc:
         self.b1: OrderedDict[PageKey, None] = OrderedDict()
         self.b2: OrderedDict[PageKey, None] = OrderedDict()
         self.used = 0  # bytes in T1 and T2
+
+
+def _hits_tail_first(keys: Sequence[PageKey], tiers: Sequence[int | None]) -> Iterator[tuple[PageKey, int]]:
+    """(key, tier) of a lookup's leading run of hits, tail first, so a chain's head ends most recent."""
+    run = next((i for i, t in enumerate(tiers) if t is None), len(tiers))
+    for i in range(run - 1, -1, -1):
+        yield keys[i], tiers[i]
 
 
 class _WriteThrough(PlacementPolicy):
@@ -70,10 +77,8 @@ class ArcPolicy(_WriteThrough):
 
     def on_lookup(self, keys: Sequence[PageKey], tiers: Sequence[int | None],
                   parent: PageKey | None = None) -> None:
-        run = next((i for i, t in enumerate(tiers) if t is None), len(tiers))
-        for i in range(run - 1, -1, -1):
-            a = self._arcs[tiers[i]]
-            key = keys[i]
+        for key, tier in _hits_tail_first(keys, tiers):
+            a = self._arcs[tier]
             n = a.t1.pop(key, None)
             if n is not None:
                 a.t2[key] = n
@@ -235,9 +240,8 @@ class LirsPolicy(_WriteThrough):
 
     def on_lookup(self, keys: Sequence[PageKey], tiers: Sequence[int | None],
                   parent: PageKey | None = None) -> None:
-        run = next((i for i, t in enumerate(tiers) if t is None), len(tiers))
-        for i in range(run - 1, -1, -1):  # tail first: a chain's head ends most recent
-            self._lirs[tiers[i]].access(keys[i])
+        for key, tier in _hits_tail_first(keys, tiers):
+            self._lirs[tier].access(key)
 
     def on_insert(self, keys: Sequence[PageKey], tier: int, nbytes: Sequence[int],
                   parent: PageKey | None = None) -> None:
@@ -305,10 +309,9 @@ class LfuDaPolicy(_WriteThrough):
 
     def on_lookup(self, keys: Sequence[PageKey], tiers: Sequence[int | None],
                   parent: PageKey | None = None) -> None:
-        run = next((i for i, t in enumerate(tiers) if t is None), len(tiers))
-        for i in range(run - 1, -1, -1):
-            t = self._tiers[tiers[i]]
-            t.set(keys[i], t.count[keys[i]] + 1)
+        for key, tier in _hits_tail_first(keys, tiers):
+            t = self._tiers[tier]
+            t.set(key, t.count[key] + 1)
 
     def on_insert(self, keys: Sequence[PageKey], tier: int, nbytes: Sequence[int],
                   parent: PageKey | None = None) -> None:
