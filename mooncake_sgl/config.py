@@ -209,12 +209,14 @@ class PinConfig(_Section):
 class PolicyConfig(_Section):
     """Placement policy: ``heat`` (decayed-frequency, prefix-aware, adaptive) or the ``lru`` baseline."""
     name: Literal["heat", "lru"] = "heat"
-    # Heat estimator: ``count_min`` (4-bit count-min sketch halved every 10 accesses per page of
-    # capacity, so its memory horizon follows the cache size) or ``decay`` (exponentially decayed
-    # counters with ``half_life``). Both are fixed-size; docs/replay_hit_ratio.md compares them.
+    # Heat estimator: ``count_min`` (count-min sketch of byte counters saturating at 15, halved
+    # every 10 accesses per page of capacity, so its memory horizon follows the cache size) or
+    # ``decay`` (exponentially decayed counters with ``half_life``). Both are fixed-size;
+    # docs/replay_hit_ratio.md compares them.
     sketch: Literal["count_min", "decay"] = "count_min"
-    # Half-life of access heat in logical seconds (used by the ``decay`` sketch).
-    half_life: Union[float, str] = "10m"
+    # Half-life of access heat in logical seconds; only the ``decay`` sketch has one (10m when
+    # unset), and setting it for ``count_min`` is an error rather than a silently ignored key.
+    half_life: Union[float, str, None] = None
     # Heat a page needs before it is written to a slower tier (DRAM pool, SSD); 1 = write-through.
     admission_min_hits: int = 2
     # Colder pages are written to a slower tier anyway while at least this share of them is looked
@@ -229,12 +231,16 @@ class PolicyConfig(_Section):
     pins: list[PinConfig] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._normalise(half_life=parse_duration)
+        if self.half_life is not None and self.sketch != "decay":
+            raise ValueError("`half_life`: only the decay sketch has a half-life; remove it or set "
+                             "`sketch: decay`")
+        if self.sketch == "decay":
+            self._normalise(half_life=lambda v: parse_duration("10m" if v is None else v))
+            if self.half_life <= 0:
+                raise ValueError("`half_life`: must be positive")
         for name in ("admission_min_hits", "demotion_min_hits", "promotion_min_hits"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        if self.half_life <= 0:
-            raise ValueError("half_life must be positive")
         if not 0.0 <= self.admission_min_reuse <= 1.0:
             raise ValueError("admission_min_reuse must be between 0 and 1")
         if not 0.0 < self.probation_fraction < 1.0:

@@ -3,7 +3,8 @@
 Two estimators with one interface (``ensure_capacity``, ``increment``, ``estimate``, ``advance``),
 so the heat policy can use either and the simulator can measure which predicts reuse better:
 
-- ``FrequencySketch`` — a count-min sketch of 4-bit saturating counters, aged by halving every counter
+- ``FrequencySketch`` — a count-min sketch of one-byte counters saturating at 15 (TinyLFU's range;
+  a byte each, not packed 4-bit, so halving is one ``bytes.translate``), aged by halving every counter
   after ``sample_size`` increments (TinyLFU's "reset", Einziger, Friedman & Manes, ACM ToS 2017).
   Aging is by access count, so the memory horizon scales with the cache, not with wall time.
 - ``DecayingSketch`` — a count-min sketch of float counters, exponentially decayed in logical time
@@ -38,7 +39,7 @@ COUNTERS_PER_PAGE = 8
 MAX_WIDTH = 1 << 22
 # Smallest row, so tiny test caches still get a meaningful sketch.
 MIN_WIDTH = 64
-# 4-bit counters saturate here (TinyLFU: frequencies above ~15 add no admission information).
+# Counters saturate here (TinyLFU: frequencies above ~15 add no admission information).
 MAX_COUNT = 15
 # Increments per aging period, per page of capacity (Caffeine uses 10).
 SAMPLE_PER_PAGE = 10
@@ -53,7 +54,7 @@ def _row_width(capacity_pages: int) -> int:
 
 
 class FrequencySketch:
-    """Count-min sketch of 4-bit counters with periodic halving (TinyLFU aging).
+    """Count-min sketch of byte counters saturating at 15, with periodic halving (TinyLFU aging).
 
     ``estimate`` is an int in ``0..15``. Aging happens inside ``increment``: once ``sample_size``
     increments were counted, every counter is halved, so a page that stops being accessed fades
@@ -192,10 +193,12 @@ class DecayingSketch:
         return 8 * len(self._table)
 
 
-def make_sketch(kind: str, capacity_pages: int, half_life: float) -> FrequencySketch | DecayingSketch:
-    """The sketch named by the policy config (``count_min`` or ``decay``)."""
+def make_sketch(kind: str, capacity_pages: int, half_life: float | None = None
+                ) -> FrequencySketch | DecayingSketch:
+    """The sketch named by the policy config (``count_min`` or ``decay``; only ``decay`` takes a
+    ``half_life``, 10 minutes when ``None``)."""
     if kind == "count_min":
         return FrequencySketch(capacity_pages)
     if kind == "decay":
-        return DecayingSketch(capacity_pages, half_life)
+        return DecayingSketch(capacity_pages, 600.0 if half_life is None else half_life)
     raise ValueError(f"unknown sketch kind {kind!r}; expected 'count_min' or 'decay'")

@@ -278,7 +278,21 @@ def test_policy_config_validates_heat_fields():
         PolicyConfig(admission_min_hits=0)
     with pytest.raises(ValueError, match="probation_fraction"):
         PolicyConfig(probation_fraction=1.5)
-    assert PolicyConfig(half_life="2m").half_life == 120.0
+    assert PolicyConfig(sketch="decay", half_life="2m").half_life == 120.0
+    assert PolicyConfig(sketch="decay").half_life == 600.0
+
+
+def test_half_life_for_the_count_min_sketch_is_an_error_naming_the_key(tmp_path):
+    # The count-min sketch ages by access count and has no half-life: a config setting one must
+    # hear so instead of believing it tuned something.
+    from mooncake_sgl.config import load_config_file
+    from mooncake_sgl.errors import ConfigError
+
+    path = tmp_path / "tiers.yaml"
+    path.write_text("policy:\n  name: heat\n  half_life: 10m\n")
+    with pytest.raises(ConfigError, match=r"policy\.half_life.*tiers\.yaml"):
+        load_config_file(path)
+    assert PolicyConfig().half_life is None
 
 
 def test_yaml_selects_and_tunes_the_policy(tmp_path):
