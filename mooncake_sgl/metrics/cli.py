@@ -1,0 +1,162 @@
+"""``mooncake-sgl stats``: our counters as a per-tier table (or JSON), once or every N seconds.
+
+    mooncake-sgl stats 127.0.0.1:30000            # a SGLang server's /metrics (--enable-metrics)
+    mooncake-sgl stats 127.0.0.1:9480             # a pool server's /metrics (--metrics-port)
+    mooncake-sgl stats --config tiers.yaml        # the counter files in the config's LMDB tier
+    mooncake-sgl stats URL --json                 # machine-readable
+    mooncake-sgl stats URL --watch 5              # refresh every 5 s, with the last interval's moves
+
+Exit status: 0 shown, 1 nothing to read (endpoint down, no counter file yet), 2 bad arguments/config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+from ..config import ConfigError, LmdbTierConfig, load_config_file
+from .model import Snapshot, as_json, diff, rows
+from .persist import CounterFileError, find_counter_files, read_counters
+from .scrape import ScrapeError, fetch, is_pool, parse, parse_pool
+
+
+class NothingToShow(Exception):
+    """The source answered nothing we can show; the message says where we looked."""
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def tier_table(snapshot: Snapshot) -> str:
+    """The per-tier table: hit share, bytes moved, evictions, and what each tier holds."""
+    head = (f"{'tier':<15}{'hit share':>10}{'hits':>10}{'read':>12}{'written':>12}{'evictions':>11}"
+            f"{'refused':>9}{'corrupt':>9}{'pages':>9}  resident / capacity")
+    lines = [head]
+    for r in rows(snapshot):
+        if r.tier == "miss":
+            lines.append(f"{'(no tier)':<15}{r.hit_share:>10.1%}{r.hits:>10.0f}")
+            continue
+        lines.append(f"{r.tier:<15}{r.hit_share:>10.1%}{r.hits:>10.0f}{human_bytes(r.read_bytes):>12}"
+                     f"{human_bytes(r.written_bytes):>12}{r.evictions:>11.0f}{r.puts_refused:>9.0f}"
+                     f"{r.corrupt_pages:>9.0f}{r.resident_pages:>9.0f}  "
+                     f"{human_bytes(r.resident_bytes)} / {human_bytes(r.capacity_bytes)}")
+    return "\n".join(lines)
+
+
+def pool_table(stats: dict[str, float]) -> str:
+    cap = stats.get("capacity_bytes", 0.0)
+    used = stats.get("used_bytes", 0.0)
+    fill = used / cap if cap else 0.0
+    lines = [f"pool: {fill:.1%} full ({human_bytes(used)} of {human_bytes(cap)}), "
+             f"{stats.get('pages', 0):.0f} pages, {stats.get('connections', 0):.0f} connections"]
+    for key in ("leased_bytes", "evictions_total", "puts_refused_total", "puts_waited_total",
+                "get_hits_total", "gets_total", "received_bytes_total", "sent_bytes_total",
+                "auth_failures_total"):
+        if key in stats:
+            v = stats[key]
+            lines.append(f"  {key:<22}{human_bytes(v) if 'bytes' in key else f'{v:.0f}':>14}")
+    return "\n".join(lines)
+
+
+def _lmdb_paths(config_file: str) -> list[str]:
+    from ..tiers.lmdb import default_lmdb_path
+
+    config = load_config_file(config_file)
+    paths = [t.path or default_lmdb_path() for t in config.tiers if isinstance(t, LmdbTierConfig)]
+    if not paths:
+        raise ConfigError(f"{config_file} has no lmdb tier: the store keeps its counters only in an "
+                          "LMDB tier's directory (read a live server with `mooncake-sgl stats URL`)")
+    return paths
+
+
+def _reader(args: argparse.Namespace) -> Callable[[], tuple[str, object]]:
+    """A function returning ``("tiers", Snapshot)`` or ``("pool", dict)`` for each refresh."""
+    if args.config:
+        paths = _lmdb_paths(args.config)
+
+        def from_files() -> tuple[str, object]:
+            if not find_counter_files(paths):
+                raise NothingToShow(f"no counter file yet under {', '.join(paths)} (the store "
+                                    "writes one every few seconds and at close)")
+            return "tiers", read_counters(paths)
+        return from_files
+
+    def from_url() -> tuple[str, object]:
+        text = fetch(args.target, args.timeout)
+        if is_pool(text):
+            return "pool", parse_pool(text)
+        snap = parse(text)
+        if not snap.tiers:
+            raise NothingToShow(f"{args.target} serves no mooncake_sgl_ series (is SGLang running "
+                                "with --enable-metrics and --hicache-storage-backend mooncake?)")
+        return "tiers", snap
+    return from_url
+
+
+def _show(kind: str, data: object, previous: object, args: argparse.Namespace, out: TextIO) -> None:
+    if args.json:
+        doc = as_json(data) if kind == "tiers" else {"pool": data}
+        if kind == "tiers" and isinstance(previous, Snapshot):
+            doc["interval"] = as_json(diff(previous, data))
+        print(json.dumps(doc, sort_keys=True), file=out, flush=True)
+        return
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+    if kind == "pool":
+        print(f"{stamp}  {args.target}\n{pool_table(data)}", file=out, flush=True)
+        return
+    taken = time.strftime("%H:%M:%S", time.localtime(data.taken_at)) if data.taken_at else "?"
+    print(f"{stamp}  {args.config or args.target} (counters as of {taken})\n{tier_table(data)}",
+          file=out)
+    if isinstance(previous, Snapshot):
+        print(f"\nlast {args.watch:g} s:\n{tier_table(diff(previous, data))}", file=out)
+    out.flush()
+
+
+def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
+    ap = argparse.ArgumentParser(prog="mooncake-sgl stats", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("target", nargs="?", help="host:port or URL of a /metrics endpoint")
+    ap.add_argument("--config", help="tiers YAML: read the counter files of its LMDB tier instead")
+    ap.add_argument("--json", action="store_true", help="one JSON document per refresh")
+    ap.add_argument("--watch", type=float, metavar="N", help="refresh every N seconds until Ctrl-C")
+    ap.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for /metrics")
+    args = ap.parse_args(argv)
+    if bool(args.target) == bool(args.config):
+        ap.error("give either a /metrics URL or --config FILE")
+    if args.watch is not None and args.watch <= 0:
+        ap.error(f"--watch needs a positive number of seconds, got {args.watch:g}")
+    try:
+        read = _reader(args)
+    except (ConfigError, OSError) as e:
+        print(f"mooncake-sgl stats: {e}", file=sys.stderr)
+        return 2
+    try:
+        return _loop(read, args, out)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _loop(read: Callable[[], tuple[str, object]], args: argparse.Namespace, out: TextIO) -> int:
+    previous: object = None
+    while True:
+        try:
+            kind, data = read()
+        except (ScrapeError, CounterFileError, NothingToShow) as e:
+            print(f"mooncake-sgl stats: {e}", file=sys.stderr)
+            if args.watch is None:
+                return 1
+        else:
+            _show(kind, data, previous, args, out)
+            previous = data
+        if args.watch is None:
+            return 0
+        time.sleep(args.watch)

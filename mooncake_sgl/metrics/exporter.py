@@ -1,0 +1,163 @@
+"""Our tiers in SGLang's own ``/metrics`` (``--enable-metrics``).
+
+How it fits SGLang's multiprocess mode: SGLang sets ``PROMETHEUS_MULTIPROC_DIR`` before it starts
+its scheduler processes (one per TP/PP/DP rank) and its HTTP process serves ``/metrics`` through
+``MultiProcessCollector``, which reads every process's value files. Each scheduler process here
+creates our metric objects once, in prometheus_client's default registry, so their values land in
+those files, labelled by the same ``tp_rank``/``pp_rank``/``dp_rank`` labels SGLang's own storage
+collector uses. Counters and histograms are summed per label set by the collector, and every rank
+has its own label set, so nothing is counted twice; gauges use ``mostrecent`` (a restarted rank's
+value replaces the dead one's). A shared tier (pool, Mooncake Store) reports the same usage to every
+rank, so only rank 0 exports its gauges; the pool's own ``/metrics`` is the authority on its fill.
+
+Cost: nothing exists unless SGLang passes ``enable_storage_metrics`` (its ``--enable-metrics``).
+Then a daemon thread turns the store's cumulative counters into counter increments every
+``interval`` seconds, off SGLang's threads (a remote tier's usage may be a network round trip), and
+the store times each tier call for the latency histograms.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .model import (
+    COUNTERS,
+    GAUGES,
+    LATENCY,
+    LATENCY_BUCKETS,
+    RANK_LABELS,
+    STORE_COUNTERS,
+    Snapshot,
+    TierSample,
+)
+from .source import snapshot_of
+
+logger = logging.getLogger(__name__)
+
+# Arbitrary: counters reach /metrics within a second, and a sync costs one store.stats().
+DEFAULT_INTERVAL_S = 1.0
+_LABELS = ("tier", *RANK_LABELS)
+
+
+class _Families:
+    """The prometheus_client objects of one registry, created once (a registry refuses twice)."""
+
+    def __init__(self, registry: Any) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        self.counters = {f: Counter(name, _help(f), _LABELS, registry=registry)
+                         for f, name in COUNTERS.items()}
+        self.store = {f: Counter(name, _help(f), RANK_LABELS, registry=registry)
+                      for f, name in STORE_COUNTERS.items()}
+        self.gauges = {f: Gauge(name, _help(f), _LABELS, registry=registry,
+                                multiprocess_mode="mostrecent") for f, name in GAUGES.items()}
+        self.latency = {op: Histogram(name, f"seconds per tier {op} batch", _LABELS,
+                                      registry=registry, buckets=LATENCY_BUCKETS)
+                        for op, name in LATENCY.items()}
+
+
+def _help(field: str) -> str:
+    return f"mooncake_sgl per-tier {field.replace('_', ' ')} (see docs/observability.md)"
+
+
+_FAMILIES: dict[int, _Families] = {}
+_FAMILIES_LOCK = threading.Lock()
+
+
+def _families(registry: Any) -> _Families:
+    with _FAMILIES_LOCK:
+        fam = _FAMILIES.get(id(registry))
+        if fam is None:
+            fam = _FAMILIES[id(registry)] = _Families(registry)
+        return fam
+
+
+class StoreExporter:
+    """Exports one ``TieredStore``'s counters under one rank's labels.
+
+    Args:
+        stats: returns the store's ``stats()`` (called on the exporter's thread only).
+        labels: SGLang's rank labels, ``{"tp_rank": 0, "pp_rank": 0, "dp_rank": 0}``.
+        shared_tiers: names of tiers other processes see too (their gauges only from rank 0).
+        registry: prometheus_client registry; default: the process's global one, which is what
+            SGLang's multiprocess collector reads.
+
+    Thread-safety: ``sync`` and ``observe`` may be called from any thread.
+    """
+
+    def __init__(self, stats: Callable[[], Mapping[str, Any]], labels: Mapping[str, object],
+                 shared_tiers: frozenset[str] = frozenset(), registry: Any = None) -> None:
+        if registry is None:
+            from prometheus_client import REGISTRY
+
+            registry = REGISTRY
+        self._stats = stats
+        self._labels = {k: str(labels.get(k, 0)) for k in RANK_LABELS}
+        self._rank0 = all(v == "0" for v in self._labels.values())
+        self._shared = shared_tiers
+        self._fam = _families(registry)
+        self._last: Snapshot = Snapshot()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._latency_children: dict[tuple[str, str], Any] = {}
+
+    def start(self, interval_s: float = DEFAULT_INTERVAL_S) -> StoreExporter:
+        self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True,
+                                        name="mooncake-sgl-metrics")
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the thread after one last sync; idempotent."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self.sync()
+
+    def _run(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            self.sync()
+
+    def sync(self) -> None:
+        """Push what changed since the last sync. Never raises: metrics must not hurt serving."""
+        try:
+            now = snapshot_of(self._stats())
+        except Exception as e:  # a store being closed under us; the next sync retries
+            logger.debug("mooncake_sgl metrics: stats failed: %s", e)
+            return
+        with self._lock:
+            before, self._last = self._last, now
+            for key, sample in now.tiers.items():
+                self._push(key[1], before.tiers.get(key, TierSample()), sample)
+            for rank, counters in now.store.items():
+                then = before.store.get(rank, {})
+                for f, counter in self._fam.store.items():
+                    delta = counters.get(f, 0.0) - then.get(f, 0.0)
+                    if delta > 0:
+                        counter.labels(**self._labels).inc(delta)
+
+    def _push(self, tier: str, before: TierSample, now: TierSample) -> None:
+        labels = {"tier": tier, **self._labels}
+        for f, counter in self._fam.counters.items():
+            delta = getattr(now, f) - getattr(before, f)
+            if delta > 0:  # a cleared store counts from zero again: nothing to add
+                counter.labels(**labels).inc(delta)
+        if tier in self._shared and not self._rank0:
+            return
+        for f, gauge in self._fam.gauges.items():
+            gauge.labels(**labels).set(getattr(now, f))
+
+    def observe(self, tier: str, op: str, seconds: float) -> None:
+        """One tier call took ``seconds``; only ``get`` and ``put`` are kept."""
+        child = self._latency_children.get((tier, op))
+        if child is None:
+            family = self._fam.latency.get(op)
+            if family is None:
+                return
+            child = family.labels(tier=tier, **self._labels)
+            self._latency_children[(tier, op)] = child
+        child.observe(seconds)

@@ -1,0 +1,205 @@
+"""What our series mean: their names, one per-tier sample type, and the arithmetic on samples.
+
+Every reader of our counters goes through this module: the Prometheus exporter (names), the
+``/metrics`` scraper, the counter file on the LMDB tier and ``mooncake-sgl stats`` (samples,
+``diff``, hit shares). Keeping the names here means a renamed series breaks the tests that load the
+dashboard, not a production graph.
+
+Meaning of a tier's counters (pages, unless the name says bytes):
+
+- ``hits``: pages SGLang read from this tier; ``misses``: pages asked of this tier and not found
+  there (they go on to the next tier). Every page read asks tier 0 first, so
+  ``hits[0] + misses[0]`` is every page requested, and a tier's *hit share* is its hits over that.
+- ``read_bytes`` / ``written_bytes``: bytes moved out of / into the tier, promotions and demotions
+  included.
+- ``puts_refused``: pages the tier did not take (no room after eviction, tier down).
+- ``evictions``: pages the store evicted from the tier; ``promotions_in`` / ``demotions_in``: pages
+  copied into the tier from a slower / faster one.
+- ``corrupt_pages``: pages that failed their checksum on read (a miss; the page is dropped).
+- ``admission_refusals``: pages the policy did not admit to this (slower) tier on a write.
+- ``resident_pages``, ``resident_bytes``, ``capacity_bytes``: gauges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+PREFIX = "mooncake_sgl_"
+TIER_NAMES = ("hbm", "host", "pool", "mooncake_store", "lmdb")
+# SGLang's own storage and radix-cache collectors label by these, so our series join theirs.
+RANK_LABELS = ("tp_rank", "pp_rank", "dp_rank")
+
+# Counter fields of a tier sample -> exported name (prometheus_client appends ``_total``).
+COUNTERS: dict[str, str] = {
+    "hits": "mooncake_sgl_tier_hits",
+    "misses": "mooncake_sgl_tier_misses",
+    "read_bytes": "mooncake_sgl_tier_read_bytes",
+    "written_bytes": "mooncake_sgl_tier_written_bytes",
+    "puts_refused": "mooncake_sgl_tier_puts_refused",
+    "evictions": "mooncake_sgl_tier_evictions",
+    "promotions_in": "mooncake_sgl_tier_promotions_in",
+    "demotions_in": "mooncake_sgl_tier_demotions_in",
+    "corrupt_pages": "mooncake_sgl_tier_corrupt_pages",
+    "admission_refusals": "mooncake_sgl_policy_admission_refusals",
+}
+# Per rank, not per tier: pages SGLang asked to read (``hits[0] + misses[0]``: the denominator of
+# hit shares in PromQL), and pages/hits of its prefix lookups (``batch_exists``).
+STORE_COUNTERS: dict[str, str] = {
+    "read_pages": "mooncake_sgl_read_pages",
+    "lookup_pages": "mooncake_sgl_lookup_pages",
+    "lookup_hit_pages": "mooncake_sgl_lookup_hit_pages",
+}
+GAUGES: dict[str, str] = {
+    "resident_pages": "mooncake_sgl_tier_resident_pages",
+    "resident_bytes": "mooncake_sgl_tier_resident_bytes",
+    "capacity_bytes": "mooncake_sgl_tier_capacity_bytes",
+    "position": "mooncake_sgl_tier_position",
+}
+LATENCY: dict[str, str] = {
+    "get": "mooncake_sgl_tier_get_latency_seconds",
+    "put": "mooncake_sgl_tier_put_latency_seconds",
+}
+# Seconds. Spans a DRAM memcpy of one small page (tens of microseconds) to a remote tier timing
+# out (seconds); arbitrary otherwise.
+LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25,
+                   0.5, 1.0, 2.5, 5.0)
+
+POOL_PREFIX = "mooncake_sgl_pool_"
+
+
+@dataclass(frozen=True)
+class TierSample:
+    """One tier's counters and gauges in one process (or summed over processes)."""
+
+    hits: float = 0.0
+    misses: float = 0.0
+    read_bytes: float = 0.0
+    written_bytes: float = 0.0
+    puts_refused: float = 0.0
+    evictions: float = 0.0
+    promotions_in: float = 0.0
+    demotions_in: float = 0.0
+    corrupt_pages: float = 0.0
+    admission_refusals: float = 0.0
+    resident_pages: float = 0.0
+    resident_bytes: float = 0.0
+    capacity_bytes: float = 0.0
+    position: float = 0.0
+
+    def plus(self, other: TierSample) -> TierSample:
+        """Sum of two ranks' samples of one tier (gauges add too: ranks hold distinct pages)."""
+        sums = {f: getattr(self, f) + getattr(other, f) for f in COUNTERS.keys() | GAUGES.keys()}
+        sums["position"] = min(self.position, other.position)
+        return TierSample(**sums)
+
+
+# (rank, tier): rank is "tp0_pp0_dp0" style, "" when unknown (a single process).
+SampleKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Per (rank, tier) samples and per rank store counters (``STORE_COUNTERS`` fields) at one
+    moment; ``taken_at`` is a Unix time."""
+
+    tiers: Mapping[SampleKey, TierSample] = field(default_factory=dict)
+    taken_at: float = 0.0
+    store: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+    def store_total(self, name: str) -> float:
+        """A store counter summed over ranks."""
+        return sum(v.get(name, 0.0) for v in self.store.values())
+
+    def by_tier(self) -> dict[str, TierSample]:
+        """Ranks summed, tiers in speed order (fastest first)."""
+        out: dict[str, TierSample] = {}
+        for (_, tier), s in self.tiers.items():
+            out[tier] = out[tier].plus(s) if tier in out else s
+        return dict(sorted(out.items(), key=lambda kv: (kv[1].position, _name_order(kv[0]))))
+
+
+def _name_order(tier: str) -> int:
+    return TIER_NAMES.index(tier) if tier in TIER_NAMES else len(TIER_NAMES)
+
+
+def rank_name(labels: Mapping[str, object]) -> str:
+    """``tp0_pp0_dp0`` from SGLang's rank labels."""
+    return "_".join(f"{k[:2]}{labels.get(k, 0)}" for k in RANK_LABELS)
+
+
+def _increase(now: float, then: float) -> float:
+    # A counter that went down (its process restarted and counts from zero again) counts from zero,
+    # as Prometheus' ``increase`` does.
+    return now - then if now >= then else now
+
+
+def diff(before: Snapshot, after: Snapshot) -> Snapshot:
+    """What happened between two snapshots: counters subtract, gauges are ``after``'s. Keys only in
+    ``before`` are dropped."""
+    out: dict[SampleKey, TierSample] = {}
+    for key, a in after.tiers.items():
+        b = before.tiers.get(key, TierSample())
+        vals = {f: _increase(getattr(a, f), getattr(b, f)) for f in COUNTERS}
+        vals.update({f: getattr(a, f) for f in GAUGES})
+        out[key] = TierSample(**vals)
+    store = {rank: {f: _increase(v, before.store.get(rank, {}).get(f, 0.0)) for f, v in c.items()}
+             for rank, c in after.store.items()}
+    return Snapshot(out, after.taken_at, store)
+
+
+@dataclass(frozen=True)
+class TierRow:
+    """One line of ``mooncake-sgl stats``: ranks summed."""
+
+    tier: str
+    hit_share: float  # of every page requested; the row "miss" holds what no tier had
+    hits: float
+    read_bytes: float
+    written_bytes: float
+    evictions: float
+    puts_refused: float
+    corrupt_pages: float
+    resident_pages: float
+    resident_bytes: float
+    capacity_bytes: float
+
+
+def rows(snapshot: Snapshot) -> list[TierRow]:
+    """Per tier, fastest first, plus a final ``miss`` row (pages found in no tier)."""
+    tiers = snapshot.by_tier()
+    if not tiers:
+        return []
+    first = next(iter(tiers.values()))
+    last = list(tiers.values())[-1]
+    requested = first.hits + first.misses
+    share = (lambda n: n / requested) if requested else (lambda n: 0.0)
+    out = [TierRow(name, share(s.hits), s.hits, s.read_bytes, s.written_bytes, s.evictions,
+                   s.puts_refused, s.corrupt_pages, s.resident_pages, s.resident_bytes,
+                   s.capacity_bytes) for name, s in tiers.items()]
+    out.append(TierRow("miss", share(last.misses), last.misses, 0, 0, 0, 0, 0, 0, 0, 0))
+    return out
+
+
+def as_json(snapshot: Snapshot) -> dict[str, object]:
+    """JSON-ready: per tier (ranks summed) with hit shares, and per rank."""
+    per_rank: dict[str, dict[str, object]] = {}
+    for (rank, tier), s in snapshot.tiers.items():
+        per_rank.setdefault(rank, {})[tier] = dataclasses.asdict(s)
+    return {"taken_at": snapshot.taken_at,
+            "tiers": [dataclasses.asdict(r) for r in rows(snapshot)],
+            "store": {f: snapshot.store_total(f) for f in STORE_COUNTERS},
+            "ranks": per_rank}
+
+
+def merge(snapshots: Iterable[Snapshot]) -> Snapshot:
+    """Samples of several sources (counter files of several ranks) side by side."""
+    tiers: dict[SampleKey, TierSample] = {}
+    store: dict[str, Mapping[str, float]] = {}
+    taken = 0.0
+    for s in snapshots:
+        tiers.update(s.tiers)
+        store.update(s.store)
+        taken = max(taken, s.taken_at)
+    return Snapshot(tiers, taken, store)

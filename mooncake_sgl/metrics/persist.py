@@ -1,0 +1,136 @@
+"""The store's counters, kept on disk in the LMDB tier's directory for ``mooncake-sgl stats --config``.
+
+Why a file beside ``data.mdb`` and not a key inside it: a reader must not need an LMDB reader slot
+of a live server (or the server's map size), a snapshot must never count against the tier's
+capacity budget, and a damaged environment is moved aside together with its counters. The file is
+small JSON, replaced atomically (temp file + ``os.replace``) every ``interval`` seconds and at close,
+so a reader sees the last complete snapshot, at most ``interval`` seconds old while SGLang runs and
+the final one after it stops.
+
+Layout: ``<lmdb path>/<rank dir>/mooncake_sgl-counters.json`` (the tier's own directory, one per rank,
+see ``hicache.layout.rank_suffix``)::
+
+    {"version": 1, "written_at": <unix time>, "pid": 1234, "rank": "tp0_pp0_dp0", "stats": {...}}
+
+where ``stats`` is ``TieredStore.stats()``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from .model import Snapshot, merge
+from .source import snapshot_of
+
+logger = logging.getLogger(__name__)
+
+FILE_NAME = "mooncake_sgl-counters.json"
+VERSION = 1
+# Arbitrary: stale by at most this much while running; one small file write per interval.
+DEFAULT_INTERVAL_S = 5.0
+
+
+class CounterFileError(ValueError):
+    """A counter file that cannot be read; the message names the file and what is wrong."""
+
+
+def write_counter_file(directory: str, stats: Mapping[str, Any], rank: str) -> str:
+    """Write ``stats`` atomically into ``directory``; returns the file's path."""
+    path = os.path.join(directory, FILE_NAME)
+    body = json.dumps({"version": VERSION, "written_at": time.time(), "pid": os.getpid(),
+                       "rank": rank, "stats": stats}, default=float)
+    fd, tmp = tempfile.mkstemp(prefix=FILE_NAME, suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(body)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path
+
+
+def read_counter_file(path: str) -> Snapshot:
+    """One rank's snapshot from its counter file.
+
+    Raises:
+        CounterFileError: unreadable, not JSON, or not a counter file of this version.
+    """
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CounterFileError(f"{path}: cannot read counters: {e}") from e
+    if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("stats"), dict):
+        raise CounterFileError(f"{path}: not a mooncake_sgl counter file of version {VERSION}")
+    return snapshot_of(doc["stats"], str(doc.get("rank", "")), float(doc.get("written_at", 0.0)))
+
+
+def find_counter_files(lmdb_paths: Iterable[str]) -> list[str]:
+    """Counter files in each LMDB tier path and its rank subdirectories, sorted."""
+    found: list[str] = []
+    for base in lmdb_paths:
+        candidates = [base]
+        if os.path.isdir(base):
+            candidates += [os.path.join(base, d) for d in sorted(os.listdir(base))]
+        found += [os.path.join(c, FILE_NAME) for c in candidates
+                  if os.path.isfile(os.path.join(c, FILE_NAME))]
+    return found
+
+
+def read_counters(lmdb_paths: Iterable[str]) -> Snapshot:
+    """Every rank's snapshot found under ``lmdb_paths``, side by side."""
+    return merge(read_counter_file(p) for p in find_counter_files(lmdb_paths))
+
+
+class CounterPersister:
+    """Writes a store's counters into a directory every ``interval_s`` seconds and at ``close``.
+
+    A failed write is logged (at most once per failure streak) and retried at the next interval:
+    a full disk must not disturb serving.
+    """
+
+    def __init__(self, stats: Callable[[], Mapping[str, Any]], directory: str, rank: str,
+                 interval_s: float = DEFAULT_INTERVAL_S) -> None:
+        self._stats = stats
+        self.directory = directory
+        self._rank = rank
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._failing = False
+        self._thread = threading.Thread(target=self._run, daemon=True, name="mooncake-sgl-counters")
+
+    def start(self) -> CounterPersister:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.write()
+
+    def write(self) -> bool:
+        try:
+            write_counter_file(self.directory, self._stats(), self._rank)
+        except Exception as e:
+            if not self._failing:
+                logger.warning("mooncake_sgl: cannot write counters into %s: %s", self.directory, e)
+            self._failing = True
+            return False
+        self._failing = False
+        return True
+
+    def close(self) -> None:
+        """Stop the thread, then write the final snapshot; idempotent."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self.write()

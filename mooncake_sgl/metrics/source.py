@@ -1,0 +1,64 @@
+"""From ``TieredStore.stats()`` to per-tier samples: the one place that knows the store's names.
+
+The store reports, per tier, its own counters (what it moved through the tier), the tier's usage,
+and the tier's own counters under the tier's own names; ``tier_sample`` picks the fields our
+series need from those and nothing else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .model import Snapshot, TierSample
+
+# Store-level counter name -> sample field. The store counts what it moved through a tier.
+_STORE_FIELDS = {
+    "hits": "hits",
+    "misses": "misses",
+    "bytes_read": "read_bytes",
+    "bytes_written": "written_bytes",
+    "write_failures": "puts_refused",
+    "evictions": "evictions",
+    "promotions": "promotions_in",
+    "demotions": "demotions_in",
+    "admission_refused": "admission_refusals",
+}
+# Usage name -> sample field.
+_USAGE_FIELDS = {"pages": "resident_pages", "used_bytes": "resident_bytes",
+                 "capacity_bytes": "capacity_bytes"}
+# The tier's own counter of checksum failures (the LMDB tier; the others cannot detect any).
+_TIER_CORRUPT = "corrupt_pages"
+
+
+def _section(d: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    sub = d.get(name)
+    return sub if isinstance(sub, Mapping) else {}
+
+
+def tier_sample(entry: Mapping[str, Any], position: int) -> TierSample:
+    """A sample from one tier's entry of ``store.stats()["tiers"]``."""
+    store = _section(entry, "store")
+    usage = _section(entry, "usage")
+    tier = _section(entry, "tier")
+    vals: dict[str, float] = {"position": float(position)}
+    for name, f in _STORE_FIELDS.items():
+        vals[f] = float(store.get(name, 0.0))
+    for name, f in _USAGE_FIELDS.items():
+        vals[f] = float(usage.get(name, 0.0))
+    vals["corrupt_pages"] = float(tier.get(_TIER_CORRUPT, 0.0))
+    return TierSample(**vals)
+
+
+def snapshot_of(stats: Mapping[str, Any], rank: str = "", taken_at: float | None = None) -> Snapshot:
+    """Every tier of one store's ``stats()`` under ``rank``."""
+    tiers = _section(stats, "tiers")
+    samples = {(rank, name): tier_sample(entry, i) for i, (name, entry) in enumerate(tiers.items())
+               if isinstance(entry, Mapping)}
+    first = next(iter(samples.values()), TierSample())
+    store = _section(stats, "store")
+    counters = {"read_pages": first.hits + first.misses,
+                "lookup_pages": float(store.get("lookup_pages", 0.0)),
+                "lookup_hit_pages": float(store.get("lookup_hit_pages", 0.0))}
+    return Snapshot(samples, time.time() if taken_at is None else taken_at, {rank: counters})
