@@ -3,6 +3,7 @@
     mooncake-sgl config check FILE     validate a tiers YAML; exit 2 naming the bad key
     mooncake-sgl config show [FILE]    print the effective config (defaults filled in)
     mooncake-sgl pool ...              run or query the pooled DRAM server (``pool --help``)
+    mooncake-sgl stats URL|--config F  per-tier hit share, bytes moved, evictions (``stats --help``)
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         from .pool.cli import main as pool_main
 
         return pool_main(argv[1:])
+    if argv[:1] == ["stats"]:
+        from .metrics.cli import main as stats_main
+
+        return stats_main(argv[1:])
     parser = argparse.ArgumentParser(prog="mooncake-sgl", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -47,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg.add_argument("action", choices=["check", "show"])
     cfg.add_argument("file", nargs="?", help="YAML or JSON file (show: omit for the embedded default)")
     sub.add_parser("pool", help="the pooled DRAM server; see `mooncake-sgl pool --help`")
+    sub.add_parser("stats", help="our counters from a /metrics URL or an LMDB tier; see `stats --help`")
     args = parser.parse_args(argv)
     if args.command == "config":
         if args.action == "check" and not args.file:

@@ -45,9 +45,9 @@ def observe_store(store: TieredStore, storage_config: Any, enabled: bool) -> Sto
     exporter = None
     if enabled:
         try:
-            shared = frozenset(t.name for t in store.tiers if t.capabilities.shared)
+            shared = frozenset(n for t, n in zip(store.tiers, store.names) if t.capabilities.shared)
             exporter = StoreExporter(store.stats, labels, shared).start()
-            store.observe_latency = exporter.observe
+            store.observe_latency = exporter.observe_tier(store)
         except Exception:
             logger.exception("mooncake_sgl: metrics export is off")
             exporter = None

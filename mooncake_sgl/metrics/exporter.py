@@ -151,6 +151,15 @@ class StoreExporter:
         for f, gauge in self._fam.gauges.items():
             gauge.labels(**labels).set(getattr(now, f))
 
+    def observe_tier(self, store: Any) -> Callable[[Any, str, float], None]:
+        """The store's latency hook: ``(tier object, op, seconds)`` under the tier's unique name
+        in ``store.names`` (a second host tier is ``host.1``)."""
+        names = {id(t): n for t, n in zip(store.tiers, store.names)}
+
+        def observe(tier: Any, op: str, seconds: float) -> None:
+            self.observe(names.get(id(tier), tier.name), op, seconds)
+        return observe
+
     def observe(self, tier: str, op: str, seconds: float) -> None:
         """One tier call took ``seconds``; only ``get`` and ``put`` are kept."""
         child = self._latency_children.get((tier, op))

@@ -1,0 +1,111 @@
+"""The store's counters as Prometheus series: what a scrape shows equals what the store counted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from mooncake_sgl.metrics.attach import observe_store
+from mooncake_sgl.metrics.exporter import StoreExporter
+from mooncake_sgl.metrics.scrape import parse
+from mooncake_sgl.metrics.source import snapshot_of
+
+from .stores import PAGE, host_lmdb_store, read, write
+
+RANK = {"tp_rank": 1, "pp_rank": 0, "dp_rank": 0}
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = host_lmdb_store(tmp_path / "db")
+    yield s
+    s.close()
+
+
+def scrape_registry(registry: CollectorRegistry) -> str:
+    return generate_latest(registry).decode()
+
+
+def test_a_scrape_shows_what_the_store_counted(store) -> None:
+    # 6 pages through a 4-page host tier over LMDB: host evicts 2 (demoted to LMDB), then reading
+    # all 6 plus 2 unknown pages finds 4 in host, 2 in LMDB and 2 nowhere.
+    registry = CollectorRegistry()
+    exporter = StoreExporter(store.stats, RANK, registry=registry)
+    write(store, range(6))
+    read(store, range(6))
+    read(store, range(100, 102))
+    exporter.sync()
+    tiers = parse(scrape_registry(registry)).by_tier()
+    expected = snapshot_of(store.stats()).by_tier()
+    assert list(tiers) == ["host", "lmdb"]
+    for name in ("host", "lmdb"):
+        assert tiers[name].hits == expected[name].hits
+        assert tiers[name].misses == expected[name].misses
+        assert tiers[name].written_bytes == expected[name].written_bytes
+        assert tiers[name].resident_pages == expected[name].resident_pages
+    assert tiers["host"].hits + tiers["lmdb"].hits == 6
+    assert tiers["lmdb"].misses == 2  # in no tier
+    assert tiers["host"].evictions >= 2
+    assert tiers["host"].capacity_bytes == 4 * PAGE
+
+
+def test_counters_only_grow_by_what_happened_since_the_last_sync(store) -> None:
+    registry = CollectorRegistry()
+    exporter = StoreExporter(store.stats, RANK, registry=registry)
+    write(store, range(2))
+    read(store, range(2))
+    exporter.sync()
+    exporter.sync()  # nothing new: no double counting
+    assert parse(scrape_registry(registry)).by_tier()["host"].hits == 2
+    read(store, range(2))
+    exporter.sync()
+    assert parse(scrape_registry(registry)).by_tier()["host"].hits == 4
+
+
+def test_series_carry_sglangs_rank_labels_and_the_tier(store) -> None:
+    registry = CollectorRegistry()
+    StoreExporter(store.stats, RANK, registry=registry).sync()
+    hits = next(f for f in text_string_to_metric_families(scrape_registry(registry))
+                if f.name == "mooncake_sgl_tier_hits")
+    labels = {tuple(sorted(s.labels.items())) for s in hits.samples if s.name.endswith("_total")}
+    assert labels == {tuple(sorted({"tier": t, "tp_rank": "1", "pp_rank": "0", "dp_rank": "0"}.items()))
+                      for t in ("host", "lmdb")}
+
+
+def test_shared_tier_gauges_come_from_rank_zero_only(store) -> None:
+    # Every rank sees the same pool: its fill reported by each would be summed N times.
+    registry = CollectorRegistry()
+    StoreExporter(store.stats, RANK, shared_tiers=frozenset({"lmdb"}), registry=registry).sync()
+    text = scrape_registry(registry)
+    assert 'mooncake_sgl_tier_capacity_bytes{dp_rank="0",pp_rank="0",tier="host",tp_rank="1"}' in text
+    assert 'tier="lmdb"' in text  # its counters are per rank and still exported
+    assert 'mooncake_sgl_tier_capacity_bytes{dp_rank="0",pp_rank="0",tier="lmdb"' not in text
+
+
+def test_tier_calls_are_timed_only_with_metrics_on(tmp_path: Path) -> None:
+    off = host_lmdb_store(tmp_path / "off")
+    watch = observe_store(off, storage_config=None, enabled=False)
+    try:
+        assert watch.exporter is None and off.observe_latency is None
+    finally:
+        watch.close()
+        off.close()
+    on = host_lmdb_store(tmp_path / "on")
+    registry = CollectorRegistry()
+    exporter = StoreExporter(on.stats, RANK, registry=registry)
+    on.observe_latency = exporter.observe_tier(on)
+    try:
+        write(on, range(2))
+        read(on, range(2))
+        families = {f.name: f for f in text_string_to_metric_families(scrape_registry(registry))}
+        count = {(s.labels["tier"], f): s.value for f in ("mooncake_sgl_tier_get_latency_seconds",
+                                                         "mooncake_sgl_tier_put_latency_seconds")
+                 for s in families[f].samples if s.name.endswith("_count")}
+        assert count[("host", "mooncake_sgl_tier_get_latency_seconds")] == 1  # one batch
+        assert count[("host", "mooncake_sgl_tier_put_latency_seconds")] == 2
+        assert count[("lmdb", "mooncake_sgl_tier_put_latency_seconds")] >= 2
+    finally:
+        on.close()

@@ -1,0 +1,150 @@
+"""``mooncake-sgl stats --config``: the store's counters, kept in its LMDB tier's directory, read by
+another process while the store runs and after it stopped."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mooncake_sgl.cli import main as cli_main
+from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, StoreConfig, dump_config
+from mooncake_sgl.metrics.persist import FILE_NAME, CounterPersister, read_counter_file
+from mooncake_sgl.metrics.source import snapshot_of
+from mooncake_sgl.store import build_store
+
+from .stores import PAGE, host_lmdb_store, read, write
+
+RANK_DIR = "tp0_pp0"
+
+
+def config_file(tmp_path: Path) -> Path:
+    cfg = StoreConfig(tiers=[HostTierConfig(capacity=4 * PAGE, slot_size=PAGE, pin_memory=False),
+                             LmdbTierConfig(path=str(tmp_path / "lmdb"), capacity="64MiB")])
+    path = tmp_path / "tiers.yaml"
+    path.write_text(dump_config(cfg))
+    return path
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mooncake_sgl.cli", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_the_persister_writes_what_the_store_counted(tmp_path: Path) -> None:
+    store = host_lmdb_store(tmp_path / "db")
+    persister = CounterPersister(store.stats, str(tmp_path / "db"), "tp0_pp0_dp0", interval_s=0.05).start()
+    try:
+        write(store, range(3))
+        read(store, range(3))
+        deadline = time.monotonic() + 10
+        path = tmp_path / "db" / FILE_NAME
+        while time.monotonic() < deadline:
+            if path.exists() and read_counter_file(str(path)).by_tier()["host"].hits == 3:
+                break
+            time.sleep(0.05)
+        assert read_counter_file(str(path)).by_tier()["host"].hits == 3
+    finally:
+        persister.close()
+        store.close()
+
+
+def test_stats_config_reads_the_counters_after_the_store_stopped(tmp_path: Path) -> None:
+    from mooncake_sgl.metrics.attach import observe_store
+
+    cfg_path = config_file(tmp_path)
+    from mooncake_sgl.config import load_config_file
+
+    store = build_store(load_config_file(str(cfg_path)), rank_suffix=RANK_DIR)
+    watch = observe_store(store, storage_config=None, enabled=False)
+    write(store, range(6))
+    read(store, range(6))
+    expected = snapshot_of(store.stats()).by_tier()
+    watch.close()  # the final snapshot: written at close, whatever the interval
+    store.close()
+    res = run_cli("stats", "--config", str(cfg_path), "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    by_tier = {row["tier"]: row for row in doc["tiers"]}
+    assert [r["tier"] for r in doc["tiers"]] == ["host", "lmdb", "miss"]
+    assert by_tier["host"]["hits"] + by_tier["lmdb"]["hits"] == 6
+    assert by_tier["host"]["hits"] == expected["host"].hits
+    assert sum(r["hit_share"] for r in doc["tiers"]) == pytest.approx(1.0)
+    table = run_cli("stats", "--config", str(cfg_path))
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[1].split()[0] == "tier"
+    assert {line.split()[0] for line in table.stdout.splitlines()[2:]} == {"host", "lmdb", "(no"}
+
+
+def test_stats_config_watch_refreshes_with_the_last_interval(tmp_path: Path) -> None:
+    cfg_path = config_file(tmp_path)
+    rank_dir = tmp_path / "lmdb" / RANK_DIR
+    rank_dir.mkdir(parents=True)
+    store = host_lmdb_store(rank_dir)
+    persister = CounterPersister(store.stats, str(rank_dir), "tp0_pp0_dp0", interval_s=0.05).start()
+    proc = subprocess.Popen([sys.executable, "-m", "mooncake_sgl.cli", "stats", "--config",
+                             str(cfg_path), "--json", "--watch", "0.2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        write(store, range(2))
+        docs = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            docs.append(json.loads(line))
+            read(store, range(2))
+            if len(docs) >= 3 and docs[-1]["interval"]["tiers"][0]["hits"] > 0:
+                break
+        assert "interval" not in docs[0]
+        assert docs[-1]["interval"]["tiers"][0]["tier"] == "host"
+        assert docs[-1]["interval"]["tiers"][0]["hits"] > 0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0
+        persister.close()
+        store.close()
+
+
+def test_a_damaged_counter_file_is_named_in_the_error(tmp_path: Path) -> None:
+    cfg_path = config_file(tmp_path)
+    rank_dir = tmp_path / "lmdb" / RANK_DIR
+    rank_dir.mkdir(parents=True)
+    (rank_dir / FILE_NAME).write_text('{"version": 1, "stats": ')
+    res = run_cli("stats", "--config", str(cfg_path))
+    assert res.returncode == 1
+    assert str(rank_dir / FILE_NAME) in res.stderr
+
+
+def test_no_counter_file_yet_says_where_it_looked(tmp_path: Path, capsys) -> None:
+    cfg_path = config_file(tmp_path)
+    assert cli_main(["stats", "--config", str(cfg_path)]) == 1
+    assert str(tmp_path / "lmdb") in capsys.readouterr().err
+
+
+def test_a_config_without_an_lmdb_tier_is_refused(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "host-only.yaml"
+    path.write_text(dump_config(StoreConfig(tiers=[HostTierConfig(capacity="1GiB")])))
+    assert cli_main(["stats", "--config", str(path)]) == 2
+    assert "has no lmdb tier" in capsys.readouterr().err
+
+
+def test_either_a_url_or_a_config(capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli_main(["stats"])
+    assert e.value.code == 2
+    assert "either a /metrics URL or --config" in capsys.readouterr().err
+
+
+def test_an_unreachable_url_is_exit_1_naming_it(capsys) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connection refused
+        assert cli_main(["stats", f"127.0.0.1:{port}", "--timeout", "2"]) == 1
+    assert f"http://127.0.0.1:{port}/metrics" in capsys.readouterr().err
