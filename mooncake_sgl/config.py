@@ -33,6 +33,12 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 
           "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _DURATION_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "m": 60.0, "min": 60.0, "h": 3600.0}
+# Upper bounds, so an absurd value is a config error naming its key instead of an OverflowError
+# deep inside mmap, LMDB or a socket call. Both far beyond any real setting (64 PiB, 30 days).
+MAX_SIZE = 1 << 56
+MAX_DURATION = 30 * 86400.0
+# A value the config prints in place of a secret (``config show``, logs).
+REDACTED = "<redacted>"
 
 
 def parse_size(value: int | str) -> int:
@@ -40,13 +46,17 @@ def parse_size(value: int | str) -> int:
     if isinstance(value, bool):
         raise ValueError(f"expected a size like 64GiB or a byte count, got {value!r}")
     if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"size must not be negative, got {value}")
-        return value
-    m = _SIZE_RE.match(str(value))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"expected a size like 64GiB, 512MiB, 10GB or a byte count, got {value!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        size = value
+    else:
+        m = _SIZE_RE.match(str(value))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"expected a size like 64GiB, 512MiB, 10GB or a byte count, got {value!r}")
+        size = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if size < 0:
+        raise ValueError(f"size must not be negative, got {value!r}")
+    if size > MAX_SIZE:
+        raise ValueError(f"size {value!r} is larger than any machine (at most {MAX_SIZE} bytes)")
+    return size
 
 
 def parse_duration(value: float | int | str) -> float:
@@ -54,13 +64,28 @@ def parse_duration(value: float | int | str) -> float:
     if isinstance(value, bool):
         raise ValueError(f"expected a duration like 5s or 250ms, got {value!r}")
     if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError(f"duration must not be negative, got {value}")
-        return float(value)
-    m = _SIZE_RE.match(str(value))
-    if not m or m.group(2).lower() not in _DURATION_UNITS:
-        raise ValueError(f"expected a duration like 5s, 250ms or 2m, got {value!r}")
-    return float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
+        seconds = float(value)
+    else:
+        m = _SIZE_RE.match(str(value))
+        if not m or m.group(2).lower() not in _DURATION_UNITS:
+            raise ValueError(f"expected a duration like 5s, 250ms or 2m, got {value!r}")
+        seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
+    if not seconds >= 0:  # also NaN
+        raise ValueError(f"duration must not be negative, got {value!r}")
+    if seconds > MAX_DURATION:
+        raise ValueError(f"duration {value!r} is longer than 30 days")
+    return seconds
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """``"10.0.0.5:7480"`` → ``("10.0.0.5", 7480)``; ``[::1]:7480`` for IPv6. ``ValueError``
+    names what is missing."""
+    host, sep, port = str(endpoint).rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"endpoint must be host:port, got {endpoint!r}")
+    if not 1 <= int(port) <= 65535:
+        raise ValueError(f"endpoint port must be 1..65535, got {endpoint!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 def default_cache_dir() -> Path:
@@ -134,23 +159,42 @@ class LmdbTierConfig(_Section, tag="lmdb", tag_field="kind"):
         self._normalise(capacity=parse_size)
         if self.capacity < (1 << 20):
             raise ValueError("`capacity`: must be at least 1MiB")
+        if not 1 <= self.max_readers <= 65536:  # LMDB's lock file has a slot per reader
+            raise ValueError(f"`max_readers`: must be between 1 and 65536, got {self.max_readers}")
 
 
 class PoolTierConfig(_Section, tag="pool", tag_field="kind"):
     """Our pooled DRAM store (``mooncake-sgl pool``), one or more endpoints."""
     endpoints: list[str] = msgspec.field(default_factory=lambda: ["127.0.0.1:7480"])
     transport: Literal["auto", "shm", "tcp", "rdma"] = "auto"
+    # The tenant this deployment is on a multi-tenant pool ("" = the pool's single tenant), and
+    # that tenant's secret.
+    tenant: str = ""
     secret: str = ""
     connections: int = 4
     timeout: Union[float, str] = "5s"
+    # A stopped (not dead) pool accepts connections but never answers: connecting and the
+    # handshake must finish within ``connect_timeout``, and a read's reply must start within
+    # ``first_byte_timeout``, or the endpoint is skipped for ``retry_after``.
+    connect_timeout: Union[float, str] = "1s"
+    first_byte_timeout: Union[float, str] = "1s"
     retry_after: Union[float, str] = "2s"  # how long a dead endpoint is skipped before a retry
 
     def __post_init__(self) -> None:
-        self._normalise(timeout=parse_duration, retry_after=parse_duration)
+        self._normalise(timeout=parse_duration, retry_after=parse_duration,
+                        connect_timeout=parse_duration, first_byte_timeout=parse_duration)
         if not self.endpoints:
             raise ValueError("`endpoints`: the pool tier needs at least one endpoint")
+        for ep in self.endpoints:
+            try:
+                parse_endpoint(ep)
+            except ValueError as e:
+                raise ValueError(f"`endpoints`: {e}") from None
         if not 1 <= self.connections <= 64:
             raise ValueError("`connections`: must be between 1 and 64")
+        for name in ("timeout", "connect_timeout", "first_byte_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"`{name}`: must be longer than 0")
 
 
 class MooncakeStoreTierConfig(_Section, tag="mooncake_store", tag_field="kind"):
@@ -208,7 +252,7 @@ class PinConfig(_Section):
 
 class PolicyConfig(_Section):
     """Placement policy: ``heat`` (decayed-frequency, prefix-aware, adaptive) or the ``lru`` baseline."""
-    name: Literal["heat", "lru"] = "heat"
+    name: Literal["adaptive", "heat", "lru"] = "heat"
     # Heat estimator: ``count_min`` (count-min sketch of byte counters saturating at 15, halved
     # every 10 accesses per page of capacity, so its memory horizon follows the cache size) or
     # ``decay`` (exponentially decayed counters with ``half_life``). Both are fixed-size;
@@ -279,8 +323,22 @@ class StoreConfig(_Section):
 def _yaml_load(text: str, source: str) -> Any:
     import yaml
 
+    class _StrictLoader(yaml.SafeLoader):
+        """Refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if isinstance(key, (str, int, float, bool)) and key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (given twice in one mapping)",
+                        key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
@@ -319,9 +377,13 @@ def parse_config(data: Any, source: str = "<dict>", cls: type = StoreConfig) -> 
 def load_config_file(path: str | os.PathLike[str], cls: type = StoreConfig) -> Any:
     p = Path(path).expanduser()
     try:
-        text = p.read_text()
+        text = p.read_bytes().decode("utf-8")
     except OSError as e:
         raise ConfigError(f"cannot read config file: {e.strerror}", source=str(p)) from None
+    except UnicodeDecodeError as e:
+        line = p.read_bytes()[:e.start].count(b"\n") + 1
+        raise ConfigError(f"not UTF-8 text: byte 0x{e.object[e.start]:02x} on line {line} "
+                          "(save the file as UTF-8)", source=str(p)) from None
     if p.suffix == ".json":
         import json
 
@@ -352,8 +414,17 @@ def load_config(extra_config: dict[str, Any] | None = None) -> StoreConfig:
     return StoreConfig()
 
 
+def redact(data: Any) -> Any:
+    """``data`` (plain builtins) with every non-empty ``secret`` value replaced by ``REDACTED``."""
+    if isinstance(data, dict):
+        return {k: REDACTED if k == "secret" and v else redact(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [redact(v) for v in data]
+    return data
+
+
 def dump_config(config: Any) -> str:
-    """The effective config as YAML (defaults filled in)."""
+    """The effective config as YAML (defaults filled in, secrets redacted)."""
     import yaml
 
-    return yaml.safe_dump(msgspec.to_builtins(config), sort_keys=False)
+    return yaml.safe_dump(redact(msgspec.to_builtins(config)), sort_keys=False)

@@ -55,8 +55,9 @@ def _serve(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     host, port = server.address
-    print(f"READY {host}:{port} capacity={server.segment.size} shm={'on' if server.unix_name else 'off'} "
-          f"rdma={'on' if server.rdma else 'off'} pid={os.getpid()}", flush=True)
+    print(f"READY {host}:{port} capacity={server.capacity} tenants={len(server.tenants)} "
+          f"shm={'on' if server.unix_name else 'off'} rdma={'on' if server.rdma else 'off'} "
+          f"pid={os.getpid()}", flush=True)
     while not stop.wait(0.5):
         pass
     server.stop()

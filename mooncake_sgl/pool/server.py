@@ -1,11 +1,21 @@
-"""The pool server: a pre-faulted DRAM segment served over TCP, a Unix socket (shared memory) and,
-where a device exists, RDMA.
+"""The pool server: pre-faulted DRAM segments (one per tenant) served over TCP, a Unix socket
+(shared memory) and, where a device exists, RDMA.
 
 Threads: one accept loop per listening socket, one thread per connection (socket calls and numpy
-copies release the GIL, so connections overlap), one eviction thread. Each connection first runs
-the handshake in ``protocol`` (secret checked before any page moves), then serves frames in order
-until the peer closes. A bad frame gets an ERROR reply naming the problem and closes only that
-connection. When a connection ends, its open reservations are aborted and its leases released.
+copies release the GIL, so connections overlap), one housekeeping thread (eviction, quarantine),
+one thread that turns away connections over the limit. Each connection first runs the handshake
+in ``protocol`` (secret checked before any page moves, the tenant bound), then serves frames in
+order until the peer closes. A bad frame gets an ERROR reply naming the problem and closes only
+that connection. When a connection ends, its open reservations are aborted and its leases released.
+
+Limits, so that no peer can pin the server:
+
+- before authentication: at most ``max_handshakes`` connections (a new one pushes out the oldest,
+  and one over ``max_connections`` does too while any is unauthenticated), one deadline for the
+  whole handshake, and a CLIENT_HELLO of at most ``protocol.HANDSHAKE_MAX_META`` bytes;
+- after it: ``idle_timeout`` between requests; ``request_timeout`` (plus the data's time at
+  ``MIN_RATE``) for a request to arrive and its reply to be taken; ``hold_timeout`` for a
+  reservation or lease, and at most ``max_hold_bytes`` held per client process (``conn``).
 
     server = PoolServer(PoolServerConfig(port=0)).start()   # in-process, returns at once
     server.address                                          # ('127.0.0.1', 40123)
@@ -17,6 +27,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -24,16 +35,23 @@ import uuid
 
 from ..errors import AuthError, ConfigError, ProtocolError
 from ..transfer import protocol as P
-from ..transfer.shm import Segment
 from ..transfer.tcp import discard, read_frame, recv_exact_into, send_buffers, tune
 from .config import PoolServerConfig
-from .store import PRESENT, Entry, PoolStore
+from .conn import Conn, Hold, HoldLedger
+from .counters import Counters
+from .store import PRESENT, Entry
+from .tenants import Tenant, authenticate, build_tenants
 
 log = logging.getLogger("mooncake_sgl.pool")
 
 # Reservations or leases one connection may hold open at once. A client keeps one of each per
 # request in flight; more means it forgot to COMMIT/RELEASE and would pin the pool. Arbitrary.
 MAX_OPEN_PER_CONNECTION = 64
+# Slowest data rate a request's deadline allows for (16 MiB/s): a 1 GiB batch gets 64 s on top
+# of request_timeout. Arbitrary, far below any link the pool is meant for.
+MIN_RATE = 16 << 20
+# Connections turned away wait here for their ERROR frame; past it they are just closed.
+REFUSE_QUEUE = 64
 
 
 def _mem_available() -> int | None:
@@ -47,16 +65,8 @@ def _mem_available() -> int | None:
     return None
 
 
-class _Conn:
-    """Per-connection state: open one-sided reservations and leases."""
-
-    def __init__(self, sock: socket.socket, peer: str, unix: bool):
-        self.sock = sock
-        self.peer = peer
-        self.unix = unix
-        self.tickets: dict[int, tuple[list[object], list[Entry]]] = {}
-        self.leases: dict[int, list[Entry | None]] = {}
-        self.rdma: object | None = None
+class _Expired(Exception):
+    """A connection held a reservation or lease past ``hold_timeout``."""
 
 
 class PoolServer:
@@ -66,42 +76,41 @@ class PoolServer:
         self._ids = itertools.count(1)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._conns: set[_Conn] = set()
+        self._conns: set[Conn] = set()
+        self._pending: dict[Conn, None] = {}  # unauthenticated, oldest first
         self._lock = threading.Lock()
         self._listeners: list[socket.socket] = []
-        self.segment: Segment | None = None
-        self.store: PoolStore | None = None
+        self._refused: queue.Queue[socket.socket] = queue.Queue(REFUSE_QUEUE)
+        self.holds = HoldLedger()
+        self.tenants: dict[str, Tenant] = {}
         self.address: tuple[str, int] = (config.host, config.port)
         self.unix_name = ""
-        self.rdma = None
+        self.rdma: dict[str, object] = {}  # tenant -> its segment's RDMA registration
         self.started = 0.0
-        self.counters = dict.fromkeys(("connections_total", "auth_failures", "protocol_errors",
-                                       "bytes_in", "bytes_out", "refused_connections"), 0)
+        self.counters = Counters(("connections_total", "auth_failures", "protocol_errors",
+                                  "bytes_in", "bytes_out", "refused_connections", "handshake_drops",
+                                  "timeouts", "idle_closed", "holds_expired"))
+
+    @property
+    def capacity(self) -> int:
+        return sum(t.segment.size for t in self.tenants.values())
 
     # -------------------------------------------------------------------------------- lifecycle
 
     def start(self) -> PoolServer:
         cfg = self.config
         t0 = time.monotonic()
-        capacity = cfg.capacity // cfg.slab_size * cfg.slab_size
+        capacity = sum(t.capacity for t in cfg.tenants) if cfg.tenants else cfg.capacity
         avail = _mem_available()
         if cfg.populate and avail is not None and capacity > avail:
             # Pre-faulting more than the machine has would end in the OOM killer, not an error.
             raise ConfigError(f"capacity of {capacity} bytes exceeds the {avail} bytes of memory "
                               "available; lower it", key="capacity")
-        self.segment = Segment(capacity, populate=cfg.populate)
-        self.store = PoolStore(capacity, cfg.slab_size, high_watermark=cfg.high_watermark,
-                               low_watermark=cfg.low_watermark, put_wait=cfg.put_wait)
-        log.info("segment of %d bytes ready in %.2fs (populate=%s)", capacity, time.monotonic() - t0,
-                 cfg.populate)
+        self.tenants = build_tenants(cfg)
+        log.info("%d segment(s), %d bytes, ready in %.2fs (populate=%s)", len(self.tenants),
+                 self.capacity, time.monotonic() - t0, cfg.populate)
         if cfg.rdma_device != "off":  # before listening: every hello must tell the truth about it
-            from ..transfer import rdma
-
-            self.rdma = rdma.open_server_side(self.segment, cfg.rdma_device)
-            if self.rdma is None:
-                log.warning("RDMA requested but off: %s", rdma.unavailable_reason(cfg.rdma_device))
-            else:
-                log.info("RDMA: %s", self.rdma.describe())
+            self._open_rdma()
         tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         tcp.bind((cfg.host, cfg.port))
@@ -117,14 +126,28 @@ class PoolServer:
             ux.listen(128)
             self._listeners.append(ux)
             self._spawn(self._accept_loop, ux, True)
-        self._spawn(self._evict_loop)
+        self._spawn(self._housekeeping)
+        self._spawn(self._refuse_loop)
         self.started = time.time()
-        log.info("pool %s listening on %s:%d (shared memory %s, secret %s)", self.server_id[:8],
-                 *self.address, "on" if self.unix_name else "off", "on" if cfg.secret else "off")
+        log.info("pool %s listening on %s:%d (shared memory %s, tenants %s)", self.server_id[:8],
+                 *self.address, "on" if self.unix_name else "off",
+                 ", ".join(repr(n) for n in self.tenants) if cfg.tenants else
+                 f"one, secret {'on' if cfg.secret else 'off'}")
         return self
 
+    def _open_rdma(self) -> None:
+        from ..transfer import rdma
+
+        sides = {name: rdma.open_server_side(t.segment, self.config.rdma_device)
+                 for name, t in self.tenants.items()}
+        if any(side is None for side in sides.values()):
+            log.warning("RDMA requested but off: %s", rdma.unavailable_reason(self.config.rdma_device))
+            return
+        self.rdma = sides
+        log.info("RDMA: %s", "; ".join(s.describe() for s in sides.values()))  # type: ignore[attr-defined]
+
     def stop(self) -> None:
-        """Stop accepting, drop every connection, free the segment. Idempotent."""
+        """Stop accepting, drop every connection, free the segments. Idempotent."""
         if self._stop.is_set():
             return
         self._stop.set()
@@ -144,8 +167,8 @@ class PoolServer:
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout=5)
-        if self.segment is not None:
-            self.segment.close()
+        for t in self.tenants.values():
+            t.segment.close()
         log.info("pool %s stopped", self.server_id[:8])
 
     def wait(self) -> None:
@@ -157,241 +180,354 @@ class PoolServer:
         t.start()
         self._threads = [x for x in self._threads if x.is_alive()] + [t]
 
-    def _evict_loop(self) -> None:
-        assert self.store is not None
+    def _housekeeping(self) -> None:
         while not self._stop.wait(0.02):
-            if self.store.over_high_watermark():
-                n = self.store.evict_to_watermark()
-                if n:
-                    log.debug("evicted %d pages down to the low watermark", n)
+            for t in self.tenants.values():
+                if t.store.over_high_watermark():
+                    n = t.store.evict_to_watermark()
+                    if n:
+                        log.debug("tenant %r: evicted %d pages down to the low watermark", t.name, n)
+            self.holds.release_due()
+
+    # ----------------------------------------------------------------------------------- accept
 
     def _accept_loop(self, listener: socket.socket, unix: bool) -> None:
+        """Never blocks on a peer: a refusal is handed to the refuse thread."""
+        cfg = self.config
         while not self._stop.is_set():
             try:
                 sock, addr = listener.accept()
             except OSError:
                 return
-            peer = "unix" if unix else f"{addr[0]}:{addr[1]}"
+            c = Conn(sock, "unix" if unix else f"{addr[0]}:{addr[1]}", unix)
+            victim = None
             with self._lock:
-                full = len(self._conns) >= self.config.max_connections
+                full = len(self._conns) >= cfg.max_connections
+                if (full or len(self._pending) >= cfg.max_handshakes) and self._pending:
+                    victim = next(iter(self._pending))
+                    del self._pending[victim]
+                    self._conns.discard(victim)
+                    full = False
+                if not full:
+                    self._conns.add(c)
+                    self._pending[c] = None
+            if victim is not None:
+                # The oldest unauthenticated connection gives way: its thread sees the shutdown.
+                self.counters.add("handshake_drops")
+                try:
+                    victim.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
             if full:
-                self.counters["refused_connections"] += 1
-                self._send_error(sock, "limit", f"too many connections (max_connections="
-                                 f"{self.config.max_connections})")
-                sock.close()
+                self.counters.add("refused_connections")
+                try:
+                    self._refused.put_nowait(sock)
+                except queue.Full:
+                    sock.close()
                 continue
-            self.counters["connections_total"] += 1
-            self._spawn(self._serve, _Conn(sock, peer, unix))
+            self.counters.add("connections_total")
+            self._spawn(self._serve, c)
+
+    def _refuse_loop(self) -> None:
+        msg = f"too many connections (max_connections={self.config.max_connections})"
+        while not self._stop.is_set():
+            try:
+                sock = self._refused.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            self._send_error(sock, "limit", msg)
+            sock.close()
 
     # ------------------------------------------------------------------------------- connection
 
     def _send_error(self, sock: socket.socket, kind: str, message: str) -> None:
         """Send an ERROR frame, then close gracefully: closing with unread input would reset the
-        connection and could destroy the error before the peer reads it."""
+        connection and could destroy the error before the peer reads it. Bounded in time."""
+        deadline = time.monotonic() + 0.5  # arbitrary: a peer that reads nothing gets no more
         try:
-            send_buffers(sock, [P.frame(P.Op.ERROR, P.ErrorMsg(kind, message))])
+            send_buffers(sock, [P.frame(P.Op.ERROR, P.ErrorMsg(kind, message))], deadline)
             sock.shutdown(socket.SHUT_WR)
-            sock.settimeout(0.2)  # drain what the peer already sent, briefly (arbitrary bound)
+            sock.settimeout(0.2)
             for _ in range(64):
-                if not sock.recv(1 << 16):
+                if time.monotonic() > deadline or not sock.recv(1 << 16):
                     break
         except OSError:
             pass
 
-    def _handshake(self, c: _Conn) -> None:
+    def _handshake(self, c: Conn) -> None:
         cfg = self.config
-        c.sock.settimeout(cfg.handshake_timeout)
+        deadline = time.monotonic() + cfg.handshake_timeout
         nonce = os.urandom(16)
         send_buffers(c.sock, [P.frame(P.Op.SERVER_HELLO, P.ServerHello(
-            P.PROTOCOL_VERSION, self.server_id, nonce, self.unix_name, bool(cfg.secret),
-            self.rdma is not None, cfg.max_meta_bytes, cfg.max_frame_bytes, cfg.max_batch))])
-        header, meta = read_frame(c.sock, max_meta=cfg.max_meta_bytes, max_data=0)
+            P.PROTOCOL_VERSION, self.server_id, nonce, self.unix_name,
+            any(t.secret for t in self.tenants.values()), bool(self.rdma), cfg.max_meta_bytes,
+            cfg.max_frame_bytes, cfg.max_batch))], deadline)
+        header, meta = read_frame(c.sock, max_meta=P.HANDSHAKE_MAX_META, max_data=0,
+                                  deadline=deadline)
         if header.op != P.Op.CLIENT_HELLO:
             raise ProtocolError(f"expected CLIENT_HELLO first, got op {header.op}")
         hello = P.decode(meta, P.ClientHello)
-        P.check_auth(cfg.secret, nonce, hello.mac)
-        assert self.segment is not None
+        tenant = authenticate(self.tenants, hello, nonce)
         shm = c.unix and hello.want_shm
-        ok = P.frame(P.Op.HELLO_OK, P.HelloOk(self.segment.size, shm))
+        ok = P.frame(P.Op.HELLO_OK, P.HelloOk(tenant.segment.size, shm, cfg.hold_timeout,
+                                              tenant.max_hold_bytes))
         if shm:
-            socket.send_fds(c.sock, [ok], [self.segment.fd])
+            c.sock.settimeout(max(0.001, deadline - time.monotonic()))
+            socket.send_fds(c.sock, [ok], [tenant.segment.fd])
         else:
-            send_buffers(c.sock, [ok])
-        c.sock.settimeout(None)
-        log.debug("client %s (%s) connected from %s", hello.client, "shm" if shm else "stream", c.peer)
-
-    def _serve(self, c: _Conn) -> None:
+            send_buffers(c.sock, [ok], deadline)
         with self._lock:
-            self._conns.add(c)
+            self._pending.pop(c, None)
+        c.tenant, c.one_sided = tenant, shm
+        if c.pid:
+            self.holds.reconnected(c.pid, cfg.hold_timeout)
+        log.debug("client %s (%s, tenant %r) connected from %s", hello.client,
+                  "shm" if shm else "stream", tenant.name, c.peer)
+
+    def _next_frame(self, c: Conn) -> bool:
+        """Wait for the next request's first byte: False on a clean close or idle timeout."""
+        cfg = self.config
+        while True:
+            wait = cfg.idle_timeout
+            oldest = c.oldest_hold()
+            if oldest is not None:
+                wait = min(wait, oldest + cfg.hold_timeout - time.monotonic())
+                if wait <= 0:
+                    raise _Expired
+            c.sock.settimeout(wait)
+            try:
+                return bool(c.sock.recv(1, socket.MSG_PEEK))
+            except TimeoutError:
+                if c.oldest_hold() is None:
+                    self.counters.add("idle_closed")
+                    log.debug("closing %s: idle for %.0fs", c.peer, cfg.idle_timeout)
+                    return False
+
+    def _serve(self, c: Conn) -> None:
+        cfg = self.config
         try:
             if not c.unix:
                 tune(c.sock)
             self._handshake(c)
-            while not self._stop.is_set():
-                first = c.sock.recv(1, socket.MSG_PEEK)
-                if not first:
-                    return  # clean close between frames
-                header, meta = read_frame(c.sock, max_meta=self.config.max_meta_bytes,
-                                          max_data=self.config.max_frame_bytes)
-                self._dispatch(c, header, meta)
+            while not self._stop.is_set() and self._next_frame(c):
+                deadline = time.monotonic() + cfg.request_timeout
+                header, meta = read_frame(c.sock, max_meta=cfg.max_meta_bytes,
+                                          max_data=cfg.max_frame_bytes, deadline=deadline)
+                self._dispatch(c, header, meta, deadline + header.data_len / MIN_RATE)
         except AuthError as e:
-            self.counters["auth_failures"] += 1
+            self.counters.add("auth_failures")
             log.warning("refused %s: %s", c.peer, e)
             self._send_error(c.sock, "auth", str(e))
         except ProtocolError as e:
-            self.counters["protocol_errors"] += 1
+            self.counters.add("protocol_errors")
             log.warning("protocol error from %s: %s", c.peer, e)
             self._send_error(c.sock, "protocol", str(e))
+        except _Expired:
+            self.counters.add("holds_expired")
+            log.warning("closing %s: a reservation or lease was held past hold_timeout (%.0fs)",
+                        c.peer, cfg.hold_timeout)
+            self._cleanup(c, expired=True)
+            return
+        except TimeoutError:
+            self.counters.add("timeouts")
+            log.info("closing %s: %s", c.peer, "handshake not finished within handshake_timeout"
+                     if c.tenant is None else "request not sent or reply not taken in time")
         except OSError as e:
             if not self._stop.is_set():
                 log.info("connection from %s dropped: %s", c.peer, e)
         except Exception:
             log.exception("internal error serving %s", c.peer)
             self._send_error(c.sock, "internal", "internal server error (see the server log)")
-        finally:
-            self._cleanup(c)
+        self._cleanup(c)
 
-    def _cleanup(self, c: _Conn) -> None:
-        assert self.store is not None
-        for _, entries in c.tickets.values():
-            self.store.abort(entries)
-        for entries in c.leases.values():
-            self.store.release(entries)
+    def _cleanup(self, c: Conn, expired: bool = False) -> None:
+        if c.rdma is not None:
+            c.rdma.close()  # type: ignore[attr-defined]  # no remote write can land after this
+        c.sock.close()
+        if c.tenant is not None:
+            store = c.tenant.store
+            for hold in c.tickets.values():
+                entries = [e for e in hold.entries if e is not None]
+                if expired and c.unix and c.one_sided:
+                    # The client may still be copying into these slots: see conn's docstring.
+                    self.holds.quarantine(c.pid, store, entries, self.config.hold_timeout)
+                else:
+                    store.abort(entries)
+                self.holds.give_back(c.holder, hold.nbytes)
+            for hold in c.leases.values():
+                store.release(hold.entries)
+                self.holds.give_back(c.holder, hold.nbytes)
         c.tickets.clear()
         c.leases.clear()
-        if c.rdma is not None:
-            c.rdma.close()  # type: ignore[attr-defined]
-        c.sock.close()
         with self._lock:
             self._conns.discard(c)
+            self._pending.pop(c, None)
+
+    # -------------------------------------------------------------------------------- requests
 
     def _check_batch(self, keys: list[bytes], sizes: list[int] | None = None) -> None:
         if len(keys) > self.config.max_batch:
             raise ProtocolError(f"batch of {len(keys)} keys exceeds max_batch={self.config.max_batch}")
-        if sizes is not None and len(sizes) != len(keys):
-            raise ProtocolError(f"{len(keys)} keys but {len(sizes)} sizes")
+        if sizes is not None:
+            if len(sizes) != len(keys):
+                raise ProtocolError(f"{len(keys)} keys but {len(sizes)} sizes")
+            bad = next((i for i, n in enumerate(sizes) if n < 0), None)
+            if bad is not None:
+                raise ProtocolError(f"page size {sizes[bad]} of key #{bad} is negative")
+
+    def _check_one_sided(self, c: Conn, op: int) -> None:
+        if not c.one_sided:
+            raise ProtocolError(f"{P.Op(op).name} is for clients that write or read the segment "
+                                "themselves (shared memory, RDMA); this connection has neither, "
+                                "use PUT and GET")
 
     @staticmethod
     def _check_open(table: dict, what: str) -> None:
         if len(table) >= MAX_OPEN_PER_CONNECTION:
             raise ProtocolError(f"more than {MAX_OPEN_PER_CONNECTION} open {what} on one connection")
 
-    def _reply(self, c: _Conn, op: int, msg: object, data: list[memoryview] | None = None) -> None:
+    def _reply(self, c: Conn, op: int, msg: object, deadline: float,
+               data: list[memoryview] | None = None) -> None:
         n = sum(v.nbytes for v in data) if data else 0
-        send_buffers(c.sock, [P.frame(op | P.REPLY_BIT, msg, n), *(data or [])])  # type: ignore[arg-type]
-        self.counters["bytes_out"] += n
+        send_buffers(c.sock, [P.frame(op | P.REPLY_BIT, msg, n), *(data or [])],  # type: ignore[arg-type]
+                     deadline + n / MIN_RATE)
+        self.counters.add("bytes_out", n)
 
-    def _dispatch(self, c: _Conn, header: P.Header, meta: bytearray) -> None:
+    def _dispatch(self, c: Conn, header: P.Header, meta: bytearray, deadline: float) -> None:
         op = header.op
         msg = P.decode(meta, P.request_type(op))
-        store = self.store
-        assert store is not None and self.segment is not None
+        assert c.tenant is not None
+        store, view = c.tenant.store, c.tenant.segment.view
         if header.data_len and op != P.Op.PUT:
             raise ProtocolError(f"op {P.Op(op).name} carries no data, got {header.data_len} bytes")
         if op == P.Op.PUT:
             self._check_batch(msg.keys, msg.sizes)
-            if sum(msg.sizes) != header.data_len or min(msg.sizes, default=1) < 0:
+            if sum(msg.sizes) != header.data_len:
                 raise ProtocolError(f"PUT sizes add up to {sum(msg.sizes)} bytes but the frame carries "
                                     f"{header.data_len}")
-            self._reply(c, op, P.Flags(self._put(c, msg.keys, msg.sizes)))
+            self._reply(c, op, P.Flags(self._put(c, msg.keys, msg.sizes, deadline)), deadline)
         elif op == P.Op.GET:
             self._check_batch(msg.keys, msg.sizes)
             entries = store.lease(msg.keys, msg.sizes)
             try:
-                view = self.segment.view
-                self._reply(c, op, P.GetReply([e.size if e else -1 for e in entries]),
+                self._reply(c, op, P.GetReply([e.size if e else -1 for e in entries]), deadline,
                             [view[e.offset:e.offset + e.size] for e in entries if e is not None])
             finally:
                 store.release(entries)
         elif op == P.Op.EXISTS:
             self._check_batch(msg.keys)
-            self._reply(c, op, P.Flags(store.contains(msg.keys)))
+            self._reply(c, op, P.Flags(store.contains(msg.keys)), deadline)
         elif op == P.Op.REMOVE:
             self._check_batch(msg.keys)
-            self._reply(c, op, P.Count(store.remove(msg.keys)))
+            self._reply(c, op, P.Count(store.remove(msg.keys)), deadline)
         elif op == P.Op.CLEAR:
-            self._reply(c, op, P.Count(store.clear()))
+            self._reply(c, op, P.Count(store.clear()), deadline)
         elif op == P.Op.STATS:
-            self._reply(c, op, P.Stats(self.stats()))
+            self._reply(c, op, P.Stats(self.stats(c.tenant.name)), deadline)
         elif op == P.Op.RESERVE:
+            self._check_one_sided(c, op)
             self._check_batch(msg.keys, msg.sizes)
             self._check_open(c.tickets, "reservations (RESERVE without COMMIT)")
-            self._reply(c, op, self._reserve(c, msg.keys, msg.sizes))
+            self._reply(c, op, self._reserve(c, msg.keys, msg.sizes), deadline)
         elif op == P.Op.COMMIT:
-            self._reply(c, op, P.Flags(self._commit(c, msg.ticket, msg.written)))
+            self._check_one_sided(c, op)
+            self._reply(c, op, P.Flags(self._commit(c, msg.ticket, msg.written)), deadline)
         elif op == P.Op.LEASE:
+            self._check_one_sided(c, op)
             self._check_batch(msg.keys, msg.sizes)
             self._check_open(c.leases, "leases (LEASE without RELEASE)")
-            entries = store.lease(msg.keys, msg.sizes)
-            lease = next(self._ids)
-            c.leases[lease] = entries
-            self._reply(c, op, P.Lease(lease, [e.offset if e else 0 for e in entries],
-                                       [e.size if e else -1 for e in entries]))
+            self._reply(c, op, self._lease(c, msg.keys, msg.sizes), deadline)
         elif op == P.Op.RELEASE:
-            store.release(c.leases.pop(msg.lease, []))
+            self._check_one_sided(c, op)
+            hold = c.leases.pop(msg.lease, None)
+            if hold is not None:
+                store.release(hold.entries)
+                self.holds.give_back(c.holder, hold.nbytes)
         elif op == P.Op.RDMA_CONNECT:
-            if self.rdma is None:
+            side = self.rdma.get(c.tenant.name)
+            if side is None:
                 raise ProtocolError("this pool offers no RDMA (no device, or rdma_device: off)")
-            c.rdma, reply = self.rdma.connect(msg)  # type: ignore[attr-defined]
-            self._reply(c, op, reply)
+            c.rdma, reply = side.connect(msg)  # type: ignore[attr-defined]
+            c.one_sided = True
+            self._reply(c, op, reply, deadline)
         else:
             raise ProtocolError(f"op {op} is not a request")
 
-    # ------------------------------------------------------------------------------------ writes
-
-    def _put(self, c: _Conn, keys: list[bytes], sizes: list[int]) -> bytes:
-        store = self.store
-        assert store is not None and self.segment is not None
+    def _put(self, c: Conn, keys: list[bytes], sizes: list[int], deadline: float) -> bytes:
+        assert c.tenant is not None
+        store, view = c.tenant.store, c.tenant.segment.view
         res = store.reserve(keys, sizes)
         entries = [r for r in res if isinstance(r, Entry)]
-        view = self.segment.view
         try:
             for r, size in zip(res, sizes):
                 if isinstance(r, Entry):
-                    recv_exact_into(c.sock, view[r.offset:r.offset + size])
+                    recv_exact_into(c.sock, view[r.offset:r.offset + size], deadline)
                 else:
-                    discard(c.sock, size)
+                    discard(c.sock, size, deadline)
         except BaseException:
             store.abort(entries)  # a truncated PUT leaves nothing readable
             raise
-        self.counters["bytes_in"] += sum(sizes)
+        self.counters.add("bytes_in", sum(sizes))
         store.commit(entries, [True] * len(entries))
         return bytes(r is PRESENT or isinstance(r, Entry) for r in res)
 
-    def _reserve(self, c: _Conn, keys: list[bytes], sizes: list[int]) -> P.Reservation:
-        store = self.store
-        assert store is not None
-        res = store.reserve(keys, sizes)
+    def _reserve(self, c: Conn, keys: list[bytes], sizes: list[int]) -> P.Reservation:
+        assert c.tenant is not None
+        n = self.holds.take(c.holder, sizes, c.tenant.max_hold_bytes)
+        res: list[object] = [*c.tenant.store.reserve(keys[:n], sizes[:n]), *[None] * (len(keys) - n)]
         status = bytes(P.RESERVE_WRITE if isinstance(r, Entry) else
                        P.RESERVE_PRESENT if r is PRESENT else P.RESERVE_NO_ROOM for r in res)
         ticket = next(self._ids)
-        c.tickets[ticket] = (res, [r for r in res if isinstance(r, Entry)])
+        c.tickets[ticket] = Hold([r for r in res if isinstance(r, Entry)], sum(sizes[:n]), res=res)
         return P.Reservation(ticket, status, [r.offset if isinstance(r, Entry) else 0 for r in res])
 
-    def _commit(self, c: _Conn, ticket: int, written: bytes) -> bytes:
-        assert self.store is not None
-        if ticket not in c.tickets:
+    def _commit(self, c: Conn, ticket: int, written: bytes) -> bytes:
+        assert c.tenant is not None
+        store = c.tenant.store
+        hold = c.tickets.pop(ticket, None)
+        if hold is None:
             raise ProtocolError(f"COMMIT of unknown reservation {ticket}")
-        res, entries = c.tickets.pop(ticket)
+        self.holds.give_back(c.holder, hold.nbytes)
+        res, entries = hold.res or [], [e for e in hold.entries if e is not None]
         if len(written) != len(res):
-            self.store.abort(entries)
+            store.abort(entries)
             raise ProtocolError(f"COMMIT names {len(written)} pages, the reservation has {len(res)}")
+        if time.monotonic() - hold.since > self.config.hold_timeout:
+            store.abort(entries)  # void: the client may have been stopped mid-copy
+            return bytes(r is PRESENT for r in res)
         ok = [bool(written[i]) for i, r in enumerate(res) if isinstance(r, Entry)]
-        self.store.commit(entries, ok)
-        self.counters["bytes_in"] += sum(e.size for e, w in zip(entries, ok) if w)
+        store.commit(entries, ok)
+        self.counters.add("bytes_in", sum(e.size for e, w in zip(entries, ok) if w))
         return bytes(bool(written[i]) if isinstance(r, Entry) else r is PRESENT
                      for i, r in enumerate(res))
 
+    def _lease(self, c: Conn, keys: list[bytes], sizes: list[int]) -> P.Lease:
+        assert c.tenant is not None
+        n = self.holds.take(c.holder, sizes, c.tenant.max_hold_bytes)
+        entries = [*c.tenant.store.lease(keys[:n], sizes[:n]), *[None] * (len(keys) - n)]
+        held = sum(e.size for e in entries if e is not None)
+        self.holds.give_back(c.holder, sum(sizes[:n]) - held)  # misses hold nothing
+        lease = next(self._ids)
+        c.leases[lease] = Hold(entries, held)
+        return P.Lease(lease, [e.offset if e else 0 for e in entries],
+                       [e.size if e else -1 for e in entries])
+
     # ------------------------------------------------------------------------------------- stats
 
-    def stats(self) -> dict[str, float]:
-        assert self.store is not None
-        out = self.store.snapshot()
-        out.update({k: float(v) for k, v in self.counters.items()})
+    def stats(self, tenant: str | None = None) -> dict[str, float]:
+        """Counters of one tenant's pages (what its clients see), or of all tenants summed, plus
+        the server's connection counters."""
+        out: dict[str, float] = {}
+        for t in self.tenants.values():
+            if tenant is None or t.name == tenant:
+                for k, v in t.store.snapshot().items():
+                    out[k] = out.get(k, 0.0) + v
+        out.update(self.counters.snapshot())
         with self._lock:
             out["connections"] = float(len(self._conns))
+        out["quarantined_bytes"] = float(self.holds.quarantined_bytes())
+        out["tenants"] = float(len(self.tenants))
         out["uptime_s"] = time.time() - self.started
-        out["rdma"] = float(self.rdma is not None)
+        out["rdma"] = float(bool(self.rdma))
         out["shared_memory"] = float(bool(self.unix_name))
         return out
-

@@ -8,8 +8,10 @@ copied outside it. A page moves through three states:
 
 A read takes a lease (a count on the entry) before its bytes leave the segment and drops it after:
 a leased entry is never evicted, and a removed leased entry keeps its slot until the last lease
-goes, so a read in flight is never overwritten. Keys are written once (puts are idempotent), so a
-readable slot never changes under anyone.
+goes, so a read in flight is never overwritten. A readable slot never changes under anyone: a put
+of a stored key at the same size is an idempotent no-op, and one at another size writes a new slot
+that replaces the old entry when it commits (the old slot is freed once its last reader is done),
+so an acknowledged put is readable at the size it was written with.
 
 Concurrent puts of one key (several SGLang instances storing the same prefix, or one batch naming
 a key twice) each write their own reserved slot; the first commit makes its copy readable and
@@ -33,6 +35,7 @@ from collections.abc import Sequence
 
 from ..api import PageKey
 from .allocator import SlabAllocator, slot_size_for
+from .counters import Counters
 
 
 class Entry:
@@ -48,7 +51,7 @@ class Entry:
         self.tick = 0
 
 
-PRESENT = "present"  # reserve(): the key is already readable (put is a no-op success)
+PRESENT = "present"  # reserve(): the key is already readable at that size (a no-op success)
 NO_ROOM = None  # reserve(): nothing could be freed within put_wait
 
 
@@ -72,28 +75,32 @@ class PoolStore:
         self._tick = 0
         self._leased = 0  # entries with at least one lease
         self.stored_bytes = 0
-        self.counters: dict[str, int] = dict.fromkeys(
-            ("puts", "put_present", "put_no_room", "put_waits", "put_dup_writes", "evictions",
-             "evicted_bytes", "removes", "gets", "get_hits", "exists_checks", "aborts"), 0)
+        self.counters = Counters(
+            ("puts", "put_present", "put_no_room", "put_waits", "put_dup_writes", "put_replaced",
+             "evictions", "evicted_bytes", "removes", "gets", "get_hits", "exists_checks", "aborts",
+             "clears"))
 
     # ------------------------------------------------------------------------------------ writes
 
     def reserve(self, keys: Sequence[PageKey], sizes: Sequence[int]) -> list[Entry | str | None]:
         """Per key: a reserved ``Entry`` to write, ``PRESENT`` or ``NO_ROOM``. A key another
-        writer is writing right now gets an ``Entry`` of its own (see the module docstring)."""
+        writer is writing right now, or one stored at another size, gets an ``Entry`` of its own
+        (see the module docstring)."""
         out: list[Entry | str | None] = []
         deadline: float | None = None
+        count = self.counters.add
         with self._cond:
-            self.counters["puts"] += len(keys)
+            count("puts", len(keys))
             for key, size in zip(keys, sizes):
-                if key in self._index:
+                stored = self._index.get(key)
+                if stored is not None and stored.size == size:
                     out.append(PRESENT)
-                    self.counters["put_present"] += 1
+                    count("put_present")
                     continue
                 slot = slot_size_for(size)
                 if size <= 0 or not self.alloc.fits(slot):
                     out.append(NO_ROOM)
-                    self.counters["put_no_room"] += 1
+                    count("put_no_room")
                     continue
                 offset = self.alloc.alloc(slot)
                 while offset is None:
@@ -102,7 +109,7 @@ class PoolStore:
                         break
                     if deadline is None:
                         deadline = time.monotonic() + self.put_wait
-                        self.counters["put_waits"] += 1
+                        count("put_waits")
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
@@ -111,7 +118,7 @@ class PoolStore:
                     offset = self.alloc.alloc(slot)
                 if offset is None:
                     out.append(NO_ROOM)
-                    self.counters["put_no_room"] += 1
+                    count("put_no_room")
                     continue
                 e = Entry(key, offset, size, slot)
                 self._writing += 1
@@ -121,20 +128,26 @@ class PoolStore:
 
     def commit(self, entries: Sequence[Entry], written: Sequence[bool]) -> None:
         """Make completely written entries readable; free the others. A written entry whose key
-        another writer made readable first is freed too: the key is stored either way."""
+        another writer made readable first at the same size is freed too: the key is stored
+        either way. One at another size replaces the stored entry."""
         with self._cond:
             for e, ok in zip(entries, written):
                 self._writing -= 1
-                if ok and e.key in self._index:
-                    self.counters["put_dup_writes"] += 1
+                stored = self._index.get(e.key) if ok else None
+                if stored is not None and stored.size == e.size:
+                    self.counters.add("put_dup_writes")
                     self._free(e)
-                elif ok:
+                    continue
+                if stored is not None:
+                    self.counters.add("put_replaced")
+                    self._drop(stored)
+                if ok:
                     self._tick += 1
                     e.tick = self._tick
                     self._index[e.key] = e
                     self._lru.setdefault(e.slot, OrderedDict())[e.key] = e
                 else:
-                    self.counters["aborts"] += 1
+                    self.counters.add("aborts")
                     self._free(e)
             self._cond.notify_all()
 
@@ -147,7 +160,7 @@ class PoolStore:
         """Pin each readable page whose size matches (``None`` otherwise) and mark it recently used."""
         out: list[Entry | None] = []
         with self._cond:
-            self.counters["gets"] += len(keys)
+            self.counters.add("gets", len(keys))
             for i, key in enumerate(keys):
                 e = self._index.get(key)
                 if e is None or (sizes is not None and sizes[i] != e.size):
@@ -159,7 +172,7 @@ class PoolStore:
                 e.tick = self._tick
                 self._lru[e.slot].move_to_end(key)
                 out.append(e)
-            self.counters["get_hits"] += sum(e is not None for e in out)
+            self.counters.add("get_hits", sum(e is not None for e in out))
         return out
 
     def release(self, entries: Sequence[Entry | None]) -> None:
@@ -177,7 +190,7 @@ class PoolStore:
     def contains(self, keys: Sequence[PageKey]) -> bytes:
         index = self._index
         # A dict lookup per key under the GIL is atomic; no lock needed for a snapshot answer.
-        self.counters["exists_checks"] += len(keys)
+        self.counters.add("exists_checks", len(keys))
         return bytes(k in index for k in keys)
 
     # ---------------------------------------------------------------------------------- removal
@@ -190,7 +203,7 @@ class PoolStore:
                 if e is not None:
                     self._drop(e)
                     n += 1
-            self.counters["removes"] += n
+            self.counters.add("removes", n)
             self._cond.notify_all()
         return n
 
@@ -199,6 +212,7 @@ class PoolStore:
             entries = list(self._index.values())
             for e in entries:
                 self._drop(e)
+            self.counters.add("clears")
             self._cond.notify_all()
         return len(entries)
 
@@ -250,8 +264,8 @@ class PoolStore:
         return self.alloc.alloc(slot)
 
     def _evict(self, e: Entry) -> None:
-        self.counters["evictions"] += 1
-        self.counters["evicted_bytes"] += e.size
+        self.counters.add("evictions")
+        self.counters.add("evicted_bytes", e.size)
         self._drop(e)
 
     def _drop(self, e: Entry) -> None:
@@ -273,7 +287,7 @@ class PoolStore:
 
     def snapshot(self) -> dict[str, float]:
         with self._cond:
-            out: dict[str, float] = {k: float(v) for k, v in self.counters.items()}
+            out = self.counters.snapshot()
             out.update(capacity_bytes=float(self.alloc.capacity), used_bytes=float(self.alloc.used_bytes),
                        stored_bytes=float(self.stored_bytes), pages=float(len(self._index)),
                        writing=float(self._writing),

@@ -9,7 +9,12 @@ misses / not-stored for that endpoint's keys, and the endpoint is skipped for ``
 afterwards the next call tries it again, so a restarted server is used again without any action.
 While an endpoint is skipped, its keys go to the next-ranked live endpoint (better hit rate during
 an outage; those copies are orphaned when it returns and age out by eviction). Nothing here raises
-for an unreachable pool — SGLang sees misses — except ``TierClosed`` after ``close()``.
+for an unreachable pool — SGLang sees misses — except ``TierClosed`` after ``close()``. A stopped
+server (it accepts, never answers) is found out within ``connect_timeout`` / ``first_byte_timeout``
+rather than the full ``timeout``, once, and then skipped like a dead one.
+
+Tenancy: ``tenant`` and ``secret`` name this deployment's tenant on a multi-tenant pool; the
+server then shows it only that tenant's pages (docs/pool.md, "Tenants and trust").
 
 Replication and high availability are out of scope (the Mooncake Store tier covers them).
 """
@@ -28,6 +33,7 @@ import xxhash
 from ..api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage
 from ..config import PoolTierConfig
 from ..errors import MooncakeSglError, TierClosed
+from ..pool.counters import Counters
 from ..transfer.client import PoolClient
 
 log = logging.getLogger("mooncake_sgl.tiers.pool")
@@ -43,7 +49,9 @@ class PoolTier(Tier):
     def __init__(self, config: PoolTierConfig):
         self._config = config
         self._clients = [PoolClient(ep, transport=config.transport, secret=config.secret,
-                                    connections=config.connections, timeout=config.timeout)
+                                    tenant=config.tenant, connections=config.connections,
+                                    timeout=config.timeout, connect_timeout=config.connect_timeout,
+                                    first_byte_timeout=config.first_byte_timeout)
                          for ep in config.endpoints]
         self._seeds = [xxhash.xxh64_intdigest(ep.encode()) for ep in config.endpoints]
         self._dead_until = [0.0] * len(self._clients)
@@ -51,8 +59,8 @@ class PoolTier(Tier):
         self._closed = False
         self._usage: tuple[float, TierUsage] | None = None
         self._pool = ThreadPoolExecutor(len(self._clients), "pool-tier") if len(self._clients) > 1 else None
-        self._counters = dict.fromkeys(("gets", "get_hits", "puts", "put_ok", "endpoint_failures",
-                                        "skipped_keys"), 0)
+        self._counters = Counters(("gets", "get_hits", "puts", "put_ok", "endpoint_failures",
+                                   "skipped_keys"))
 
     # ---------------------------------------------------------------------------------- routing
 
@@ -68,7 +76,7 @@ class PoolTier(Tier):
         live = self._live()
         groups: dict[int, list[int]] = {}
         if not live:
-            self._counters["skipped_keys"] += len(keys)
+            self._counters.add("skipped_keys", len(keys))
             return groups
         if len(live) == 1:
             groups[live[0]] = list(range(len(keys)))
@@ -84,7 +92,7 @@ class PoolTier(Tier):
         with self._lock:
             was_live = self._dead_until[i] <= time.monotonic()
             self._dead_until[i] = time.monotonic() + self._config.retry_after
-            self._counters["endpoint_failures"] += 1
+            self._counters.add("endpoint_failures")
         if was_live:
             log.warning("pool endpoint %s failed, treating its pages as misses for %.1fs: %s",
                         self._clients[i].endpoint, self._config.retry_after, e)
@@ -122,15 +130,15 @@ class PoolTier(Tier):
     def get_into(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
         out = self._fan_out(keys, False, lambda c, ps: c.get_batch([keys[p] for p in ps],
                                                                    [pages[p] for p in ps]))
-        self._counters["gets"] += len(keys)
-        self._counters["get_hits"] += sum(out)
+        self._counters.add("gets", len(keys))
+        self._counters.add("get_hits", sum(out))
         return out
 
     def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
         out = self._fan_out(keys, False, lambda c, ps: c.put_batch([keys[p] for p in ps],
                                                                    [pages[p] for p in ps]))
-        self._counters["puts"] += len(keys)
-        self._counters["put_ok"] += sum(out)
+        self._counters.add("puts", len(keys))
+        self._counters.add("put_ok", sum(out))
         self._usage = None
         return out
 
@@ -172,7 +180,7 @@ class PoolTier(Tier):
         self._usage = None
 
     def stats(self) -> dict[str, float]:
-        out = {k: float(v) for k, v in self._counters.items()}
+        out = self._counters.snapshot()
         out["endpoints"] = float(len(self._clients))
         out["endpoints_live"] = float(len(self._live()))
         out["shm_endpoints"] = float(sum(c.mode == "shm" for c in self._clients))

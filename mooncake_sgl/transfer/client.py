@@ -12,7 +12,17 @@ round trips per batch (RESERVE/COMMIT, LEASE/RELEASE — the release is one-way 
 the next request) and move the bytes client-side.
 
 Failures: any socket or protocol failure closes every connection and mapping of the endpoint and
-raises ``TierUnavailable``; the next call reconnects (so a restarted server is found again).
+raises ``TierUnavailable``; the next call reconnects (so a restarted server is found again). A
+server that accepts but does not answer (stopped, not dead) fails fast: the handshake must finish
+within ``connect_timeout`` and a read's reply must start within ``first_byte_timeout``, so a read
+costs that, not the full ``timeout``. An idle connection the server closed is noticed before use
+and replaced, not reported as a failure.
+
+Holds. A one-sided batch is cut to half the bytes the server lets one process hold (HELLO_OK), and
+pages are copied only while their reservation or lease is younger than half the server's
+``hold_timeout``: a client stopped in the middle copies nothing into a slot the server may have
+reused, and a read that took too long is a miss rather than bytes of uncertain age.
+
 Thread-safe: each call borrows its own connection(s).
 """
 
@@ -20,6 +30,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -27,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..api import PageKey, PageView, page_nbytes
+from ..config import parse_endpoint
 from ..errors import AuthError, ProtocolError, TierClosed, TierUnavailable
 from . import protocol as P
 from .shm import SharedMapping
@@ -42,13 +54,6 @@ SPLIT_BYTES = 32 << 20
 PARALLEL_COPY_BYTES = 32 << 20
 
 
-def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"pool endpoint must be host:port, got {endpoint!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
 @dataclass(frozen=True)
 class _Link:
     """A borrowed connection and the transport state of the generation it belongs to."""
@@ -60,15 +65,19 @@ class _Link:
 
 class PoolClient:
     def __init__(self, endpoint: str, *, transport: str = "auto", secret: str = "",
-                 connections: int = 4, timeout: float = 5.0, name: str = "",
-                 split_bytes: int = SPLIT_BYTES, copy_threads: int = 2):
+                 tenant: str = "", connections: int = 4, timeout: float = 5.0,
+                 connect_timeout: float | None = None, first_byte_timeout: float | None = None,
+                 name: str = "", split_bytes: int = SPLIT_BYTES, copy_threads: int = 2):
         if transport not in ("auto", "shm", "tcp", "rdma"):
             raise ValueError(f"transport must be auto, shm, tcp or rdma, got {transport!r}")
         self.endpoint = endpoint
         self.address = parse_endpoint(endpoint)
         self.transport = transport
         self._secret = secret
+        self._tenant = tenant
         self._timeout = timeout
+        self._connect_timeout = connect_timeout or timeout
+        self._first_byte = first_byte_timeout
         self._name = name or socket.gethostname()
         self._nconn = connections
         self._split = split_bytes
@@ -77,6 +86,7 @@ class PoolClient:
         self._idle: list[FramedConnection] = []
         self._mode: str | None = None  # "shm" / "tcp" / "rdma" once connected
         self._hello: P.ServerHello | None = None
+        self._ok: P.HelloOk | None = None
         self._mapping: SharedMapping | None = None
         self._rdma: object | None = None
         self._gen = 0
@@ -94,7 +104,8 @@ class PoolClient:
 
     def _open(self, address: tuple[str, int] | str, want_shm: bool = False) -> FramedConnection:
         return open_connection(address, secret=self._secret, timeout=self._timeout,
-                               want_shm=want_shm, client=self._name)
+                               want_shm=want_shm, client=self._name, tenant=self._tenant,
+                               connect_timeout=self._connect_timeout)
 
     def _establish(self) -> None:
         """First contact: pick the transport (called under ``_lock``)."""
@@ -107,7 +118,7 @@ class PoolClient:
                 conn = self._open(hello.unix_name, want_shm=True)
                 self._mapping = SharedMapping(conn.segment_fd, conn.segment_size)
                 first.close()
-                self._mode, self._hello, self._idle = "shm", hello, [conn]
+                self._mode, self._hello, self._ok, self._idle = "shm", hello, conn.ok, [conn]
                 return
             except (OSError, ProtocolError) as e:
                 if conn is not None:
@@ -123,12 +134,12 @@ class PoolClient:
             reason = reason or rdma.unavailable_reason()
             if reason is None:
                 self._rdma = rdma.ClientSide(first)
-                self._mode, self._hello, self._idle = "rdma", hello, [first]
+                self._mode, self._hello, self._ok, self._idle = "rdma", hello, first.ok, [first]
                 return
             if self.transport == "rdma":
                 first.close()
                 raise TierUnavailable(f"pool {self.endpoint}: RDMA impossible: {reason}")
-        self._mode, self._hello, self._idle = "tcp", hello, [first]
+        self._mode, self._hello, self._ok, self._idle = "tcp", hello, first.ok, [first]
 
     def _reset(self, gen: int) -> None:
         with self._lock:
@@ -155,10 +166,16 @@ class PoolClient:
                         self._establish()
                     gen, mode, mapping, rdma = self._gen, self._mode, self._mapping, self._rdma
                     conn = self._idle.pop() if self._idle else None
+                if conn is not None and mode != "rdma" and conn.stale():
+                    conn.close()  # the server closed it while idle (its idle_timeout): no failure
+                    conn = None
                 if conn is None:
                     assert self._hello is not None
+                    # A shared-memory connection asks for the segment again: the server lets
+                    # only connections it handed the segment to RESERVE and LEASE.
                     conn = self._open(self._hello.unix_name if mode == "shm" else self.address,
-                                      want_shm=False)
+                                      want_shm=mode == "shm")
+                    conn.drop_segment_fd()  # this generation's mapping is already there
             except (OSError, ProtocolError) as e:
                 if isinstance(e, AuthError):
                     raise
@@ -199,6 +216,8 @@ class PoolClient:
         hello = self._hello
         max_batch = hello.max_batch if hello else P.DEFAULT_MAX_BATCH
         max_data = hello.max_data if hello else P.DEFAULT_MAX_DATA_BYTES
+        if self._mode != "tcp" and self._ok is not None:
+            max_data = min(max_data, self._ok.max_hold_bytes // 2)
         total = sum(sizes)
         parts = max(1, min(self._nconn, total // self._split)) if self._mode == "tcp" else 1
         target = max(1, -(-total // parts))
@@ -222,6 +241,9 @@ class PoolClient:
         chunks = self._chunks(sizes)
         if len(chunks) == 1:
             return fn(0, n)
+        if self._mode != "tcp":
+            # One after the other: one-sided chunks are cut to what this process may hold at once.
+            return [r for a, b in chunks for r in fn(a, b)]
         if self._pool is None:
             with self._lock:
                 self._pool = self._pool or ThreadPoolExecutor(self._nconn, "pool-client")
@@ -255,7 +277,8 @@ class PoolClient:
         step = self._hello.max_batch if self._hello else P.DEFAULT_MAX_BATCH
         for i in range(0, len(keys), step):
             with self._borrow() as link:
-                reply = link.conn.call(P.Op.EXISTS, P.Keys(list(keys[i:i + step])), P.Flags)
+                reply = link.conn.call(P.Op.EXISTS, P.Keys(list(keys[i:i + step])), P.Flags,
+                                       self._first_byte)
                 out.extend(map(bool, reply.flags))
         return out
 
@@ -276,29 +299,34 @@ class PoolClient:
 
     def stats(self) -> dict[str, float]:
         with self._borrow() as link:
-            return dict(link.conn.call(P.Op.STATS, P.Empty(), P.Stats).stats)
+            return dict(link.conn.call(P.Op.STATS, P.Empty(), P.Stats, self._first_byte).stats)
 
     # -------------------------------------------------------------------------------- internals
 
     def _copy(self, fn: Callable[[int, PageView], None], offsets: list[int],
-              pages: list[PageView]) -> None:
-        """Run ``fn(offset, page)`` for every page, on ``copy_threads`` threads for big batches."""
+              pages: list[PageView], deadline: float) -> list[bool]:
+        """Run ``fn(offset, page)`` for every page, on ``copy_threads`` threads for big batches;
+        a page whose turn comes after ``deadline`` is skipped (False)."""
         n = len(pages)
+        done = [False] * n
+
+        def run(a: int, b: int) -> None:
+            for i in range(a, b):
+                if time.monotonic() >= deadline:
+                    return
+                fn(offsets[i], pages[i])
+                done[i] = True
+
         if self._copy_threads < 2 or n < 2 or sum(map(page_nbytes, pages)) < PARALLEL_COPY_BYTES:
-            for off, page in zip(offsets, pages):
-                fn(off, page)
-            return
+            run(0, n)
+            return done
         if self._copier is None:
             with self._lock:
                 self._copier = self._copier or ThreadPoolExecutor(self._copy_threads, "pool-copy")
         step = -(-n // self._copy_threads)
-
-        def run(a: int) -> None:
-            for off, page in zip(offsets[a:a + step], pages[a:a + step]):
-                fn(off, page)
-
-        for f in [self._copier.submit(run, a) for a in range(0, n, step)]:
+        for f in [self._copier.submit(run, a, min(n, a + step)) for a in range(0, n, step)]:
             f.result()
+        return done
 
     def _put(self, keys: Sequence[PageKey], pages: Sequence[PageView], sizes: list[int]) -> list[bool]:
         with self._borrow() as link:
@@ -308,22 +336,27 @@ class PoolClient:
                 c.send(P.Op.PUT, P.KeysSizes(list(keys), sizes), segs, sum(sizes))
                 flags, _ = c.reply(P.Op.PUT, P.Flags)
                 return list(map(bool, flags.flags))
+            deadline = time.monotonic() + c.ok.hold_timeout / 2
             res = c.call(P.Op.RESERVE, P.KeysSizes(list(keys), sizes), P.Reservation)
             todo = [i for i, s in enumerate(res.status) if s == P.RESERVE_WRITE]
             offsets = [res.offsets[i] for i in todo]
             if link.mapping is not None:
-                self._copy(link.mapping.write_page, offsets, [pages[i] for i in todo])
+                done = self._copy(link.mapping.write_page, offsets, [pages[i] for i in todo], deadline)
             else:
                 link.rdma.write_pages(offsets, [pages[i] for i in todo])
-            written = bytes(s == P.RESERVE_WRITE for s in res.status)
-            return list(map(bool, c.call(P.Op.COMMIT, P.CommitReq(res.ticket, written), P.Flags).flags))
+                done = [time.monotonic() < deadline] * len(todo)
+            written = bytearray(len(res.status))
+            for i, ok in zip(todo, done):
+                written[i] = ok
+            return list(map(bool, c.call(P.Op.COMMIT, P.CommitReq(res.ticket, bytes(written)),
+                                         P.Flags).flags))
 
     def _get(self, keys: Sequence[PageKey], pages: Sequence[PageView], sizes: list[int]) -> list[bool]:
         with self._borrow() as link:
             c = link.conn
             if link.mode == "tcp":
                 c.send(P.Op.GET, P.KeysSizes(list(keys), sizes))
-                reply, data_len = c.reply(P.Op.GET, P.GetReply)
+                reply, data_len = c.reply(P.Op.GET, P.GetReply, self._first_byte)
                 if data_len != sum(s for s in reply.sizes if s > 0):
                     raise ProtocolError("GET reply sizes disagree with its data length")
                 for page, n in zip(pages, reply.sizes):
@@ -331,15 +364,19 @@ class PoolClient:
                         for seg in page:
                             recv_exact_into(c.sock, seg.cast("B") if seg.format != "B" else seg)
                 return [n >= 0 for n in reply.sizes]
-            lease = c.call(P.Op.LEASE, P.KeysSizes(list(keys), sizes), P.Lease)
+            deadline = time.monotonic() + c.ok.hold_timeout / 2
+            lease = c.call(P.Op.LEASE, P.KeysSizes(list(keys), sizes), P.Lease, self._first_byte)
             try:
                 hits = [i for i, n in enumerate(lease.sizes) if n >= 0]
                 offsets, dsts = [lease.offsets[i] for i in hits], [pages[i] for i in hits]
                 if link.mapping is not None:
-                    self._copy(link.mapping.read_page, offsets, dsts)
+                    self._copy(link.mapping.read_page, offsets, dsts, deadline)
                 else:
                     link.rdma.read_pages(offsets, dsts)
+                # Checked after the copy: bytes read from a lease the server may have voided
+                # (this process was stopped meanwhile) are of uncertain age, so all are misses.
+                in_time = time.monotonic() < deadline
             finally:
                 # One-way: the server handles it before anything we send next on this connection.
                 c.send(P.Op.RELEASE, P.ReleaseReq(lease.lease), flags=P.FLAG_NO_REPLY)
-            return [n >= 0 for n in lease.sizes]
+            return [n >= 0 and in_time for n in lease.sizes]

@@ -14,9 +14,13 @@ LEASE/RELEASE pairs carry segment offsets, and the client moves the bytes itself
 Connection start (the server speaks first)::
 
     server -> SERVER_HELLO {version, server id, nonce, unix socket name, rdma, limits}
-    client -> CLIENT_HELLO {HMAC-SHA256(secret, nonce), want shared memory}
-    server -> HELLO_OK {segment size}  (+ the segment's memfd over SCM_RIGHTS on a Unix socket)
+    client -> CLIENT_HELLO {HMAC-SHA256(tenant secret, nonce | tenant), want shared memory, tenant}
+    server -> HELLO_OK {segment size}  (+ the tenant's segment memfd over SCM_RIGHTS on a Unix socket)
            or ERROR {kind "auth"} and the connection closes before any page moves.
+
+Until HELLO_OK the server accepts only a CLIENT_HELLO of at most ``HANDSHAKE_MAX_META`` bytes, and
+the whole handshake has one deadline: an unauthenticated peer can make it allocate or wait for
+nothing more.
 
 Any frame with a wrong magic, an unknown version, or a length past the limits gets an ERROR frame
 naming the problem and the connection closes (the stream cannot be resynchronised).
@@ -42,6 +46,8 @@ HEADER_SIZE = HEADER.size
 DEFAULT_MAX_META_BYTES = 16 << 20  # a 4096-key batch of 100-byte keys is ~0.5 MiB; arbitrary headroom
 DEFAULT_MAX_DATA_BYTES = 2 << 30  # 128 pages of 8 MiB is 1 GiB; twice that, arbitrary
 DEFAULT_MAX_BATCH = 4096
+# The largest CLIENT_HELLO: a 32-byte MAC plus two short names. Arbitrary, with headroom.
+HANDSHAKE_MAX_META = 4096
 
 # Frame flags.
 FLAG_NO_REPLY = 1  # one-way message (RELEASE): the server sends nothing back
@@ -87,14 +93,21 @@ class ServerHello(_Msg):
 
 
 class ClientHello(_Msg):
-    mac: bytes  # HMAC-SHA256(secret, nonce); empty when the client has no secret
+    mac: bytes  # HMAC-SHA256(secret, nonce | tenant); empty when the client has no secret
     want_shm: bool = False
     client: str = ""
+    tenant: str = ""  # "" = the server's single, default tenant
 
 
 class HelloOk(_Msg):
     segment_size: int
     shm: bool  # the segment's file descriptor follows as SCM_RIGHTS ancillary data
+    # A reservation or lease older than this (seconds) is void: the server frees it, so a stalled
+    # client cannot pin pages; the client stops copying before it gets that old.
+    hold_timeout: float = 30.0
+    # Most bytes one client process may hold reserved or leased at once; past it pages are not
+    # stored / not found. The client keeps each one-sided batch to half of it.
+    max_hold_bytes: int = 1 << 62
 
 
 class ErrorMsg(_Msg):
@@ -239,19 +252,20 @@ def parse_header(raw: bytes | memoryview, *, max_meta: int, max_data: int) -> He
     return Header(version, op, flags, req_id, meta_len, data_len)
 
 
-def auth_mac(secret: str, nonce: bytes) -> bytes:
-    """What a client proves it knows the secret with; the secret itself never travels."""
+def auth_mac(secret: str, nonce: bytes, tenant: str = "") -> bytes:
+    """What a client proves it knows its tenant's secret with; the secret itself never travels.
+    The tenant name is inside the MAC so a proof for one tenant is worthless for another."""
     if not secret:
         return b""
-    return hmac.new(secret.encode(), nonce, hashlib.sha256).digest()
+    return hmac.new(secret.encode(), nonce + b"\0" + tenant.encode(), hashlib.sha256).digest()
 
 
-def check_auth(secret: str, nonce: bytes, mac: bytes) -> None:
+def check_auth(secret: str, nonce: bytes, mac: bytes, tenant: str = "") -> None:
     if not secret:
         return
     if not mac:
         raise AuthError("this pool requires a shared secret and the client presented none")
-    if not hmac.compare_digest(auth_mac(secret, nonce), mac):
+    if not hmac.compare_digest(auth_mac(secret, nonce, tenant), mac):
         raise AuthError("wrong shared secret")
 
 

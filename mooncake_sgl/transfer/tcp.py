@@ -5,12 +5,18 @@ Receives never allocate per page: ``recv_exact_into`` loops ``recv_into`` over a
 destination (a caller's page segment, or the pool's segment on the server). Sends hand whole lists
 of memoryviews to ``sendmsg`` so a batch leaves in a few large system calls, without joining.
 Both release the GIL while blocked.
+
+Deadlines. Every receive and send here takes an optional ``deadline`` (a ``time.monotonic()``
+instant) that bounds the whole operation, not each system call: a peer that trickles one byte at a
+time still runs out of time. Past it they raise ``TimeoutError`` (an ``OSError``).
 """
 
 from __future__ import annotations
 
 import os
+import select
 import socket
+import time
 from collections.abc import Sequence
 
 import msgspec
@@ -23,6 +29,12 @@ from . import protocol as P
 SOCKET_BUFFER_BYTES = 4 << 20
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 _DISCARD = bytearray(1 << 20)
+# Control messages longer than this are received in pieces as their bytes arrive, so memory follows
+# what a peer actually sent, not what its header claims. Arbitrary.
+_GROW_BYTES = 64 << 10
+# TCP keepalive on pool connections: a peer that vanished (power loss, cable) is found in about
+# KEEPIDLE + KEEPCNT * KEEPINTVL seconds instead of never. Arbitrary.
+KEEPIDLE, KEEPINTVL, KEEPCNT = 30, 10, 3
 
 
 def tune(sock: socket.socket) -> None:
@@ -34,40 +46,65 @@ def tune(sock: socket.socket) -> None:
             pass
     if sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for opt, value in (("TCP_KEEPIDLE", KEEPIDLE), ("TCP_KEEPINTVL", KEEPINTVL),
+                           ("TCP_KEEPCNT", KEEPCNT)):
+            if hasattr(socket, opt):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
 
 
-def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
+def _arm(sock: socket.socket, deadline: float | None) -> None:
+    """Set the socket's timeout to what is left until ``deadline``; raise once it has passed."""
+    if deadline is None:
+        return
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("deadline passed")
+    sock.settimeout(left)
+
+
+def recv_exact_into(sock: socket.socket, view: memoryview, deadline: float | None = None) -> None:
     """Fill ``view`` completely; ``ProtocolError`` if the peer closes first (a truncated frame)."""
     n = view.nbytes
     got = 0
     while got < n:
+        _arm(sock, deadline)
         r = sock.recv_into(view[got:], n - got)
         if r == 0:
             raise ProtocolError(f"connection closed after {got} of {n} bytes: truncated frame")
         got += r
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    if n:
-        recv_exact_into(sock, memoryview(buf))
+def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytearray:
+    if n <= _GROW_BYTES:
+        buf = bytearray(n)
+        if n:
+            recv_exact_into(sock, memoryview(buf), deadline)
+        return buf
+    buf = bytearray()
+    while len(buf) < n:
+        piece = bytearray(min(max(len(buf), _GROW_BYTES), n - len(buf)))
+        recv_exact_into(sock, memoryview(piece), deadline)
+        buf += piece
     return buf
 
 
-def discard(sock: socket.socket, n: int) -> None:
+def discard(sock: socket.socket, n: int, deadline: float | None = None) -> None:
     """Read and drop ``n`` bytes (a page the server will not store)."""
     view = memoryview(_DISCARD)
     while n > 0:
         k = min(n, len(_DISCARD))
-        recv_exact_into(sock, view[:k])
+        recv_exact_into(sock, view[:k], deadline)
         n -= k
 
 
-def send_buffers(sock: socket.socket, bufs: Sequence[bytes | memoryview]) -> None:
+def send_buffers(sock: socket.socket, bufs: Sequence[bytes | memoryview],
+                 deadline: float | None = None) -> None:
     """Send every buffer in order with as few ``sendmsg`` calls as the kernel allows."""
     views = [memoryview(b).cast("B") for b in bufs if len(b)]
     i = 0
     while i < len(views):
+        _arm(sock, deadline)
         sent = sock.sendmsg(views[i:i + _IOV_MAX])
         # Skip the buffers sent completely; keep the unsent tail of a partly sent one.
         while i < len(views) and sent >= views[i].nbytes:
@@ -77,10 +114,19 @@ def send_buffers(sock: socket.socket, bufs: Sequence[bytes | memoryview]) -> Non
             views[i] = views[i][sent:]
 
 
-def read_frame(sock: socket.socket, *, max_meta: int, max_data: int) -> tuple[P.Header, bytearray]:
+def read_frame(sock: socket.socket, *, max_meta: int, max_data: int,
+               deadline: float | None = None) -> tuple[P.Header, bytearray]:
     """One frame's header and meta; the caller reads ``header.data_len`` data bytes itself."""
-    header = P.parse_header(recv_exact(sock, P.HEADER_SIZE), max_meta=max_meta, max_data=max_data)
-    return header, recv_exact(sock, header.meta_len)
+    header = P.parse_header(recv_exact(sock, P.HEADER_SIZE, deadline), max_meta=max_meta,
+                            max_data=max_data)
+    return header, recv_exact(sock, header.meta_len, deadline)
+
+
+def wait_readable(sock: socket.socket, timeout: float) -> bool:
+    """True once ``sock`` has a byte (or EOF) to read, False after ``timeout`` seconds."""
+    poller = select.poll()  # not select(): descriptors past 1024 are normal on a busy server
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(max(0, int(timeout * 1000))))
 
 
 class FramedConnection:
@@ -89,11 +135,12 @@ class FramedConnection:
     Not thread-safe: a ``PoolClient`` lends each connection to one thread at a time.
     """
 
-    def __init__(self, sock: socket.socket, hello: P.ServerHello, segment_size: int = 0,
+    def __init__(self, sock: socket.socket, hello: P.ServerHello, ok: P.HelloOk,
                  segment_fd: int | None = None):
         self.sock = sock
         self.hello = hello
-        self.segment_size = segment_size
+        self.ok = ok
+        self.segment_size = ok.segment_size
         self.segment_fd = segment_fd
         self._req = 0
 
@@ -102,8 +149,14 @@ class FramedConnection:
         self._req = (self._req + 1) & 0xFFFFFFFF
         send_buffers(self.sock, [P.frame(op, msg, data_len, req_id=self._req, flags=flags), *data])
 
-    def reply(self, op: P.Op, cls: type) -> tuple[msgspec.Struct, int]:
-        """Read the reply to ``op``: (message, data length still to read)."""
+    def reply(self, op: P.Op, cls: type, first_byte: float | None = None) -> tuple[msgspec.Struct, int]:
+        """Read the reply to ``op``: (message, data length still to read).
+
+        ``first_byte``: seconds the reply may take to start (a stopped server answers nothing at
+        all; a live one starts its reply at once); ``TimeoutError`` past it.
+        """
+        if first_byte is not None and not wait_readable(self.sock, first_byte):
+            raise TimeoutError(f"no reply to {op.name} within {first_byte:g}s")
         header, meta = read_frame(self.sock, max_meta=self.hello.max_meta, max_data=self.hello.max_data)
         if header.op == P.Op.ERROR:
             P.raise_error(P.decode(meta, P.ErrorMsg))
@@ -111,53 +164,73 @@ class FramedConnection:
             raise ProtocolError(f"expected a reply to {op.name}, got op {header.op}")
         return P.decode(meta, cls), header.data_len
 
-    def call(self, op: P.Op, msg: msgspec.Struct, cls: type) -> msgspec.Struct:
+    def call(self, op: P.Op, msg: msgspec.Struct, cls: type,
+             first_byte: float | None = None) -> msgspec.Struct:
         self.send(op, msg)
-        out, data_len = self.reply(op, cls)
+        out, data_len = self.reply(op, cls, first_byte)
         if data_len:
             raise ProtocolError(f"unexpected {data_len} data bytes in the reply to {op.name}")
         return out
+
+    def stale(self) -> bool:
+        """True when the server closed this idle connection (its idle timeout, a restart):
+        between calls nothing may be readable, so anything is an EOF or an error frame."""
+        try:
+            return wait_readable(self.sock, 0.0)
+        except (OSError, ValueError):
+            return True
+
+    def drop_segment_fd(self) -> None:
+        if self.segment_fd is not None:
+            os.close(self.segment_fd)
+            self.segment_fd = None
 
     def close(self) -> None:
         try:
             self.sock.close()
         finally:
-            if self.segment_fd is not None:
-                os.close(self.segment_fd)
-                self.segment_fd = None
+            self.drop_segment_fd()
 
 
 def open_connection(address: tuple[str, int] | str, *, secret: str, timeout: float,
-                    want_shm: bool = False, client: str = "") -> FramedConnection:
+                    want_shm: bool = False, client: str = "", tenant: str = "",
+                    connect_timeout: float | None = None) -> FramedConnection:
     """Connect (``(host, port)`` for TCP, a ``"\\0name"`` string for an abstract Unix socket),
-    run the handshake, and return the authenticated connection.
+    run the handshake as ``tenant``, and return the authenticated connection.
 
-    Raises ``OSError`` (unreachable), ``AuthError`` (secret refused), ``ProtocolError``.
+    ``connect_timeout`` bounds the connect and the whole handshake (default: ``timeout``): a
+    stopped server still completes TCP connects from its backlog but never says hello.
+
+    Raises ``OSError`` (unreachable, or no hello in time), ``AuthError`` (refused), ``ProtocolError``.
     """
     family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
+    deadline = time.monotonic() + (connect_timeout or timeout)
     try:
-        sock.settimeout(timeout)
+        _arm(sock, deadline)
         sock.connect(address)
         tune(sock)
-        header, meta = read_frame(sock, max_meta=P.DEFAULT_MAX_META_BYTES, max_data=0)
+        header, meta = read_frame(sock, max_meta=P.DEFAULT_MAX_META_BYTES, max_data=0,
+                                  deadline=deadline)
         if header.op == P.Op.ERROR:
             P.raise_error(P.decode(meta, P.ErrorMsg))
         if header.op != P.Op.SERVER_HELLO:
             raise ProtocolError(f"expected SERVER_HELLO, got op {header.op}")
         hello = P.decode(meta, P.ServerHello)
-        mac = P.auth_mac(secret, hello.nonce)
-        send_buffers(sock, [P.frame(P.Op.CLIENT_HELLO, P.ClientHello(mac, want_shm, client))])
+        mac = P.auth_mac(secret, hello.nonce, tenant)
+        send_buffers(sock, [P.frame(P.Op.CLIENT_HELLO, P.ClientHello(mac, want_shm, client, tenant))],
+                     deadline)
         fd = None
         if want_shm and family == socket.AF_UNIX:
+            _arm(sock, deadline)
             raw, fds, _, _ = socket.recv_fds(sock, P.HEADER_SIZE, 1, socket.MSG_WAITALL)
             fd = fds[0] if fds else None
             if len(raw) < P.HEADER_SIZE:
                 raise ProtocolError("connection closed during the handshake")
             header = P.parse_header(raw, max_meta=hello.max_meta, max_data=0)
-            meta = recv_exact(sock, header.meta_len)
+            meta = recv_exact(sock, header.meta_len, deadline)
         else:
-            header, meta = read_frame(sock, max_meta=hello.max_meta, max_data=0)
+            header, meta = read_frame(sock, max_meta=hello.max_meta, max_data=0, deadline=deadline)
         if header.op == P.Op.ERROR:
             if fd is not None:
                 os.close(fd)
@@ -169,7 +242,7 @@ def open_connection(address: tuple[str, int] | str, *, secret: str, timeout: flo
         # byte for that long is treated as dead. Keep it above the server's put_wait (a put
         # waiting for room sends nothing meanwhile).
         sock.settimeout(timeout or None)
-        return FramedConnection(sock, hello, ok.segment_size, fd)
+        return FramedConnection(sock, hello, ok, fd)
     except BaseException:
         sock.close()
         raise

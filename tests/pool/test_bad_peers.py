@@ -15,7 +15,7 @@ from mooncake_sgl.errors import AuthError, ProtocolError
 from mooncake_sgl.pool.process import PoolProcess
 from mooncake_sgl.transfer import protocol as P
 from mooncake_sgl.transfer.client import PoolClient
-from mooncake_sgl.transfer.tcp import read_frame, recv_exact, send_buffers
+from mooncake_sgl.transfer.tcp import open_connection, read_frame, recv_exact, send_buffers
 
 SECRET = "s3cret"
 
@@ -52,6 +52,18 @@ def raw(pool: PoolProcess, secret: str = SECRET) -> socket.socket:
         s.close()
         P.raise_error(P.decode(meta, P.ErrorMsg))
     return s
+
+
+def raw_shm(pool: PoolProcess, secret: str = SECRET) -> socket.socket:
+    """An authenticated raw connection over the server's Unix socket, with the segment mapped
+    (LEASE and RESERVE are for such clients only)."""
+    s = socket.create_connection((pool.host, pool.port), timeout=5)
+    _, meta = read_frame(s, max_meta=1 << 20, max_data=0)
+    s.close()
+    conn = open_connection(P.decode(meta, P.ServerHello).unix_name, secret=secret, timeout=5,
+                           want_shm=True)
+    assert conn.segment_fd is not None
+    return conn.sock
 
 
 def error_reply(s: socket.socket) -> P.ErrorMsg:
@@ -153,7 +165,7 @@ def test_client_side_truncation_is_a_protocol_error() -> None:
 def test_a_client_that_never_releases_is_cut_off_and_its_leases_freed(pool: PoolProcess,
                                                                       good: PoolClient) -> None:
     still_serving(good, b"lease-me")
-    s = raw(pool)
+    s = raw_shm(pool)
     meta = P.encode(P.KeysSizes([b"lease-me"], [8000]))
     for _ in range(64):
         send_buffers(s, [P.pack_header(P.Op.LEASE, len(meta)), meta])

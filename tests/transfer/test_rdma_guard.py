@@ -26,7 +26,7 @@ def test_server_asked_for_rdma_without_a_device_serves_without_it() -> None:
     server = PoolServer(PoolServerConfig(port=0, capacity="2MiB", slab_size="1MiB",
                                          rdma_device="")).start()
     try:
-        assert server.rdma is None and server.stats()["rdma"] == 0.0
+        assert not server.rdma and server.stats()["rdma"] == 0.0
         ep = f"{server.address[0]}:{server.address[1]}"
         forced = PoolClient(ep, transport="rdma")
         with pytest.raises(TierUnavailable, match="RDMA impossible: the server offers no RDMA"):
