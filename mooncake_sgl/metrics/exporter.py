@@ -136,16 +136,18 @@ class StoreExporter:
             for rank, counters in now.store.items():
                 then = before.store.get(rank, {})
                 for f, counter in self._fam.store.items():
+                    child = counter.labels(**self._labels)
                     delta = counters.get(f, 0.0) - then.get(f, 0.0)
                     if delta > 0:
-                        counter.labels(**self._labels).inc(delta)
+                        child.inc(delta)
 
     def _push(self, tier: str, before: TierSample, now: TierSample) -> None:
         labels = {"tier": tier, **self._labels}
         for f, counter in self._fam.counters.items():
+            child = counter.labels(**labels)  # exists at 0 from the first sync: rate() works
             delta = getattr(now, f) - getattr(before, f)
             if delta > 0:  # a cleared store counts from zero again: nothing to add
-                counter.labels(**labels).inc(delta)
+                child.inc(delta)
         if tier in self._shared and not self._rank0:
             return
         for f, gauge in self._fam.gauges.items():
@@ -157,7 +159,10 @@ class StoreExporter:
         names = {id(t): n for t, n in zip(store.tiers, store.names)}
 
         def observe(tier: Any, op: str, seconds: float) -> None:
-            self.observe(names.get(id(tier), tier.name), op, seconds)
+            try:
+                self.observe(names.get(id(tier), tier.name), op, seconds)
+            except Exception as e:  # runs on SGLang's I/O paths: metrics never fail a call
+                logger.debug("mooncake_sgl metrics: observe failed: %s", e)
         return observe
 
     def observe(self, tier: str, op: str, seconds: float) -> None:
