@@ -11,6 +11,7 @@ Primitives, one line each:
                      per-page failure (that is a ``False``), raises ``TierError`` only when broken.
 - ``PlacementPolicy`` pure, event-fed object deciding admission, victims, promotion and demotion;
                      never moves bytes, reads no clock, takes no tier lock.
+- ``STATS_SHAPE``    the nesting of ``TieredStore.stats()`` (one namespace per source of counts).
 
 Tier indices are positions in the store's speed order: 0 is the fastest tier.
 """
@@ -29,6 +30,23 @@ PageView = Sequence[memoryview]
 def page_nbytes(page: PageView) -> int:
     """Total size of a page given as scatter-gather segments."""
     return sum(seg.nbytes for seg in page)
+
+
+# The shape of ``TieredStore.stats()``: one namespace per source of counts, so no two sources can
+# overwrite each other's names. Counters only grow; gauges (usage, queue depth) are current values.
+#
+#   {"store":  {lookups, lookup_pages, lookup_hit_pages, lookups_recorded, lookups_dropped,
+#               maintenance_runs, evictions_prepared, evictions_committed, evictions_aborted,
+#               promotions_dropped},
+#    "mover":  {background (0/1), submitted, completed, dropped, failed, waits, timeouts},
+#    "policy": {...}  the policy's own ``stats()``,
+#    "tiers":  {<unique tier name, e.g. "host", "lmdb", "host.1" for a second host tier>: {
+#        "usage": {capacity_bytes, used_bytes, pages}  (or {"error": "..."} for a dead tier),
+#        "store": {hits, bytes_read, lookup_hits, writes, bytes_written, write_failures,
+#                  promotions, demotions, demotion_failures, evictions, eviction_aborts,
+#                  room_refused, lost}  counted by the store for this tier,
+#        "tier":  {...}  the tier's own ``stats()``}}}
+STATS_SHAPE = ("store", "mover", "policy", "tiers")
 
 
 class TierKind(enum.Enum):
@@ -121,7 +139,8 @@ class Tier(ABC):
         return iter(())
 
     def stats(self) -> dict[str, float]:
-        """Counters for ``mooncake-sgl stats`` and benchmarks (names are tier specific)."""
+        """This tier's own counters (names are tier specific). ``TieredStore.stats`` nests them under
+        ``["tiers"][<tier name>]["tier"]``, so they never collide with the store's counters."""
         return {}
 
     def clear(self) -> None:
@@ -175,6 +194,16 @@ class PlacementPolicy(ABC):
     @abstractmethod
     def demotion_target(self, key: PageKey, from_tier: int) -> int | None:
         """Slower tier to move a victim of ``from_tier`` into, or ``None`` to drop it."""
+
+    def on_evict_aborted(self, keys: Sequence[PageKey], tier: int, nbytes: Sequence[int]) -> None:
+        """Victims returned by ``victims`` that stay in ``tier`` after all (their removal failed):
+        they must be evictable again later. Default: treat them as inserted again."""
+        self.on_insert(keys, tier, nbytes)
+
+    def residents(self, tier: int) -> set[PageKey] | None:
+        """The pages this policy believes are in ``tier``, for consistency checks (tests, the
+        simulator); ``None`` when the policy does not track them. Not used for decisions."""
+        return None
 
     def is_pinned(self, key: PageKey) -> bool:
         """Is ``key`` part of a configured pinned prefix (a system prompt) right now."""

@@ -302,6 +302,19 @@ class HeatPolicy(PlacementPolicy):
                 continue  # already chosen as a victim, or never here
             self._forget_in_tier(seg, key, bit)
 
+    def on_evict_aborted(self, keys: Sequence[PageKey], tier: int, nbytes: Sequence[int]) -> None:
+        # ``victims`` already moved them to a ghost list; they never left, so they are no ghost hit.
+        seg = self._tiers[tier]
+        for key in keys:
+            seg.ghost_probation.pop(key, None)
+            seg.ghost_main.pop(key, None)
+        seg.evictions -= len(keys)
+        self.on_insert(keys, tier, nbytes)
+
+    def residents(self, tier: int) -> set[PageKey]:
+        seg = self._tiers[tier]
+        return set(seg.probation) | set(seg.main)
+
     # ------------------------------------------------------------------ decisions
 
     def admit(self, keys: Sequence[PageKey], tier: int) -> list[bool]:

@@ -41,6 +41,9 @@ class LruPolicy(PlacementPolicy):
         for key in keys:
             resident.pop(key, None)
 
+    def residents(self, tier: int) -> set[PageKey]:
+        return set(self._tiers[tier])
+
     def admit(self, keys: Sequence[PageKey], tier: int) -> list[bool]:
         return [True] * len(keys)
 

@@ -1,0 +1,182 @@
+"""Movers: where the store's placement work (promotion, demotion, eviction) runs.
+
+``BackgroundMover`` is one daemon thread fed by a bounded queue, so placement I/O leaves SGLang's
+prefetch and backup threads:
+
+- ``submit`` never blocks: a full queue refuses the task (``False``) and the caller drops it
+  (a promotion is an optimisation; the next hit asks again). That bound is the back-pressure for
+  work nobody waits for.
+- ``call`` runs a task the caller needs done (room in a full tier before a write) and waits for its
+  result up to a timeout; when the queue is full the caller waits for a place in it, up to the same
+  timeout. That is the back-pressure on writers that outrun eviction.
+- ``close`` stops taking tasks, lets the running one finish, cancels the queued ones (a waiting
+  ``call`` gets its ``default``) and joins the thread.
+
+``InlineMover`` runs every task on the calling thread at once: the trace simulator needs
+deterministic replays (Caffeine's simulator runs its product policy with a same-thread executor for
+the same reason), and it is the "before" of ``scripts/bench_mover_latency.py``.
+
+A task that raises is logged and counted; it never kills the mover thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from .counters import Counters
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Arbitrary: tasks waiting for the mover. A promotion task is one looked-up batch; 256 batches of
+# backlog means the mover is far behind and new promotions are better dropped than queued.
+QUEUE_TASKS = 256
+
+_STOP = object()
+
+
+class InlineMover:
+    """Runs each task at once on the caller's thread (simulator, baselines)."""
+
+    background = False
+
+    def __init__(self) -> None:
+        self.counters = Counters(("submitted", "completed", "dropped", "failed", "waits", "timeouts"))
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> bool:
+        self.counters.add(submitted=1)
+        self._run(fn, args)
+        return True
+
+    def call(self, fn: Callable[..., T], *args: Any, default: T, timeout: float) -> T:
+        self.counters.add(submitted=1)
+        return self._run(fn, args, default)
+
+    def on_mover_thread(self) -> bool:
+        return True
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        return True
+
+    def close(self) -> None:
+        """Nothing runs after the caller returns, so nothing to stop."""
+
+    def _run(self, fn: Callable[..., Any], args: tuple, default: Any = None) -> Any:
+        try:
+            out = fn(*args)
+        except Exception:
+            logger.exception("placement task %s failed", getattr(fn, "__name__", fn))
+            self.counters.add(failed=1)
+            return default
+        self.counters.add(completed=1)
+        return out
+
+
+class BackgroundMover:
+    """One thread running placement tasks from a bounded queue (see the module docstring)."""
+
+    background = True
+
+    def __init__(self, name: str = "mooncake-sgl-mover", capacity: int = QUEUE_TASKS) -> None:
+        self.counters = Counters(("submitted", "completed", "dropped", "failed", "waits", "timeouts"))
+        self._queue: queue.Queue = queue.Queue(maxsize=capacity)
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> bool:
+        """Queue ``fn(*args)``; ``False`` (dropped) when the queue is full or the mover closed."""
+        if self._closed:
+            return False
+        try:
+            self._queue.put_nowait((fn, args, None))
+        except queue.Full:
+            self.counters.add(dropped=1)
+            return False
+        self.counters.add(submitted=1)
+        return True
+
+    def call(self, fn: Callable[..., T], *args: Any, default: T, timeout: float) -> T:
+        """Run ``fn(*args)`` on the mover and wait for its result; ``default`` when it fails, the
+        mover is closed, or ``timeout`` seconds pass (then the task may still run later)."""
+        if self.on_mover_thread():  # a task asking for more work (a demotion needing room)
+            try:
+                return fn(*args)
+            except Exception:
+                logger.exception("placement task %s failed", getattr(fn, "__name__", fn))
+                self.counters.add(failed=1)
+                return default
+        if self._closed:
+            return default
+        done: Future = Future()
+        self.counters.add(waits=1)
+        try:
+            self._queue.put((fn, args, done), timeout=timeout)
+        except queue.Full:
+            self.counters.add(timeouts=1)
+            return default
+        self.counters.add(submitted=1)
+        try:
+            return done.result(timeout=timeout)
+        except TimeoutError:
+            self.counters.add(timeouts=1)
+            return default
+        except Exception:  # cancelled at close, or the task raised (already logged)
+            return default
+
+    def on_mover_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Wait until every task queued before this call has run; ``False`` on timeout."""
+        if self.on_mover_thread() or self._closed:
+            return True
+        done: Future = Future()
+        try:
+            self._queue.put((lambda: None, (), done), timeout=timeout)
+            done.result(timeout=timeout)
+        except Exception:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Stop: the running task finishes, queued ones are cancelled, the thread is joined."""
+        if self._closed:
+            return
+        self._closed = True
+        while True:
+            try:
+                _fn, _args, done = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if done is not None:
+                done.cancel()
+            self.counters.add(dropped=1)
+        self._queue.put(_STOP)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            fn, args, done = item
+            if done is not None and not done.set_running_or_notify_cancel():
+                continue
+            try:
+                out = fn(*args)
+            except Exception as e:
+                logger.exception("placement task %s failed", getattr(fn, "__name__", fn))
+                self.counters.add(failed=1)
+                if done is not None:
+                    done.set_exception(e)
+                continue
+            self.counters.add(completed=1)
+            if done is not None:
+                done.set_result(out)

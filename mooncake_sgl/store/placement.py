@@ -1,0 +1,206 @@
+"""``Placement``: the one owner of which managed tier holds which page, and the only caller of the
+policy.
+
+Facts and their owners:
+
+- a tier owns its bytes and its own index of them (what ``contains`` answers);
+- ``Placement`` owns residency: per managed tier (one that does not evict on its own), the pages the
+  store put there and their footprints. Every placement decision reads it, and the policy hears of a
+  change only when it is committed here, so the policy's view is derived from this one, never kept
+  beside it;
+- the policy owns its decisions (which victims, which tier) and the bookkeeping they need.
+
+Moves out of a tier are two-phase, as the tiers' own writes are:
+
+1. ``prepare_evict``: the policy names victims; they stay resident but *leaving*, so no second
+   eviction picks them while their bytes are being copied down or removed;
+2. the store copies (demotes) and removes them through the tier;
+3. ``commit_evict`` forgets the victims whose removal succeeded; ``abort_evict`` gives the rest
+   back to the policy (``PlacementPolicy.on_evict_aborted``), so a tier whose ``remove`` failed
+   still has evictable pages once it works again.
+
+Lookups are recorded, not applied: ``record_lookup`` appends to a bounded, lossy buffer without
+taking the lock (Caffeine's read buffer), and ``maintain`` drains it into the policy in one step
+under the lock. A full buffer drops the oldest lookups (a lost recency signal costs a little
+precision; a blocked reader costs latency). Decisions that depend on heat (``admit``,
+``promotion_target``) drain first, so they see every lookup that was not dropped.
+
+All methods are thread-safe; none does I/O. The lock is never held while a tier is called.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from ..api import PageKey, PlacementPolicy
+from .counters import Counters
+
+# Arbitrary: lookups buffered between maintenance runs. SGLang looks up once per prefetch, so this
+# is far more than arrive between two writes; it only bounds memory when writes stop.
+LOOKUP_BUFFER = 4096
+# Buffered lookups that make the store ask the mover for a maintenance run (coalesced). Arbitrary.
+DRAIN_AT = LOOKUP_BUFFER // 4
+
+
+class Placement:
+    """Residency of the managed tiers and the policy behind it (see the module docstring).
+
+    Args:
+        policy: the placement policy; only ever called here, under ``_lock``.
+        managed: per tier, whether the store tracks its pages (not self-evicting).
+        clock: logical time for ``policy.tick`` (monotonic seconds by default; the simulator's
+            trace time).
+    """
+
+    def __init__(self, policy: PlacementPolicy, managed: Sequence[bool], clock: Callable[[], float]):
+        self.policy = policy
+        self.managed = list(managed)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._resident: list[dict[PageKey, int]] = [{} for _ in managed]
+        self._leaving: list[set[PageKey]] = [set() for _ in managed]
+        self._lookups: deque[tuple[float, Sequence[PageKey], list[int | None], PageKey | None]] = \
+            deque(maxlen=LOOKUP_BUFFER)
+        self.counters = Counters(("lookups_recorded", "lookups_dropped", "maintenance_runs",
+                                  "evictions_prepared", "evictions_committed", "evictions_aborted"))
+
+    # ------------------------------------------------------------------ lookups
+
+    def record_lookup(self, keys: Sequence[PageKey], where: list[int | None],
+                      parent: PageKey | None) -> int:
+        """Buffer a lookup for the next ``maintain``; returns how many are buffered now."""
+        buf = self._lookups
+        dropped = len(buf) == LOOKUP_BUFFER
+        buf.append((self._clock(), keys, where, parent))  # deque.append is atomic
+        self.counters.add(lookups_recorded=1, lookups_dropped=int(dropped))
+        return len(buf)
+
+    def maintain(self) -> None:
+        """Feed every buffered lookup to the policy, in arrival order."""
+        with self._lock:
+            self._drain()
+
+    def _drain(self) -> None:
+        buf, policy = self._lookups, self.policy
+        if not buf:
+            return
+        while buf:
+            try:
+                now, keys, where, parent = buf.popleft()
+            except IndexError:
+                break
+            policy.tick(now)
+            policy.on_lookup(keys, where, parent)
+        self.counters.add(maintenance_runs=1)
+
+    # ------------------------------------------------------------------ residency
+
+    def holds(self, t: int, key: PageKey) -> bool:
+        """Does the store know ``key`` to be in managed tier ``t``."""
+        return key in self._resident[t]
+
+    def footprint_of(self, t: int, key: PageKey) -> int | None:
+        return self._resident[t].get(key)
+
+    def keys_in(self, t: int) -> set[PageKey]:
+        """A snapshot of tier ``t``'s resident pages (consistency checks, ``clear``)."""
+        with self._lock:
+            return set(self._resident[t])
+
+    def inserted(self, t: int, keys: Sequence[PageKey], footprints: Sequence[int],
+                 parent: PageKey | None) -> None:
+        """Pages became readable in tier ``t``; the new ones are recorded and told to the policy."""
+        if not self.managed[t] or not keys:
+            return
+        with self._lock:
+            resident = self._resident[t]
+            fresh = [(k, n) for k, n in zip(keys, footprints) if k not in resident]
+            for k, n in fresh:
+                resident[k] = n
+            if fresh:
+                self.policy.on_insert([k for k, _ in fresh], t, [n for _, n in fresh], parent)
+
+    def lost(self, t: int, keys: Sequence[PageKey]) -> None:
+        """Pages left tier ``t`` outside an eviction (removed, found corrupt, dropped by the tier).
+        Pages being evicted are left to their eviction's commit or abort."""
+        if not self.managed[t] or not keys:
+            return
+        with self._lock:
+            resident, leaving = self._resident[t], self._leaving[t]
+            gone = [k for k in keys if k not in leaving and resident.pop(k, None) is not None]
+            if gone:
+                self.policy.on_remove(gone, t)
+
+    # ------------------------------------------------------------------ two-phase eviction
+
+    def prepare_evict(self, t: int, nbytes: int, protected: frozenset[PageKey]
+                      ) -> list[tuple[PageKey, int]] | None:
+        """Victims (key, footprint) freeing at least ``nbytes`` of tier ``t``, marked leaving; ``None``
+        when the policy cannot free that much (nothing changes then)."""
+        with self._lock:
+            self._drain()
+            leaving = self._leaving[t]
+            victims = self.policy.victims(t, nbytes, protected | leaving if leaving else protected)
+            if not victims:
+                return None
+            resident = self._resident[t]
+            out = []
+            for k in victims:
+                n = resident.get(k)
+                if n is None:  # the policy knew a page the store does not: it is not here
+                    self.policy.on_remove([k], t)
+                    continue
+                leaving.add(k)
+                out.append((k, n))
+        self.counters.add(evictions_prepared=len(out))
+        return out
+
+    def commit_evict(self, t: int, keys: Sequence[PageKey]) -> None:
+        """The victims ``keys`` are gone from tier ``t``: forget them."""
+        if not keys:
+            return
+        with self._lock:
+            resident, leaving = self._resident[t], self._leaving[t]
+            for k in keys:
+                leaving.discard(k)
+                resident.pop(k, None)
+            self.policy.on_remove(list(keys), t)
+        self.counters.add(evictions_committed=len(keys))
+
+    def abort_evict(self, t: int, victims: Sequence[tuple[PageKey, int]]) -> None:
+        """The victims are still in tier ``t`` (their removal failed): the policy gets them back."""
+        if not victims:
+            return
+        with self._lock:
+            leaving = self._leaving[t]
+            for k, _ in victims:
+                leaving.discard(k)
+            self.policy.on_evict_aborted([k for k, _ in victims], t, [n for _, n in victims])
+        self.counters.add(evictions_aborted=len(victims))
+
+    # ------------------------------------------------------------------ decisions
+
+    def admit(self, keys: Sequence[PageKey], ntiers: int) -> list[list[bool]]:
+        """Per tier, per key: write it there now (tier 0 always takes every page)."""
+        with self._lock:
+            self._drain()
+            return [[True] * len(keys) if t == 0 else self.policy.admit(keys, t) for t in range(ntiers)]
+
+    def promotion_targets(self, keys: Sequence[PageKey], found: Sequence[int]) -> list[int | None]:
+        with self._lock:
+            self._drain()
+            return [self.policy.promotion_target(k, t) for k, t in zip(keys, found)]
+
+    def demotion_targets(self, t: int, keys: Sequence[PageKey]) -> list[int | None]:
+        with self._lock:
+            return [self.policy.demotion_target(k, t) for k in keys]
+
+    def pinned(self, keys: Sequence[PageKey]) -> list[bool]:
+        with self._lock:
+            return [self.policy.is_pinned(k) for k in keys]
+
+    def policy_stats(self) -> dict[str, float]:
+        with self._lock:
+            return self.policy.stats()
