@@ -366,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                         "disturbs other processes' caches)")
     p.add_argument("--no-hicache-file", action="store_true", help="skip SGLang's HiCacheFile")
     p.add_argument("--quick", action="store_true", help="CI smoke: 64KiB and 1MiB, 16 pages, 1 round")
+    p.add_argument("--no-metrics-overhead", action="store_true",
+                   help="skip the store's put/get with metrics off vs on (mooncake_sgl.metrics.overhead)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     args = p.parse_args(argv)
     if args.quick:
@@ -392,11 +394,22 @@ def main(argv: list[str] | None = None) -> int:
           f"file reads {reads}; scratch on {workdir.parent}; load average at the end "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(table(results, args.drop_caches))
+    overhead = None
+    if not args.no_metrics_overhead:
+        from mooncake_sgl.metrics import overhead as metrics_overhead
+
+        # Pages up to 1 MiB: the hook costs per call, so small pages show it most; larger ones
+        # would only add GiBs of buffers.
+        log("TieredStore put/get, --enable-metrics off vs on ...")
+        overhead = metrics_overhead.run_in_child([s for s in sizes if s <= 1 << 20] or sizes[:1],
+                                                 args.batch_size, 5 * args.batches, args.dir)
+        print(metrics_overhead.table(overhead))
     log(f"done in {time.perf_counter() - started:.1f}s")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "unit": "GB/s", "batch_size": args.batch_size, "rounds": args.batches,
-            "cold_reads": args.drop_caches, "loadavg": os.getloadavg()[0], "results": results}, indent=2))
+            "cold_reads": args.drop_caches, "loadavg": os.getloadavg()[0], "results": results,
+            "metrics_overhead": overhead}, indent=2))
     return 0
 
 

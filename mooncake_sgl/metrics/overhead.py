@@ -1,6 +1,7 @@
 """What ``--enable-metrics`` costs the store: put/get through ``TieredStore`` with metrics off and on.
 
-Both stores are host DRAM over LMDB (write-through, placement inline so both do the same work);
+Two setups: host DRAM alone (the fastest calls, so the largest relative cost of the per-call hook)
+and host over LMDB (write-through); placement inline so both stores of a pair do the same work.
 "on" runs what the backend runs under ``--enable-metrics``: the exporter's sync thread at its
 production interval and the per-tier-call latency hook. Rounds alternate off/on so other load on
 the machine hits both alike. It runs in a child process with ``PROMETHEUS_MULTIPROC_DIR`` set, as
@@ -25,18 +26,23 @@ from pathlib import Path
 import numpy as np
 
 GB = 1e9
+_HOOK_CALLS = 20000  # arbitrary: enough for a stable per-call mean
 
 
-def _store(path: Path, page: int, batch: int):  # noqa: ANN202 (TieredStore, imported late)
+SETUPS = ("host", "host+lmdb")
+
+
+def _store(setup: str, path: Path, page: int, batch: int):  # noqa: ANN202 (TieredStore, imported late)
     from ..config import HostTierConfig, LmdbTierConfig
     from ..policy.lru import LruPolicy
     from ..store import TieredStore
     from ..tiers.host import HostTier
     from ..tiers.lmdb import LmdbTier
 
-    host = HostTier(HostTierConfig(capacity=2 * batch * page, slot_size=page, pin_memory=False))
-    lmdb = LmdbTier(LmdbTierConfig(path=str(path), capacity=max(64 << 20, 8 * batch * page)))
-    return TieredStore([host, lmdb], LruPolicy(2), placement="inline")
+    tiers = [HostTier(HostTierConfig(capacity=2 * batch * page, slot_size=page, pin_memory=False))]
+    if setup == "host+lmdb":
+        tiers.append(LmdbTier(LmdbTierConfig(path=str(path), capacity=max(64 << 20, 8 * batch * page))))
+    return TieredStore(tiers, LruPolicy(len(tiers)), placement="inline")
 
 
 def _pages(batch: int, page: int, fill: int) -> list[list[memoryview]]:
@@ -55,11 +61,11 @@ def _timed(fn: Callable[[], list[bool]]) -> float:
     return elapsed
 
 
-def measure(page: int, batch: int, rounds: int, workdir: Path) -> dict[str, dict[str, float]]:
+def measure(setup: str, page: int, batch: int, rounds: int, workdir: Path) -> dict[str, dict[str, float]]:
     """GB/s of put and get, metrics off vs on, best and median of ``rounds`` interleaved rounds."""
     from .exporter import StoreExporter
 
-    stores = {"off": _store(workdir / "off", page, batch), "on": _store(workdir / "on", page, batch)}
+    stores = {m: _store(setup, workdir / m, page, batch) for m in ("off", "on")}
     on = stores["on"]
     exporter = StoreExporter(on.stats, {"tp_rank": 0, "pp_rank": 0, "dp_rank": 0}).start()
     on.observe_latency = exporter.observe_tier(on)
@@ -67,7 +73,8 @@ def measure(page: int, batch: int, rounds: int, workdir: Path) -> dict[str, dict
     times: dict[str, dict[str, list[float]]] = {m: {"put": [], "get": []} for m in stores}
     try:
         for r in range(rounds + 1):  # round 0 warms both up (first touch of memory), untimed
-            for mode, store in stores.items():
+            for mode in ("off", "on") if r % 2 else ("on", "off"):  # neither always goes first
+                store = stores[mode]
                 keys = [f"{mode}-{r}-{i}".encode() for i in range(batch)]
                 put = _timed(lambda: store.put_from(keys, src))  # noqa: B023 (called at once)
                 get = _timed(lambda: store.get_into(keys, dst))  # noqa: B023
@@ -77,6 +84,11 @@ def measure(page: int, batch: int, rounds: int, workdir: Path) -> dict[str, dict
         t0 = time.perf_counter()
         exporter.sync()
         sync_s = time.perf_counter() - t0
+        hook = on.observe_latency
+        t0 = time.perf_counter()
+        for _ in range(_HOOK_CALLS):
+            hook(on.tiers[0], "get", 1e-4)
+        hook_s = (time.perf_counter() - t0) / _HOOK_CALLS
     finally:
         exporter.close()
         for store in stores.values():
@@ -89,6 +101,7 @@ def measure(page: int, batch: int, rounds: int, workdir: Path) -> dict[str, dict
             out[mode][f"{op}_median_gbps"] = nbytes / statistics.median(ts) / GB
     out["on/off"] = {k: out["on"][k] / out["off"][k] for k in out["off"]}
     out["on"]["sync_ms"] = sync_s * 1e3
+    out["on"]["hook_us_per_tier_call"] = hook_s * 1e6
     return out
 
 
@@ -96,7 +109,7 @@ def run_in_child(sizes: list[int], batch: int, rounds: int, workdir: str | None 
                  ) -> dict[str, dict[str, dict[str, float]]]:
     """``measure`` for each page size in a fresh process in prometheus_client's multiprocess mode.
 
-    Returns ``{page size: {"off"|"on"|"on/off": {metric: value}}}``.
+    Returns ``{"<setup> <page size>": {"off"|"on"|"on/off": {metric: value}}}``.
     """
     with tempfile.TemporaryDirectory(prefix="mooncake_sgl_overhead_", dir=workdir) as tmp:
         prom = os.path.join(tmp, "prom")
@@ -116,13 +129,18 @@ def run_in_child(sizes: list[int], batch: int, rounds: int, workdir: str | None 
 def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
     from ..bench.console import human
 
-    lines = [f"{'page':>8} {'op':>4} {'metrics off':>12} {'metrics on':>12} {'on/off':>7}"
-             "   (GB/s, best of rounds)"]
-    for size, r in results.items():
+    lines = [f"{'tiers':>10} {'page':>6} {'op':>4} {'metrics off':>12} {'metrics on':>11} {'on/off':>7}"
+             "   (GB/s, median of interleaved rounds)"]
+    for name, r in results.items():
+        setup, size = name.split()
         for op in ("put", "get"):
-            k = f"{op}_best_gbps"
-            lines.append(f"{human(int(size)):>8} {op:>4} {r['off'][k]:>12.2f} {r['on'][k]:>12.2f} "
-                         f"{r['on/off'][k]:>7.3f}")
+            k = f"{op}_median_gbps"
+            lines.append(f"{setup:>10} {human(int(size)):>6} {op:>4} {r['off'][k]:>12.2f} "
+                         f"{r['on'][k]:>11.2f} {r['on/off'][k]:>7.3f}")
+    hook = statistics.median(r["on"]["hook_us_per_tier_call"] for r in results.values())
+    sync = statistics.median(r["on"]["sync_ms"] for r in results.values())
+    lines.append(f"metrics on: the latency hook costs {hook:.1f} us per tier call (in multiprocess mode); "
+                 f"one sync of the counters {sync:.2f} ms, once a second, off SGLang's threads")
     return "\n".join(lines)
 
 
@@ -132,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="64KiB,1MiB", help="page sizes, comma separated")
     ap.add_argument("--batch", type=int, default=128, help="pages per put/get call")
-    ap.add_argument("--rounds", type=int, default=5, help="timed rounds per mode")
+    ap.add_argument("--rounds", type=int, default=15, help="timed rounds per mode")
     ap.add_argument("--dir", default=None, help="scratch directory (LMDB files)")
     ap.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -140,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(parse_size(s)) for s in args.sizes.split(",")]
     if args.child:
         out = {}
-        for size in sizes:
-            with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-                out[str(size)] = measure(size, args.batch, args.rounds, Path(tmp))
+        for setup in SETUPS:
+            for size in sizes:
+                with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+                    out[f"{setup} {size}"] = measure(setup, size, args.batch, args.rounds, Path(tmp))
         print(json.dumps(out))
         return 0
     results = run_in_child(sizes, args.batch, args.rounds, args.dir)
