@@ -6,6 +6,14 @@ TP/PP/CP coordinates and a tenant tag — so two deployments that differ in any 
 each other's pages (SGLang #33268 left dtype out, #17265 left the tag out of ``exists``). MLA pages
 are identical on every TP rank, so the TP rank is left out there and all ranks share the writer's
 pages. The digest is BLAKE2b of a canonical string, never Python's ``hash`` (salted per process).
+
+Sidecar objects of hybrid models (Mamba state, sliding-window KV, DSA indexer, DeepSeek V4
+compressed pools, draft KV) live in their own namespace: the KV namespace plus the pool name, the
+pool's own dtype, layout, page size and segment sizes, and whether the pool is rank-replicated
+(MLA-derived sidecars are shared by all TP ranks, as MLA KV is; Mamba state is TP-sharded). A
+sidecar object larger than the store's page unit is kept as ``chunk``-byte parts, each its own key
+(``part``), so the chunk size is part of the namespace too. The KV namespace's describe string is
+unchanged by these fields, so KV keys written before sidecars existed stay readable.
 """
 
 from __future__ import annotations
@@ -16,8 +24,10 @@ from dataclasses import dataclass, field
 from .api import PageKey
 
 NAMESPACE_DIGEST_BYTES = 16
+KV_POOL = "kv"
 _HEX_HASH = b"h"  # page hash given as hex (SGLang's SHA-256 chain): stored as raw bytes
 _TEXT_HASH = b"s"  # any other page hash: stored as UTF-8
+_PART = b"#"  # sidecar keys: the part number follows as 4 big-endian bytes
 
 
 @dataclass(frozen=True)
@@ -34,6 +44,9 @@ class KeyNamespace:
     cp_size: int = 1
     rank_replicated: bool = False  # MLA: every TP rank holds the same page
     tag: str = ""
+    pool: str = KV_POOL  # SGLang's ``PoolName`` value of the objects in this namespace
+    segments: tuple[int, ...] = ()  # sidecars: bytes of each zero-copy segment of one page
+    chunk: int = 0  # sidecars: bytes per stored part (0: one part per page)
     digest: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -45,12 +58,28 @@ class KeyNamespace:
         tp = "tp*" if self.rank_replicated else f"tp{self.tp_rank}/{self.tp_size}"
         return (f"v1|tag={self.tag}|model={self.model}|dtype={self.dtype}|layout={self.layout}"
                 f"|page={self.page_size}|{tp}|pp{self.pp_rank}/{self.pp_size}"
-                f"|cp{self.cp_rank}/{self.cp_size}")
+                f"|cp{self.cp_rank}/{self.cp_size}" + self._sidecar_part())
+
+    def _sidecar_part(self) -> str:
+        if self.pool == KV_POOL:
+            return ""
+        segments = ",".join(str(n) for n in self.segments)
+        return f"|pool={self.pool}|segments={segments}|chunk={self.chunk}"
 
 
-def page_key(namespace: KeyNamespace, page_hash: str) -> PageKey:
-    """The key of one page. Deterministic across processes, hosts and restarts."""
-    return namespace.digest + page_hash_part(page_hash)
+def page_key(namespace: KeyNamespace, page_hash: str, part: int | None = None) -> PageKey:
+    """The key of one page (or of part ``part`` of a chunked sidecar object). Deterministic
+    across processes, hosts and restarts.
+
+    Raises:
+        ValueError: ``part`` given for a KV namespace, or negative.
+    """
+    if part is None:
+        return namespace.digest + page_hash_part(page_hash)
+    if namespace.pool == KV_POOL or part < 0:
+        raise ValueError(f"part {part} of a page in pool {namespace.pool!r}: parts are for sidecar "
+                         "namespaces and start at 0")
+    return namespace.digest + page_hash_part(page_hash) + _PART + part.to_bytes(4, "big")
 
 
 def page_hash_part(page_hash: str) -> bytes:

@@ -8,9 +8,14 @@ Why subclass ``HiCacheStorage`` and not SGLang's built-in ``MooncakeStore``: the
 ``__init__`` needs the real ``mooncake`` package and a master, and its keys and IO are its own; we
 take over the name ``mooncake`` (see ``plugin.py``) and handle what the name switches on there.
 
+Hybrid models (the v2 API: ``register_mem_host_pool_v2``, ``batch_*_v2``): every sidecar pool is
+stored as objects of its page's chain in the same tiers, keyed in a namespace derived from the KV
+one; ``sidecars.py`` holds the rules (parts, replication across TP ranks, restorable prefixes) and
+the consistency rule between KV and sidecars.
+
 Threading: SGLang calls from its prefetch, prefetch-IO, backup and scheduler threads at once. The
-store is thread-safe; the only state here is the metrics lists (under a lock) and the pool binding,
-set once at attach before IO starts.
+store is thread-safe; the state here is the metrics lists (under a lock), the pool binding, set at
+attach before IO starts, and the sidecar pool objects, built once per pool under ``_pools_lock``.
 
 Error boundary: every public method catches ``Exception`` and answers a miss (``False``, ``0``,
 ``[False] * n``, or ``None`` for one legacy page), logging at most one line per method per
@@ -27,13 +32,20 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    PoolHitPolicy,
+    PoolTransfer,
+    PoolTransferResult,
+)
 
 from ..api import PageKey
 from ..config import load_config
-from ..keys import KeyNamespace, page_key
+from ..keys import KV_POOL, KeyNamespace, page_key
+from ..metrics.attach import StoreWatch, observe_store
 from ..store import TieredStore, build_store
-from . import layout
+from . import layout, sidecars
 
 try:
     from sglang.srt.observability.metrics_collector import StorageMetrics
@@ -97,10 +109,31 @@ def _none_each(keys: Any, *_: Any, **__: Any) -> list[None]:
     return [None] * _count(keys)
 
 
+def _no_restorable_prefix(*_: Any, **__: Any) -> PoolTransferResult:
+    return PoolTransferResult(0, {}, [])
+
+
+def _each_pool_false(transfers: Any, *_: Any, **__: Any) -> dict[Any, list[bool]]:
+    try:
+        return {t.name: [False] * _count(t.keys or ()) for t in transfers}
+    except Exception:
+        return {}
+
+
 def _normalise(results: Any, n: int) -> list[bool]:
     # Exactly one bool per key whatever a tier answered.
     out = [bool(r) for r in (results or [])][:n]
     return out + [False] * (n - len(out))
+
+
+def _log_refusals(cfg: Any) -> None:
+    """Say once, at attach, which things SGLang's built-in Mooncake backend does that we do not."""
+    if getattr(cfg, "should_split_heads", False):
+        logger.warning(
+            "mooncake_sgl: refused: split heads (page_head layout with tp_lcm_size=%s > tp_size=%s). "
+            "Each TP rank stores its whole page under its own rank and TP size, so servers with "
+            "another TP size do not share pages with this one.",
+            getattr(cfg, "tp_lcm_size", None), getattr(cfg, "tp_size", None))
 
 
 class MooncakeSglStorage(HiCacheStorage):
@@ -128,15 +161,24 @@ class MooncakeSglStorage(HiCacheStorage):
         self._backup_bw: list[float] = []
         self._geometry: layout.PoolGeometry | None = None
         self._ns: KeyNamespace | None = None
+        self._kv: sidecars.PoolObjects | None = None
+        self._pools_lock = threading.Lock()
+        self._host_pools: dict[str, Any] = {}  # sidecar host pools by PoolName value
+        self._sidecars: dict[str, sidecars.PoolObjects] = {}
         self.mem_pool_host = None
         self._closed = False
-        self._store: TieredStore = build_store(self._store_config, layout.rank_suffix(storage_config))
+        self._session_ids_seen = False
+        _log_refusals(storage_config)
+        # Built once the KV pool is known: host slots are sized to its page (see ``layout``).
+        self._store: TieredStore | None = None
+        self._watch: StoreWatch | None = None  # our /metrics series and the counter file
         # ``dynamic`` passes a kwargs dict where ``mooncake`` passes the pool.
         if mem_pool_host is not None and not isinstance(mem_pool_host, dict):
             try:
                 self.register_mem_pool_host(mem_pool_host)
             except BaseException:
-                self._store.close()  # SGLang drops a backend whose constructor failed
+                if self._store is not None:
+                    self._store.close()  # SGLang drops a backend whose constructor failed
                 raise
 
     # ------------------------------------------------------------------ attach
@@ -149,17 +191,79 @@ class MooncakeSglStorage(HiCacheStorage):
         """
         if mem_pool_host is self.mem_pool_host:
             return  # the factory's constructor call and the controller's both register it
-        geometry = layout.pool_geometry(mem_pool_host)
+        # DeepSeek V4's anchor only hands out indices (no buffer); its sidecars carry the bytes.
+        logical = getattr(mem_pool_host, "kv_buffer", None) is None
+        geometry = (sidecars.logical_geometry(mem_pool_host) if logical
+                    else layout.pool_geometry(mem_pool_host))
         ns = layout.key_namespace(self.storage_config, geometry, self._store_config.namespace_tag)
+        if self._store is None:
+            self._store = build_store(layout.sized_for_pages(self._store_config, geometry.page_nbytes),
+                                      layout.rank_suffix(self.storage_config))
         super().register_mem_pool_host(mem_pool_host)
-        self._ns, self._geometry = ns, geometry
-        buf = getattr(mem_pool_host, "kv_buffer", None)
-        buffers = [buf] if isinstance(buf, torch.Tensor) else list(mem_pool_host.get_hybrid_pool_buffer())
-        for t in buffers:
-            self._store.register_memory(t.data_ptr(), t.numel() * t.element_size())
+        with self._pools_lock:
+            self._ns, self._geometry = ns, geometry
+            self._kv = sidecars.kv_objects(mem_pool_host, geometry, ns)
+            self._sidecars.clear()  # derived from the KV namespace: rebuilt on next use
+        if not logical:
+            self._register_buffers(mem_pool_host)
+        if self._watch is None:
+            self._watch = observe_store(self._store, self.storage_config, self._metrics_on)
         logger.info("mooncake_sgl: namespace %s, %d-byte pages in %d segments, local files '%s'",
                     self._ns.describe(), geometry.page_nbytes, len(geometry.segment_sizes),
                     layout.rank_suffix(self.storage_config))
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """Bind a hybrid model's host pool (every ``HostPoolGroup`` entry, KV included).
+
+        The KV entry is the anchor ``register_mem_pool_host`` already bound; a sidecar's objects
+        are derived on first use (or at ``on_host_pools_registered``), so pools registered later
+        (dynamic sidecars) work the same way.
+        """
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        name = sidecars.pool_name(host_pool_name)
+        if name == KV_POOL:
+            return
+        with self._pools_lock:
+            self._host_pools[name] = host_pool
+            self._sidecars.pop(name, None)
+
+    def on_host_pools_registered(self) -> None:
+        """Derive every sidecar pool's objects now, so a pool we cannot store fails the attach
+        loudly instead of missing quietly on every request."""
+        for name in list(self._host_pools):
+            objects = self._objects(name)
+            logger.info("mooncake_sgl: pool %s: %d-byte pages as %d part(s), %s", name,
+                        objects.geometry.page_nbytes, objects.parts,
+                        "shared by TP ranks" if objects.namespace.rank_replicated else "per TP rank")
+
+    def _register_buffers(self, pool: Any) -> None:
+        buf = getattr(pool, "kv_buffer", None)
+        buffers = [buf] if isinstance(buf, torch.Tensor) else list(pool.get_hybrid_pool_buffer())
+        for t in buffers:
+            self._store.register_memory(t.data_ptr(), t.numel() * t.element_size())
+
+    def _objects(self, name: Any) -> sidecars.PoolObjects:
+        """The stored-object view of a registered pool.
+
+        Raises: ``RuntimeError`` before the KV pool is registered, ``KeyError`` naming an
+        unregistered pool.
+        """
+        key = sidecars.pool_name(name)
+        with self._pools_lock:
+            if self._kv is None:
+                raise RuntimeError("no host pool registered yet (register_mem_pool_host)")
+            if key == KV_POOL:
+                return self._kv
+            objects = self._sidecars.get(key)
+            if objects is not None:
+                return objects
+            if key not in self._host_pools:
+                raise KeyError(f"pool {key!r} was never registered (register_mem_host_pool_v2); "
+                               f"registered: {sorted(self._host_pools)}")
+            objects = sidecars.sidecar_objects(self.storage_config, self._kv, key, self._host_pools[key])
+            self._register_buffers(objects.pool)
+            self._sidecars[key] = objects
+            return objects
 
     # ------------------------------------------------------------------ keys
 
@@ -175,6 +279,11 @@ class MooncakeSglStorage(HiCacheStorage):
     def _live(self) -> None:
         if self._closed:
             raise RuntimeError("backend is closed")
+        if self._store is None:
+            raise RuntimeError("no host pool registered yet (register_mem_pool_host)")
+
+    def _logical_kv(self) -> bool:
+        return self._kv is not None and self._kv.logical
 
     # ------------------------------------------------------------------ zero-copy path
 
@@ -187,6 +296,8 @@ class MooncakeSglStorage(HiCacheStorage):
         ``False`` pages may be partly written.
         """
         self._live()
+        if self._logical_kv():
+            return [True] * len(keys)  # no KV bytes; the v2 sidecars carry the page
         start = time.perf_counter()
         pages = layout.page_views(self.mem_pool_host, self._geometry, host_indices, len(keys))
         ok = _normalise(self._store.get_into(self._keys(keys), pages), len(keys))
@@ -202,7 +313,7 @@ class MooncakeSglStorage(HiCacheStorage):
         stores the identical page and every rank reads it.
         """
         self._live()
-        if not self._writer:
+        if not self._writer or self._logical_kv():
             return [True] * len(keys)
         start = time.perf_counter()
         pages = layout.page_views(self.mem_pool_host, self._geometry, host_indices, len(keys))
@@ -224,6 +335,100 @@ class MooncakeSglStorage(HiCacheStorage):
     def exists(self, key: str) -> bool:
         self._live()
         return bool(self._store.contains(self._keys([key]))[0])
+
+    # ------------------------------------------------------------------ hybrid pools (v2)
+
+    @_boundary(_no_restorable_prefix)
+    def batch_exists_v2(self, keys: list[str], pool_transfers: list[PoolTransfer] | None = None,
+                        extra_info: Any = None) -> PoolTransferResult:
+        """Which prefixes of ``keys`` can be restored with every pool they need.
+
+        ``kv_hit_pages`` is the longest restorable prefix, ``restorable_prefix_pages`` all of them
+        (trailing-pages pools leave holes; SGLang intersects the sets across ranks), and
+        ``extra_pool_hit_pages`` each pool's own boundary. The lookup is also the access event the
+        policy learns heat from, for the KV pages and the sidecar objects it would load.
+        """
+        self._live()
+        if not keys:
+            return PoolTransferResult(0, {}, [])
+        kv = self._objects(KV_POOL)
+        prior = layout.parent_hash(extra_info)
+        kv_pages = len(keys) if kv.logical else int(
+            self._store.exists_prefix(kv.keys(keys), self._part_key(kv, prior)))
+        transfers = list(pool_transfers or ()) if kv_pages else []
+        evidence = [self._evidence(t, keys, kv_pages, prior) for t in transfers]
+        result = sidecars.resolve(kv_pages, evidence)
+        self._heat_trailing(transfers, evidence, keys, result.kv_hit_pages)
+        return result
+
+    def _evidence(self, transfer: PoolTransfer, keys: list[str], kv_pages: int,
+                  prior: str | None) -> sidecars.PoolEvidence:
+        objects = self._objects(transfer.name)
+        policy = PoolHitPolicy(transfer.hit_policy)
+        if policy == PoolHitPolicy.TRAILING_PAGES:
+            # Holes are allowed, so every page of the span is asked, not just a leading run.
+            present = objects.present_pages(self._store.contains(objects.keys(keys[:kv_pages])))
+        else:
+            span = list(transfer.keys or keys) if policy == PoolHitPolicy.BLOCK_GROUPS else keys[:kv_pages]
+            run = int(self._store.exists_prefix(objects.keys(span), self._part_key(objects, prior)))
+            present = [i < run // objects.parts for i in range(len(span))]
+        return sidecars.PoolEvidence(
+            name=transfer.name, policy=policy, present=present,
+            window=sidecars.trailing_window(transfer.keys),
+            block_pages=int(transfer.block_pages), group_pages=int(transfer.group_pages))
+
+    def _heat_trailing(self, transfers: list[PoolTransfer], evidence: list[sidecars.PoolEvidence],
+                       keys: list[str], hit: int) -> None:
+        # A prefetch of ``hit`` pages loads the trailing window ending there: those objects are
+        # looked up as an access (``contains`` alone teaches the policy nothing).
+        for transfer, ev in zip(transfers, evidence):
+            if ev.policy == PoolHitPolicy.TRAILING_PAGES and hit:
+                objects = self._objects(transfer.name)
+                self._store.exists_prefix(objects.keys(keys[max(0, hit - ev.window):hit]))
+
+    def _part_key(self, objects: sidecars.PoolObjects, prior: str | None) -> PageKey | None:
+        """The last stored object of the page before a chain (the policy's parent)."""
+        return objects.keys([prior])[-1] if prior is not None and not objects.logical else None
+
+    @_boundary(_each_pool_false)
+    def batch_get_v2(self, transfers: list[PoolTransfer], extra_info: Any = None
+                     ) -> dict[Any, list[bool]]:
+        """Read each transfer's pages into its pool's host slots; per pool, one bool per page."""
+        self._live()
+        return {t.name: self._pool_io(t, extra_info, write=False) for t in transfers}
+
+    @_boundary(_each_pool_false)
+    def batch_set_v2(self, transfers: list[PoolTransfer], extra_info: Any = None
+                     ) -> dict[Any, list[bool]]:
+        """Store each transfer's pages from its pool's host slots; ``True`` once readable."""
+        self._live()
+        session = (getattr(extra_info, "extra_info", None) or {}).get("session_id")
+        if session is not None and not self._session_ids_seen:
+            self._session_ids_seen = True
+            logger.warning("mooncake_sgl: refused: the session id SGLang passes with stored pages "
+                           "(%r) is not published: this backend emits no stored-KV events", session)
+        return {t.name: self._pool_io(t, extra_info, write=True) for t in transfers}
+
+    def _pool_io(self, transfer: PoolTransfer, extra_info: Any, write: bool) -> list[bool]:
+        # One pool's failure is that pool's miss; the other pools of the call still move.
+        hashes = list(transfer.keys or ())
+        if not hashes:
+            return []
+        try:
+            objects = self._objects(transfer.name)
+            if objects.logical:
+                return [True] * len(hashes)
+            keys = objects.keys(hashes)
+            views = objects.views(transfer.host_indices, len(hashes))
+            if write:
+                parent = self._part_key(objects, layout.parent_hash(extra_info))
+                ok = self._store.put_from(keys, views, parent)
+            else:
+                ok = self._store.get_into(keys, views)
+            return objects.present_pages(_normalise(ok, len(keys)))
+        except Exception as e:
+            self._errors.report(f"batch_{'set' if write else 'get'}_v2[{transfer.name}]", e)
+            return [False] * len(hashes)
 
     # ------------------------------------------------------------------ legacy copy path
     # Used by SGLang only under ``dynamic`` without ``interface_v1``. Values are flat page tensors
@@ -281,7 +486,10 @@ class MooncakeSglStorage(HiCacheStorage):
         if self._closed:
             return
         self._closed = True
-        self._store.close()
+        if self._watch is not None:
+            self._watch.close()  # final counters while the tiers are still open
+        if self._store is not None:
+            self._store.close()
 
     def _record(self, pgs: list[int], bws: list[float], pages: int, start: float) -> None:
         if not self._metrics_on or pages <= 0:
@@ -307,4 +515,4 @@ class MooncakeSglStorage(HiCacheStorage):
 
     def store_stats(self) -> dict[str, object]:
         """The tiered store's own counters (for ``mooncake-sgl stats`` and tests)."""
-        return self._store.stats()
+        return self._store.stats() if self._store is not None else {}

@@ -19,10 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import torch
 
 from ..api import PageView
 from ..buffers import pages_from_pointers, view_at
+from ..config import HbmTierConfig, HostTierConfig, StoreConfig
 from ..keys import KeyNamespace
 
 
@@ -68,18 +70,72 @@ def pool_geometry(pool: Any) -> PoolGeometry:
                         segment_sizes=sizes, flat_order=order)
 
 
+def slot_limit(pool: Any) -> int:
+    """Host slots a pool's indices may name: ``[0, slot_limit)``. Under DCP the controller counts
+    in logical slots (``logical_size``); pools that never set DCP fields answer their ``size``."""
+    try:
+        return int(pool.logical_size)
+    except Exception:
+        return int(pool.size)
+
+
+def check_host_indices(pool: Any, host_indices: Any, page_size: int) -> None:
+    """Refuse indices that would address memory outside the pool.
+
+    SGLang's ``get_page_buffer_meta`` is pointer arithmetic without bounds, so an index of 1e9 or
+    -1 turns into a copy from or to an arbitrary address (a segfault in memmove at best). Every
+    page a call names must lie wholly inside the pool.
+
+    Raises:
+        ValueError: not an integer tensor, a count that is not whole pages, or an index out of range.
+    """
+    if not isinstance(host_indices, torch.Tensor) or host_indices.dtype in (
+            torch.bool, torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise ValueError(f"host_indices must be an integer tensor, got {type(host_indices).__name__}"
+                         f" {getattr(host_indices, 'dtype', '')}")
+    n = host_indices.numel()
+    if n % page_size:
+        raise ValueError(f"{n} host indices are not whole pages of {page_size} slots")
+    if not n:
+        return
+    limit = slot_limit(pool)
+    flat = host_indices.reshape(-1)
+    lowest, highest = int(flat.min()), int(flat.max())
+    last_start = int(flat[::page_size].max())
+    if lowest < 0 or highest >= limit or last_start + page_size > limit:
+        raise ValueError(f"host indices out of range: [{lowest}, {highest}] with pages of {page_size} "
+                         f"slots, but the {type(pool).__name__} holds {limit} slots")
+
+
 def page_views(pool: Any, geometry: PoolGeometry, host_indices: torch.Tensor, npages: int
                ) -> list[PageView]:
     """Views of the ``npages`` host pages starting at ``host_indices[i * page_size]``.
 
     Raises:
-        ValueError: ``host_indices`` does not hold exactly ``npages`` pages (SGLang #27033).
+        ValueError: ``host_indices`` does not hold exactly ``npages`` pages (SGLang #27033), or
+            names slots outside the pool.
     """
+    check_host_indices(pool, host_indices, geometry.page_size)
     if len(host_indices) != npages * geometry.page_size:
         raise ValueError(f"{len(host_indices)} host indices for {npages} pages of "
                          f"{geometry.page_size} tokens")
     ptrs, sizes = pool.get_page_buffer_meta(host_indices)
     return pages_from_pointers([int(p) for p in ptrs], [int(s) for s in sizes], npages)
+
+
+def sized_for_pages(config: StoreConfig, page_nbytes: int) -> StoreConfig:
+    """``config`` with ``slot_size: auto`` of slot tiers fixed to one KV page.
+
+    ``auto`` means "the page size"; taking it from whatever is written first would let a hybrid
+    model's sidecar (SGLang backs those up before the KV pages) set the slot, and every KV page
+    after it would then be too large for the tier.
+    """
+    if page_nbytes <= 0:
+        return config
+    tiers = [msgspec.structs.replace(t, slot_size=page_nbytes)
+             if isinstance(t, (HostTierConfig, HbmTierConfig)) and t.slot_size == "auto" else t
+             for t in config.tiers]
+    return msgspec.structs.replace(config, tiers=type(config.tiers)(tiers))
 
 
 def flat_page_view(geometry: PoolGeometry, flat: torch.Tensor) -> PageView:
