@@ -92,9 +92,12 @@ def _reader(args: argparse.Namespace) -> Callable[[], tuple[str, object]]:
 
     def from_url() -> tuple[str, object]:
         text = fetch(args.target, args.timeout)
-        if is_pool(text):
-            return "pool", parse_pool(text)
-        snap = parse(text)
+        try:
+            if is_pool(text):
+                return "pool", parse_pool(text)
+            snap = parse(text)
+        except ValueError as e:  # prometheus_client's parser on a page that is not its format
+            raise NothingToShow(f"{args.target} does not serve Prometheus text: {e}") from e
         if not snap.tiers:
             raise NothingToShow(f"{args.target} serves no mooncake_sgl_ series (is SGLang running "
                                 "with --enable-metrics and --hicache-storage-backend mooncake?)")

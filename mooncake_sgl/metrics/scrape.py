@@ -9,6 +9,7 @@ For benchmarks and ``mooncake-sgl stats``::
 
 from __future__ import annotations
 
+import http.client
 import time
 import urllib.error
 import urllib.request
@@ -39,7 +40,7 @@ def fetch(target: str, timeout: float = 5.0) -> str:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             return resp.read().decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError, ValueError) as e:
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
         raise ScrapeError(f"cannot read {url}: {e}") from e
 
 

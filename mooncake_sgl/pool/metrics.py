@@ -6,8 +6,8 @@ lock per request). The series are built as metric families by a custom collector
 prometheus_client value objects, so a ``PROMETHEUS_MULTIPROC_DIR`` inherited from the environment
 cannot redirect them into files nobody reads.
 
-    metrics = PoolMetrics(server.stats)
-    server.on_op = metrics.observe              # per request: observe("GET", seconds)
+    metrics = PoolMetrics(server.stats)         # PoolServer does this when metrics_port is set
+    metrics.observe_op(P.Op.GET, seconds)       # per request, from the connection loop
     http = metrics.serve("127.0.0.1", 9480)     # port 0 picks one: http.port
     http.close()
 """
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..metrics.model import LATENCY_BUCKETS, POOL_PREFIX
+from ..transfer import protocol as P
 
 # stats() key -> (series name without the prefix, help). Counters get ``_total`` from the family.
 GAUGES: dict[str, tuple[str, str]] = {
@@ -48,7 +49,7 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "exists_checks": ("exists_checks", "pages asked about"),
     "removes": ("removes", "pages removed on request"),
     "aborts": ("aborts", "reservations aborted"),
-    "connections_total": ("connections", "connections accepted"),
+    "connections_total": ("connections_accepted", "connections accepted"),
     "refused_connections": ("connections_refused", "connections refused (max_connections)"),
     "auth_failures": ("auth_failures", "handshakes refused: bad or missing secret"),
     "protocol_errors": ("protocol_errors", "connections closed on a malformed request"),
@@ -137,6 +138,14 @@ class PoolMetrics:
 
     def observe(self, op: str, seconds: float) -> None:
         self.latency.observe(op, seconds)
+
+    def observe_op(self, code: int, seconds: float) -> None:
+        """One request of wire op ``code`` took ``seconds`` (receiving it to sending the reply)."""
+        try:
+            name = P.Op(code).name
+        except ValueError:  # the dispatcher refused it already; keep the label set bounded
+            name = "UNKNOWN"
+        self.latency.observe(name, seconds)
 
     def text(self) -> str:
         from prometheus_client import generate_latest

@@ -74,6 +74,7 @@ class PoolStore:
         self._lru: dict[int, OrderedDict[PageKey, Entry]] = {}  # slot size -> readable, oldest first
         self._tick = 0
         self._leased = 0  # entries with at least one lease
+        self._leased_bytes = 0  # their sizes (the pool's /metrics shows it)
         self.stored_bytes = 0
         self.counters = Counters(
             ("puts", "put_present", "put_no_room", "put_waits", "put_dup_writes", "put_replaced",
@@ -167,7 +168,9 @@ class PoolStore:
                     out.append(None)
                     continue
                 e.leases += 1
-                self._leased += e.leases == 1
+                if e.leases == 1:
+                    self._leased += 1
+                    self._leased_bytes += e.size
                 self._tick += 1
                 e.tick = self._tick
                 self._lru[e.slot].move_to_end(key)
@@ -183,6 +186,7 @@ class PoolStore:
                 e.leases -= 1
                 if e.leases == 0:
                     self._leased -= 1
+                    self._leased_bytes -= e.size
                     if e.dropped:
                         self._release_slot(e)
             self._cond.notify_all()
@@ -291,7 +295,7 @@ class PoolStore:
             out.update(capacity_bytes=float(self.alloc.capacity), used_bytes=float(self.alloc.used_bytes),
                        stored_bytes=float(self.stored_bytes), pages=float(len(self._index)),
                        writing=float(self._writing),
-                       leased=float(self._leased),
+                       leased=float(self._leased), leased_bytes=float(self._leased_bytes),
                        free_slabs=float(self.alloc.free_slabs), slabs=float(self.alloc.nslabs),
                        size_classes=float(sum(1 for lru in self._lru.values() if lru)))
         return out
