@@ -10,7 +10,7 @@ its head), and counts prefix hits as SGLang does. Fitted on the whole trace, the
 future's statistics (an upper bound for this family of features); fitted on the first half only, it
 is what the best possible online learner of this family could have known by the middle of the trace.
 
-    python scripts/hazard_bound.py /work/shared/traces/synthetic_trace.jsonl --capacity-blocks 2%,9%
+    python scripts/hazard_bound.py synthetic_trace.jsonl --capacity-blocks 2%,9%   # Mooncake's FAST'25 trace
 """
 
 from __future__ import annotations

@@ -1,15 +1,33 @@
-"""scripts/replay_trace.py end to end on a slice of the real trace (CI-sized), and scripts/hazard_bound.py."""
+"""scripts/replay_trace.py end to end on a generated trace (CI-sized), and scripts/hazard_bound.py."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import random
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACE = Path("/work/shared/traces/synthetic_trace.jsonl")
+
+
+@pytest.fixture(scope="module")
+def TRACE(tmp_path_factory) -> Path:
+    """Mooncake-format requests shaped like the Mooncake trace's reuse: a few popular documents
+    (Zipf), each request followed by blocks of its own that never come back (one-hit wonders)."""
+    rng = random.Random(5)
+    docs = [list(range(d * 100, d * 100 + rng.randint(2, 10))) for d in range(40)]
+    weights = [1.0 / (i + 1) for i in range(len(docs))]
+    fresh = 10_000
+    path = tmp_path_factory.mktemp("trace") / "docs.jsonl"
+    with open(path, "w") as f:
+        for i in range(600):
+            doc = rng.choices(docs, weights)[0]
+            tail = list(range(fresh, fresh + rng.randint(1, 6)))
+            fresh += len(tail)
+            f.write(json.dumps({"timestamp": 500 * i, "hash_ids": doc + tail}) + "\n")
+    return path
 
 
 def load_script(name: str = "replay_trace"):
@@ -19,7 +37,7 @@ def load_script(name: str = "replay_trace"):
     return mod
 
 
-def test_replay_reports_table_tiers_json_and_plot(tmp_path: Path, capsys):
+def test_replay_reports_table_tiers_json_and_plot(tmp_path: Path, capsys, TRACE: Path):
     replay = load_script()
     out, png = tmp_path / "r.json", tmp_path / "p.png"
     assert replay.main([str(TRACE), "--limit", "400", "--capacity-blocks", "2%,9%", "--tiers", "2%:20%",
@@ -38,7 +56,7 @@ def test_replay_reports_table_tiers_json_and_plot(tmp_path: Path, capsys):
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_replay_rejects_bad_arguments():
+def test_replay_rejects_bad_arguments(TRACE: Path):
     replay = load_script()
     with pytest.raises(SystemExit):
         replay.main([str(TRACE), "--policy", "fifo"])
