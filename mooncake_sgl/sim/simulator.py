@@ -1,28 +1,26 @@
-"""Replays requests through a ``PlacementPolicy`` exactly as ``TieredStore`` drives it, with byte-sized
-tiers that hold no bytes, and counts what the store would have done.
+"""Replays requests through the real ``TieredStore`` over zero-byte tiers (``size_tier.SizeTier``) and
+reports what the store did, from the store's own counters.
 
-Per request (a prompt's chain of pages, arriving at ``t``):
+Per request (a prompt's chain of pages, arriving at ``t``), the calls SGLang makes:
 
-1. lookup: ``tick(t)``, find the fastest tier holding each page, ``on_lookup``; the leading run of
-   found pages is the prefix hit, credited to the tier each page was found in;
-2. read: pages of that run found below tier 0 are offered for promotion (``promotion_target``) and
-   written into the target tier;
-3. write-back: the pages after the run are written with ``parent`` = the last hit page: to tier 0,
-   and to each slower tier that ``admit`` accepts; a page no tier took (a batch larger than
-   tier 0) then goes to the first slower tier with room, admitted or not.
+1. ``exists_prefix(keys)``: the leading run of pages found is the prefix hit;
+2. ``get_into`` of that run (pages found in a slower tier may be promoted);
+3. ``put_from`` of the pages after the run, with ``parent`` = the last hit page.
 
-A write first makes room: ``victims`` for the missing bytes, each victim demoted where
-``demotion_target`` says (unless already there), then removed (``on_remove``). A tier that cannot
-make room takes what fits, as the store's tiers do. This mirrors ``store.TieredStore`` (``_write``,
-``_make_room``, ``_demote``, ``_promote``); keep the two in step.
+The store runs with ``placement="inline"`` (placement work on the calling thread, so a replay is
+deterministic) and with the trace's time as its clock. Nothing is re-implemented here: admission,
+eviction, demotion and promotion are the store's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..api import PageKey, PlacementPolicy
+from ..store import TieredStore
+from .size_tier import SizeStaging, SizeTier, sized_page
 from .trace import Request
 
 
@@ -61,7 +59,8 @@ class SimResult:
 
 
 class Simulator:
-    """Tiers of ``capacities`` bytes (fastest first) holding pages of ``page_bytes`` each."""
+    """Tiers of ``capacities`` bytes (fastest first) holding pages of ``page_bytes`` each, run by a
+    ``TieredStore`` with ``policy``."""
 
     def __init__(self, policy: PlacementPolicy, capacities: Sequence[int], page_bytes: int, name: str = ""):
         if not capacities:
@@ -70,108 +69,45 @@ class Simulator:
             raise ValueError(f"page_bytes must be positive, got {page_bytes}")
         self.policy = policy
         self.page = page_bytes
-        self.resident: list[set[PageKey]] = [set() for _ in capacities]
         self.caps = list(capacities)
-        self.result = SimResult(name or type(policy).__name__, tiers=[TierStats(c) for c in capacities])
+        self.name = name or type(policy).__name__
+        self._now = 0.0
+        self._page = sized_page(page_bytes)
+        self.store = TieredStore([SizeTier(f"t{i}", c) for i, c in enumerate(self.caps)], policy,
+                                 placement="inline", clock=self._clock, staging=SizeStaging())
+
+    def _clock(self) -> float:
+        return self._now
 
     def run(self, requests: Iterable[Request], progress: Callable[[int], None] | None = None) -> SimResult:
         for req in requests:
             self.request(req.keys, req.t)
             if progress is not None:
                 progress(1)
-        self.result.policy_stats = self.policy.stats()
         return self.result
 
     def request(self, keys: Sequence[PageKey], t: float) -> int:
-        policy, res = self.policy, self.result
-        where = self._locate(keys)
-        run = next((i for i, w in enumerate(where) if w is None), len(where))
-        policy.tick(t)
-        policy.on_lookup(keys, where, None)
-        res.requests += 1
-        res.lookup_pages += len(keys)
-        res.hit_pages += run
-        for w in where[:run]:
-            res.tiers[w].hit_pages += 1
-        # Read path: SGLang reads only the prefix hit; slow-tier pages may be promoted.
-        promote: dict[int, list[PageKey]] = {}
-        for key, w in zip(keys[:run], where[:run]):
-            if w:
-                target = policy.promotion_target(key, w)
-                if target is not None and target < w:
-                    promote.setdefault(target, []).append(key)
-        protected = frozenset(keys[:run])  # the store protects the pages of the read batch
-        for target, ks in promote.items():
-            res.tiers[target].bytes_promoted += self.page * self._write(target, ks, protected, None)
-        # Write-back of the pages computed by this request.
+        """One request's lookup, read of its prefix hit and write-back; returns the hit length."""
+        self._now = t
+        store, page = self.store, self._page
+        run = store.exists_prefix(keys)
+        if run:
+            store.get_into(keys[:run], [page] * run)
         if run < len(keys):
-            todo = keys[run:]
-            parent = keys[run - 1] if run else None
-            put_protected = frozenset(todo)
-            admitted = [[True] * len(todo)] + [policy.admit(todo, t) for t in range(1, len(self.caps))]
-            stored: set[PageKey] = set()
-            for tier in range(len(self.caps)):
-                ks = [k for k, ok in zip(todo, admitted[tier]) if ok]
-                if ks:
-                    self._write(tier, ks, put_protected, parent)
-                    stored.update(k for k in ks if k in self.resident[tier])
-            # As the store does: a page no admitting tier took goes to the first slower tier
-            # that takes it (admission saves writes, it must not lose pages).
-            for tier in range(1, len(self.caps)):
-                ks = [k for k, ok in zip(todo, admitted[tier]) if not ok and k not in stored]
-                if ks:
-                    self._write(tier, ks, put_protected, parent)
-                    stored.update(k for k in ks if k in self.resident[tier])
+            store.put_from(keys[run:], [page] * (len(keys) - run), keys[run - 1] if run else None)
         return run
 
-    def _locate(self, keys: Sequence[PageKey]) -> list[int | None]:
-        out: list[int | None] = []
-        for k in keys:
-            for t, res in enumerate(self.resident):
-                if k in res:
-                    out.append(t)
-                    break
-            else:
-                out.append(None)
-        return out
-
-    def _write(self, t: int, keys: Sequence[PageKey], protected: frozenset[PageKey],
-               parent: PageKey | None) -> int:
-        """Write ``keys`` into tier ``t`` (making room first); returns pages newly written."""
-        resident = self.resident[t]
-        fresh = [k for k in keys if k not in resident]
-        if not fresh:
-            return 0
-        need = len(fresh) * self.page
-        free = self.caps[t] - len(resident) * self.page
-        if free < need:
-            self._make_room(t, need - free, protected)
-            free = self.caps[t] - len(resident) * self.page
-        fits = max(0, min(len(fresh), free // self.page))
-        stats = self.result.tiers[t]
-        stats.refused_writes += len(fresh) - fits
-        # The store writes a batch in order; what does not fit is the batch's tail.
-        written = fresh[:fits]
-        if written:
-            resident.update(written)
-            stats.bytes_written += self.page * len(written)
-            self.policy.on_insert(written, t, [self.page] * len(written), parent)
-        return len(written)
-
-    def _make_room(self, t: int, need: int, protected: frozenset[PageKey]) -> None:
-        victims = self.policy.victims(t, need, protected)
-        if not victims:
-            return
-        down: dict[int, list[PageKey]] = {}
-        for v in victims:
-            target = self.policy.demotion_target(v, t)
-            if target is not None and target > t:
-                down.setdefault(target, []).append(v)
-        for target, ks in down.items():
-            move = [k for k in ks if k not in self.resident[target]]
-            if move:
-                n = self._write(target, move, protected | frozenset(move), None)
-                self.result.tiers[target].bytes_demoted += self.page * n
-        self.resident[t].difference_update(victims)
-        self.result.tiers[t].evictions += len(victims)
-        self.policy.on_remove(victims, t)
+    @property
+    def result(self) -> SimResult:
+        """What the store did so far, from its counters."""
+        stats: dict[str, Any] = self.store.stats()
+        top = stats["store"]
+        tiers = []
+        for cap, name in zip(self.caps, self.store.names):
+            c = stats["tiers"][name]["store"]
+            tiers.append(TierStats(cap, hit_pages=c["lookup_hits"], bytes_written=c["bytes_written"],
+                                   bytes_promoted=c["promotions"] * self.page,
+                                   bytes_demoted=c["demotions"] * self.page, evictions=c["evictions"],
+                                   refused_writes=c["write_failures"]))
+        return SimResult(self.name, requests=top["lookups"], lookup_pages=top["lookup_pages"],
+                         hit_pages=top["lookup_hit_pages"], tiers=tiers, policy_stats=stats["policy"])

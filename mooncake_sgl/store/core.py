@@ -332,9 +332,10 @@ class TieredStore:
             for i, good in zip(todo, res):
                 (written if good else failed).append(i)
                 ok[i] = bool(good)
-            counters.add(writes=len(written), bytes_written=sum(sizes[i] for i in written))
-            self._placement.inserted(t, [keys[i] for i in written],
-                                     [tier.footprint(sizes[i]) for i in written], parent)
+            new = self._placement.inserted(t, [keys[i] for i in written],
+                                           [tier.footprint(sizes[i]) for i in written], parent)
+            # Pages the tier already held were acknowledged without being written again.
+            counters.add(writes=sum(new), bytes_written=sum(sizes[i] for i, f in zip(written, new) if f))
             todo = failed
             if not todo or not self._managed[t] or not roomy:
                 break

@@ -110,17 +110,23 @@ class Placement:
             return set(self._resident[t])
 
     def inserted(self, t: int, keys: Sequence[PageKey], footprints: Sequence[int],
-                 parent: PageKey | None) -> None:
-        """Pages became readable in tier ``t``; the new ones are recorded and told to the policy."""
-        if not self.managed[t] or not keys:
-            return
+                 parent: PageKey | None) -> list[bool]:
+        """Pages became readable in tier ``t``; the new ones are recorded and told to the policy.
+        Returns, per key, whether it is new there (always ``True`` for an unmanaged tier, whose
+        contents the store does not know)."""
+        if not self.managed[t]:
+            return [True] * len(keys)
+        if not keys:
+            return []
         with self._lock:
             resident = self._resident[t]
-            fresh = [(k, n) for k, n in zip(keys, footprints) if k not in resident]
+            new = [k not in resident for k in keys]
+            fresh = [(k, n) for k, n, f in zip(keys, footprints, new) if f]
             for k, n in fresh:
                 resident[k] = n
             if fresh:
                 self.policy.on_insert([k for k, _ in fresh], t, [n for _, n in fresh], parent)
+        return new
 
     def lost(self, t: int, keys: Sequence[PageKey]) -> None:
         """Pages left tier ``t`` outside an eviction (removed, found corrupt, dropped by the tier).
