@@ -16,10 +16,10 @@ import pytest
 
 from mooncake_sgl.api import Tier
 from mooncake_sgl.config import LmdbTierConfig
-from mooncake_sgl.errors import TierClosed, TierError, TierFull
+from mooncake_sgl.errors import TierClosed, TierError
 from mooncake_sgl.tiers import build_tier
 from mooncake_sgl.tiers import lmdb as lmdb_mod
-from mooncake_sgl.tiers.lmdb import HEADER_BYTES, LmdbTier
+from mooncake_sgl.tiers.lmdb import RECORD_BYTES, LmdbTier
 
 from .conformance import ParkedPage, TierConformance, empty_like, key, make_page, same
 
@@ -125,28 +125,38 @@ def test_flipped_bytes_in_the_file_are_a_counted_miss_and_the_page_is_removed(tm
     names = [b"payload-flip", b"checksum-flip", b"magic-flip", b"intact"]
     tier = lmdb_tier(tmp_path)
     assert tier.put_from(names, [[memoryview(page_bytes(k, nbytes))] for k in names]) == [True] * 4
+    with tier._env.begin(db=tier._pages) as txn:  # white-box: where each record sits
+        records = {k: txn.get(k) for k in names}
     tier.close()
 
-    data_file = tmp_path / "data.mdb"
-    raw = bytearray(data_file.read_bytes())
+    pages_file = tmp_path / "pages.bin"
+    raw = bytearray(pages_file.read_bytes())
+    page = page_bytes(b"payload-flip", nbytes)
+    off = raw.find(page)
+    assert off >= 0 and raw.find(page, off + 1) == -1
+    raw[off + nbytes // 2] ^= 0x01  # one bit in the middle of the KV bytes
+    pages_file.write_bytes(bytes(raw))
 
-    def payload_at(name: bytes) -> int:
-        page = page_bytes(name, nbytes)
-        off = raw.find(page)
-        assert off > 0 and raw.find(page, off + 1) == -1
-        return off
+    index_file = tmp_path / "data.mdb"
+    raw = bytearray(index_file.read_bytes())
 
-    raw[payload_at(b"payload-flip") + nbytes // 2] ^= 0x01  # one bit in the middle of the KV bytes
-    raw[payload_at(b"checksum-flip") - 1] ^= 0xFF  # top byte of the stored checksum
-    raw[payload_at(b"magic-flip") - HEADER_BYTES] ^= 0x20  # first byte of the magic
-    data_file.write_bytes(bytes(raw))
+    def record_at(name: bytes) -> int:
+        at = raw.find(records[name])
+        assert at > 0 and raw.find(records[name], at + 1) == -1
+        return at
+
+    raw[record_at(b"checksum-flip") + RECORD_BYTES - 1] ^= 0xFF  # top byte of the stored checksum
+    raw[record_at(b"magic-flip")] ^= 0x20  # first byte of the magic
+    index_file.write_bytes(bytes(raw))
 
     tier = lmdb_tier(tmp_path)
-    assert tier.contains(names) == [True] * 4  # existence alone does not read the bytes
+    # A record that is not ours is dropped at open; existence alone does not read page bytes.
+    assert tier.stats()["dropped_at_open"] == 1
+    assert tier.contains(names) == [True, True, False, True]
     out = [[memoryview(bytearray(nbytes))] for _ in names]
     assert tier.get_into(names, out) == [False, False, False, True]
     assert bytes(out[3][0]) == page_bytes(b"intact", nbytes)
-    assert tier.stats()["corrupt_pages"] == 3
+    assert tier.stats()["corrupt_pages"] == 2
     assert tier.contains(names) == [False, False, False, True]
     tier.close()
     # The removal was committed: a restart does not find the corrupt pages again.
@@ -194,28 +204,36 @@ def test_pages_removed_from_a_full_tier_make_room_for_the_very_next_put(tmp_path
     out = [[memoryview(bytearray(nbytes))] for _ in live]
     assert tier.get_into(live, out) == [True] * len(live)
     assert all(bytes(o[0]) == page_bytes(k, nbytes) for k, o in zip(live, out))
-    assert os.path.getsize(tmp_path / "data.mdb") <= (4 << 20) + (16 << 20)
+    assert os.path.getsize(tmp_path / "pages.bin") <= 4 << 20
     tier.close()
 
 
-def test_map_full_under_an_old_reader_is_per_key_false_not_an_exception(tmp_path: Path) -> None:
-    # A reader holding an old snapshot keeps LMDB from reusing freed pages, so churn under the
-    # capacity budget still fills the map; that must surface as False, never as MapFullError.
+def test_space_an_old_reader_may_still_read_is_not_reused_and_puts_are_per_key_false(
+        tmp_path: Path) -> None:
+    # A reader holding an old snapshot may still read the extents of pages removed since: they
+    # must not be overwritten under it, so churn under the capacity budget runs out of room, and
+    # that must surface as False, never as an exception.
     tier = lmdb_tier(tmp_path, capacity="4MiB", sync=False)
     nbytes = 256 * 1024
-    old_reader = tier._env.begin()  # white-box: stands in for a slow reader in another process
-    refused = full_on_remove = 0
-    for rnd in range(12):
+    first = [b"first-%02d" % i for i in range(8)]
+    assert tier.put_from(first, [[memoryview(page_bytes(k, nbytes))] for k in first]) == [True] * 8
+    old_reader = tier._env.begin(db=tier._pages)  # white-box: a slow reader in another process
+    refused, live = 0, first
+    for rnd in range(6):
+        tier.remove(live)
         names = [b"r%02d-p%02d" % (rnd, i) for i in range(12)]
         res = tier.put_from(names, [[memoryview(page_bytes(k, nbytes))] for k in names])
         refused += res.count(False)
-        try:
-            tier.remove([k for k, ok in zip(names, res) if ok])
-        except TierFull:  # the one honest answer once not even a deletion fits
-            full_on_remove += 1
-    assert refused and tier.stats()["map_full_retries"] > 0
+        live = [k for k, ok in zip(names, res) if ok]
+    assert refused and tier.stats()["put_full"] == refused
+    # The old snapshot still reads the first pages' bytes, intact.
+    for k in first:
+        rec = lmdb_mod.parse_record(old_reader.get(k))
+        assert rec is not None
+        out = memoryview(bytearray(nbytes))
+        assert tier._file.read(rec[0], [out]) and bytes(out) == page_bytes(k, nbytes)
     old_reader.abort()
-    tier.remove([b"x"])  # a write transaction after the reader left makes its pages reusable
+    tier.remove(live)
     names = [b"after-%02d" % i for i in range(12)]
     assert tier.put_from(names, [[memoryview(page_bytes(k, nbytes))] for k in names]) == [True] * 12
     tier.close()

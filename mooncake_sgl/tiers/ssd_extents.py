@@ -1,0 +1,222 @@
+"""The page bytes of the SSD tier: one preallocated extent file, and the allocator of its extents.
+
+The LMDB tier keeps its index (key -> offset, length, checksum) in LMDB and the page bytes here,
+because measured the way a user meets the tier (pages written by one process into a fresh
+directory, read by a new process after the page cache was dropped) LMDB's memory map loses to
+plain file I/O at real page sizes: a value in overflow pages is faulted in 4 KiB at a time on a
+cold read, and a fresh ``writemap`` page faults on every 4 KiB it writes. One ``pwritev`` from the
+caller's segments and one ``preadv`` straight into the destination's segments reach the disk's
+sequential speed (``scripts/bench_tiers.py --user-view``).
+
+Choices, each measured (writer process, page cache dropped, reader process; 64 KiB / 1 MiB /
+8 MiB pages on the development VM's virtio disk):
+
+- Buffered I/O, not ``O_DIRECT``: ``O_DIRECT`` reads and writes were 4x slower at 64 KiB and no
+  faster at 8 MiB; it also needs 4 KiB-aligned destinations, which SGLang's host pool does not
+  promise. Extents still start on 4 KiB boundaries so no two pages share a file-system block.
+- Preallocation (``posix_fallocate``) ahead of the high-water mark in ``_GROW_STEP`` steps: fresh
+  puts 1.2-1.6x faster than writing into a sparse file, and a full disk shows up as a refused
+  page at allocation instead of a failed write.
+- Readahead hints (``POSIX_FADV_WILLNEED``) for every extent of a read batch before the first
+  ``preadv``: the kernel has the whole batch in flight. Threads issuing reads in parallel gave
+  nothing on top (2 vCPUs, one virtio queue) and cost CPU, so there are none.
+
+Reuse. An extent freed by a transaction may still be read by a reader whose LMDB snapshot predates
+that transaction, so the allocator hands it out again only once no reader's snapshot is older
+(``oldest_reader``), LMDB's own rule for its pages. Extents are coalesced with free neighbours, so
+mixed page sizes do not fragment the file for good.
+
+Thread context: the allocator is owned by the tier's writer (under the tier's write lock); reads of
+the file run in parallel without locks (``preadv`` at explicit offsets).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Iterable, Sequence
+
+ALIGN = 4096
+# How far ahead of the high-water mark the file is preallocated; arbitrary, a few batches of pages.
+_GROW_STEP = 256 << 20
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
+def aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+class ExtentAllocator:
+    """Free space of ``[0, capacity)`` in 4 KiB-aligned extents.
+
+    State: the high-water mark (everything above is free and never used), and free extents below
+    it, each with the id of the transaction that freed it. Built from the extents the index holds
+    (``rebuild``) at open and whenever another process wrote to the same environment.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity - capacity % ALIGN
+        self.hwm = 0
+        self.used = 0
+        # Free extents below the high-water mark, by start: (length, freeing transaction id).
+        self._free: dict[int, tuple[int, int]] = {}
+        self._starts: list[int] = []  # sorted keys of _free, for neighbour lookups
+        # The same extents by length, for an exact or best fit without scanning them all.
+        self._by_size: dict[int, dict[int, None]] = {}
+        self._sizes: list[int] = []  # sorted keys of _by_size
+
+    def rebuild(self, extents: Iterable[tuple[int, int]], freed_by: int = 0) -> None:
+        """Free space is the complement of ``(offset, length)`` extents in use, reusable once no
+        reader is older than transaction ``freed_by`` (0 at open: no reader can still see it).
+        The high-water mark never drops here: space above the last extent in use may have held
+        pages a reader still sees."""
+        spans = sorted((off, aligned(n)) for off, n in extents)
+        old_hwm = self.hwm
+        self._free, self._starts, self._by_size, self._sizes = {}, [], {}, []
+        self.hwm = self.used = 0
+        for off, n in spans:
+            if off > self.hwm:
+                self._put(self.hwm, off - self.hwm, freed_by)
+            self.hwm = max(self.hwm, off + n)
+            self.used += n
+        if old_hwm > self.hwm:
+            self._put(self.hwm, old_hwm - self.hwm, freed_by)
+            self.hwm = old_hwm
+
+    def allocate(self, nbytes: int, oldest_reader: int | None) -> int | None:
+        """Offset of a new extent for ``nbytes``, or ``None`` if the capacity has no room for it.
+
+        ``oldest_reader``: the oldest snapshot (transaction id) any reader holds, ``None`` if no
+        reader is active; an extent freed by transaction ``t`` is reusable once ``t <= oldest``.
+        Smallest fit first (an exact fit is the common case: a deployment has one page size).
+        """
+        need = aligned(nbytes)
+        for length in self._sizes[bisect.bisect_left(self._sizes, need):]:
+            for start in self._by_size[length]:
+                if oldest_reader is None or self._free[start][1] <= oldest_reader:
+                    freed_by = self._pop(start)[1]
+                    if length > need:
+                        self._put(start + need, length - need, freed_by)
+                    self.used += need
+                    return start
+        if self.hwm + need > self.capacity:
+            return None
+        off = self.hwm
+        self.hwm += need
+        self.used += need
+        return off
+
+    def free(self, offset: int, nbytes: int, txn: int) -> None:
+        """Return an extent freed by transaction ``txn`` (0: no reader can ever have seen it)."""
+        length = aligned(nbytes)
+        self.used -= length
+        i = bisect.bisect_left(self._starts, offset)
+        if i > 0:  # merge with the free extent just below
+            prev = self._starts[i - 1]
+            plen, pby = self._free[prev]
+            if prev + plen == offset:
+                self._pop(prev)
+                offset, length, txn = prev, plen + length, max(txn, pby)
+        nxt = self._free.get(offset + length)
+        if nxt is not None:
+            self._pop(offset + length)
+            length, txn = length + nxt[0], max(txn, nxt[1])
+        # Even at the top of the file it stays a free extent, not bump space: a reader may still
+        # see it until transaction ``txn`` is older than every reader.
+        self._put(offset, length, txn)
+
+    def free_extents(self) -> int:
+        return len(self._free)
+
+    def _put(self, start: int, length: int, txn: int) -> None:
+        self._free[start] = (length, txn)
+        bisect.insort(self._starts, start)
+        bucket = self._by_size.get(length)
+        if bucket is None:
+            bucket = self._by_size[length] = {}
+            bisect.insort(self._sizes, length)
+        bucket[start] = None  # a dict keeps insertion order: oldest frees are reused first
+
+    def _pop(self, start: int) -> tuple[int, int]:
+        del self._starts[bisect.bisect_left(self._starts, start)]
+        length, txn = self._free.pop(start)
+        bucket = self._by_size[length]
+        del bucket[start]
+        if not bucket:
+            del self._by_size[length]
+            del self._sizes[bisect.bisect_left(self._sizes, length)]
+        return length, txn
+
+
+class ExtentFile:
+    """``pages.bin``: page bytes at offsets the index names. ``OSError``s propagate; the tier turns
+    them into per-key misses or refusals."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._allocated = os.fstat(self._fd).st_size
+
+    def reserve(self, end: int, limit: int) -> bool:
+        """Preallocate the file up to at least ``end`` (ahead by a step, never past ``limit``).
+        ``False`` if the file system has no room."""
+        if end <= self._allocated:
+            return True
+        target = min(max(end, self._allocated + _GROW_STEP), max(limit, end))
+        try:
+            os.posix_fallocate(self._fd, self._allocated, target - self._allocated)
+        except OSError:
+            try:  # the step may not fit where the pages themselves still do
+                os.posix_fallocate(self._fd, self._allocated, end - self._allocated)
+                target = end
+            except OSError:
+                return False
+        self._allocated = target
+        return True
+
+    def write(self, offset: int, segments: Sequence[memoryview]) -> None:
+        """All of ``segments`` at ``offset`` (short writes are continued)."""
+        pending = [s.cast("B") if s.format != "B" or s.ndim != 1 else s for s in segments]
+        while pending:
+            batch = pending[:_IOV_MAX]
+            done = os.pwritev(self._fd, batch, offset)
+            offset += done
+            while batch and done >= batch[0].nbytes:
+                done -= batch[0].nbytes
+                batch.pop(0)
+                pending.pop(0)
+            if done:
+                pending[0] = pending[0][done:]
+
+    def read(self, offset: int, segments: Sequence[memoryview]) -> bool:
+        """Fill ``segments`` from ``offset``; ``False`` on a short read (a truncated file)."""
+        pending = [s.cast("B") if s.format != "B" or s.ndim != 1 else s for s in segments]
+        while pending:
+            batch = pending[:_IOV_MAX]
+            got = os.preadv(self._fd, batch, offset)
+            if got <= 0:
+                return False
+            offset += got
+            while batch and got >= batch[0].nbytes:
+                got -= batch[0].nbytes
+                batch.pop(0)
+                pending.pop(0)
+            if got:
+                pending[0] = pending[0][got:]
+        return True
+
+    def prefetch(self, extents: Iterable[tuple[int, int]]) -> None:
+        """Start reading these ``(offset, length)`` extents now (readahead; never fails)."""
+        for off, n in extents:
+            try:
+                os.posix_fadvise(self._fd, off, n, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                return
+
+    def sync(self) -> None:
+        os.fdatasync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
