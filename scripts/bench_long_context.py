@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""Long-context benchmark against live SGLang: shared 8k-128k-token documents, many questions each.
+"""Long-context benchmark against live SGLang: shared long documents, many questions each.
 
-Needs a GPU host with SGLang (not run in this repository's CI, which has no GPU). Example:
-  python scripts/bench_long_context.py --launch --tiers configs/host_lmdb.yaml --docs 4 --max-doc-tokens 65536
+Runs on any host: with --launch it starts one live server per variant (on a host without a GPU,
+CPU servers with a tiny random-weight Llama). Examples:
+  python scripts/bench_long_context.py --launch                  # CPU or GPU host, embedded default tiers
+  python scripts/bench_long_context.py --launch --tiers configs/full-stack.yaml --docs 4
+  python scripts/bench_long_context.py --url http://127.0.0.1:30000  # a server already running
 See ``--help`` and mooncake_sgl/bench/runner.py.
 """
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Multi-turn benchmark against live SGLang: growing conversations, caches flushed between turns.
 
-Needs a GPU host with SGLang (not run in this repository's CI, which has no GPU). Example:
+Runs on any host: with --launch it starts one live server per variant (on a host without a GPU,
+CPU servers with a tiny random-weight Llama). Examples:
+  python scripts/bench_multiturn.py --launch --conversations 8 --turns 4
   python scripts/bench_multiturn.py --url http://127.0.0.1:30000 --conversations 16 --turns 5
 See ``--help`` and mooncake_sgl/bench/runner.py.
 """

@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# The main job on the embedded default config, after setting up what is missing.
-#   no GPU: the CPU end-to-end through SGLang's real HiCacheController, host pool and backend
-#           factory, a long-context workload of 8 MiB pages through our tiers; prints the
-#           per-tier report (pages and bytes moved, load time vs recompute).
-#   GPU:    the live-server long-context benchmark: no HiCache vs HiCache L2 vs our backend.
-# Extra arguments go to the script that runs (e.g. --json out.json).
+# The main job: live SGLang servers serving a long-context workload side by side, on the embedded
+# default tiers (no config file, no servers to start by hand), after setting up what is missing.
+#
+#   no HiCache  |  HiCache host only (L2)  |  HiCache + mooncake_sgl on its embedded default tiers
+#
+# Prints TTFT mean/p50/p99, throughput, where cached tokens came from (device, host, our tiers, and
+# per tier of ours), the measured prefill rate and load vs recompute; writes out/main.json and
+# out/main.png. Without a GPU the servers run on the CPU with a small random-weight Llama; with one,
+# pass --model-path. Extra arguments go to scripts/bench_long_context.py (see its --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
+mkdir -p out
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  exec .venv/bin/python scripts/bench_long_context.py --launch --tiers configs/default.yaml "$@"
+  sizes=(--docs 4 --min-doc-tokens 8192 --max-doc-tokens 65536 --questions 4)
+else
+  echo "[main] no GPU here: live CPU servers with a 4-layer random-weight Llama" >&2
+  sizes=(--docs 4 --min-doc-tokens 2048 --max-doc-tokens 12288 --questions 3 --model-layers 4
+         --model-hidden 1024 --max-parallel 2)
 fi
-echo "[main] no GPU here: running the CPU end-to-end (scripts/run_e2e_cpu.py)" >&2
-exec .venv/bin/python scripts/run_e2e_cpu.py "$@"
+exec .venv/bin/python scripts/bench_long_context.py --launch --log-dir out/logs \
+  --json out/main.json --plot out/main.png "${sizes[@]}" "$@"

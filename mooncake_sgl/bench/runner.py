@@ -20,9 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ..testing.tiny_model import TinyLlama, write_tiny_llama
 from .client import RequestResult, SglangClient
-from .results import plot_side_by_side, side_by_side_table, variant_result
-from .server import LaunchedServer, Variant, free_port, launch_command, parse_variant, small_llama_config
+from .console import log as log_line
+from .results import plot_side_by_side, recompute_summary, side_by_side_table, variant_result
+from .server import LaunchedServer, Variant, free_port, has_gpu, launch_command, parse_variant, server_env
 from .workloads import BenchRequest, LongContextSpec, MultiTurnSpec, long_context, multiturn
 
 _HOW = __doc__.split("\n\n", 1)[1]
@@ -33,16 +35,17 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     where.add_argument("--url", help="a running server, e.g. http://127.0.0.1:30000 (one variant)")
     where.add_argument("--launch", action="store_true", help="start one server per --variant")
     p.add_argument("--variant", action="append", default=[],
-                   help="no-hicache | hicache-l2 | ours:TIERS.yaml, optionally LABEL=...; repeat. "
-                        "Default with --launch: no-hicache, hicache-l2, and ours:Y for each --tiers Y")
+                   help="no-hicache | hicache-l2 | ours | ours:TIERS.yaml, optionally LABEL=...; repeat. "
+                        "Default with --launch: no-hicache, hicache-l2, and ours:Y for each --tiers Y "
+                        "(ours on the embedded default tiers when no --tiers is given)")
     p.add_argument("--tiers", action="append", default=[], metavar="YAML",
                    help="a tier set for our backend (adds the variant ours:YAML)")
-    p.add_argument("--model-path", help="local model dir; default: a small Llama config.json "
-                                        "written here, served with dummy weights")
-    p.add_argument("--real-weights", action="store_true", help="load --model-path's weights "
-                                                               "(default: --load-format dummy)")
+    p.add_argument("--model-path", help="local model dir; default: a tiny Llama with seeded random "
+                                        "weights written here (mooncake_sgl.testing.tiny_model)")
+    p.add_argument("--model-layers", type=int, default=TinyLlama.layers, help="of the default model")
+    p.add_argument("--model-hidden", type=int, default=TinyLlama.hidden, help="of the default model")
     p.add_argument("--server-arg", action="append", default=[],
-                   help="extra launch_server argument(s), e.g. --server-arg=--mem-fraction-static=0.6")
+                   help="extra launch_server argument(s), e.g. --server-arg=--max-total-tokens=131072")
     p.add_argument("--health-timeout", type=float, default=900.0)
     p.add_argument("--max-parallel", type=int, default=8, help="concurrent requests in a round")
     p.add_argument("--no-flush", action="store_true", help="keep SGLang's caches between rounds")
@@ -51,7 +54,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="write all results as JSON")
     p.add_argument("--plot", metavar="PATH", help="PNG of TTFT and throughput per round "
                                                   "(default with several variants: bench_<workload>.png)")
-    p.add_argument("--log-dir", default=".", help="where launched servers write their logs")
+    p.add_argument("--log-dir", default=".", help="where launched servers write their logs (created)")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -60,8 +63,14 @@ def variants_from_args(args: argparse.Namespace) -> list[Variant]:
     if args.url:
         return [Variant("server", ())] if not specs else [parse_variant(specs[0])]
     if not args.variant:
-        specs = ["no-hicache", "hicache-l2"] + specs
+        specs = ["no-hicache", "hicache-l2"] + (specs or ["ours"])
     return [parse_variant(s) for s in specs]
+
+
+def default_model(directory: Path, args: argparse.Namespace) -> Path:
+    """The tiny random-weight Llama the launched servers load when no ``--model-path`` is given."""
+    return write_tiny_llama(directory, TinyLlama(layers=args.model_layers, hidden=args.model_hidden,
+                                                 vocab=args.vocab_size))
 
 
 def run_round(client: SglangClient, batch: list[BenchRequest], max_parallel: int, progress: Any
@@ -109,27 +118,34 @@ def run(args: argparse.Namespace, workload: str, rounds: list[list[BenchRequest]
         results.append(run_variant(client, variants[0].label, rounds, max_parallel=args.max_parallel,
                                    flush=not args.no_flush, show_progress=not args.no_progress))
     else:
+        cpu = not has_gpu()
         with tempfile.TemporaryDirectory(prefix="mooncake-sgl-bench-") as tmp:
-            model = args.model_path or str(small_llama_config(Path(tmp) / "model", vocab=args.vocab_size))
+            model = args.model_path or str(default_model(Path(tmp) / "model", args))
             extra = tuple(args.server_arg)
+            # The embedded default keeps its LMDB under $XDG_CACHE_HOME: a benchmark must not clear
+            # (or read) the user's real cache, so launched servers get a cache folder of their own.
+            env = server_env(cpu, {"XDG_CACHE_HOME": str(Path(tmp) / "cache")})
             for v in variants:
                 port = free_port()
-                cmd = launch_command(model, port, v, dummy=not args.real_weights, extra=extra)
+                cmd = launch_command(model, port, v.args, cpu=cpu, extra=extra)
                 log = Path(args.log_dir) / f"server-{workload}-{v.label.replace(':', '_')}.log"
-                print(f"[{v.label}] starting: {' '.join(cmd)}  (log: {log})", file=sys.stderr, flush=True)
-                with LaunchedServer(cmd, port, log, args.health_timeout) as server:
+                log_line(f"[{v.label}] starting: {' '.join(cmd)}  (log: {log})")
+                with LaunchedServer(cmd, port, log, args.health_timeout, env=env) as server:
                     results.append(run_variant(SglangClient(server.url), v.label, rounds,
                                                max_parallel=args.max_parallel, flush=not args.no_flush,
                                                show_progress=not args.no_progress))
     title = f"{workload}: {sum(len(b) for b in rounds)} requests in {len(rounds)} rounds"
     print(title)
     print(side_by_side_table(results))
+    for line in recompute_summary(results):
+        print(line)
     plot = args.plot or (f"bench_{workload}.png" if len(results) > 1 else None)
     if plot:
         plot_side_by_side(results, Path(plot), title)
         print(f"plot written to {plot}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps({"workload": workload, "args": vars(args),
+                                               "summary": recompute_summary(results),
                                                "variants": results}, indent=2, default=str))
     return 1 if any(r["errors"] for v in results for r in v["rounds"]) else 0
 

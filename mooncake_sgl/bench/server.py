@@ -1,30 +1,49 @@
-"""Starting an SGLang server for a benchmark variant, and the variants themselves.
+"""Starting live SGLang servers: the command line of each benchmark variant, on GPU and CPU hosts.
 
 A *variant* is one server configuration of a side-by-side run:
 
 - ``no-hicache``          plain SGLang (device radix cache only);
 - ``hicache-l2``          ``--enable-hierarchical-cache`` (device + host pool, no storage);
-- ``ours:PATH.yaml``      HiCache with our backend (``--hicache-storage-backend mooncake``) over the
-                          tier set in PATH (``--hicache-storage-backend-extra-config @PATH``).
+- ``ours``                HiCache with our backend (``--hicache-storage-backend mooncake``) on the
+                          embedded default tiers (no extra-config);
+- ``ours:PATH.yaml``      the same over the tier set in PATH (``--hicache-storage-backend-extra-config
+                          @PATH``).
 
-``small_llama_config`` writes a local model directory (``config.json`` only) so a server can start
-with ``--load-format dummy --skip-tokenizer-init``: random weights, token-id prompts, no download.
+On a host without a GPU every command gets the flags a CPU server needs (``CPU_FLAGS``, plus the
+``direct`` io backend for HiCache variants, which is what ``mooncake_sgl.hicache.cpu_compat``
+supplies ops for) and ``SGLANG_USE_CPU_ENGINE=1``. ``scripts/serve_cpu.sh`` runs
+``python -m mooncake_sgl.bench.server PORT MODEL_DIR TIERS_FILE [flags...]``: one server in the
+foreground, stopped with everything it started on SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from .client import SglangClient
+
+# What a CPU server needs (the project's notes on live CPU serving have the reasons): the torch
+# attention backend, no CUDA graphs, token-id prompts, a KV budget a CPU host can hold (SGLang would
+# otherwise size it from RAM: 14.5M tokens), and 64-token pages as on GPU deployments.
+CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
+             "--skip-tokenizer-init", "--max-total-tokens", "65536", "--page-size", "64")
+CPU_HICACHE_FLAGS = ("--hicache-io-backend", "direct", "--hicache-mem-layout", "page_first_direct")
+GPU_FLAGS = ("--skip-tokenizer-init", "--page-size", "64")
+GPU_HICACHE_FLAGS = ("--hicache-mem-layout", "page_first")
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+HICACHE = "--enable-hierarchical-cache"
+
+# SGLang's own shutdown can hang on CPU (a scheduler waiting on a CUDA core-dump timeout); after
+# this long a stop becomes SIGKILL of every process the server started.
+STOP_GRACE_S = float(os.environ.get("MOONCAKE_SGL_STOP_GRACE", "5"))
 
 
 @dataclass(frozen=True)
@@ -39,34 +58,31 @@ def parse_variant(spec: str) -> Variant:
     if body == "no-hicache":
         return Variant(label or body, ())
     if body == "hicache-l2":
-        return Variant(label or body, ("--enable-hierarchical-cache",))
+        return Variant(label or body, (HICACHE,))
+    if body == "ours":
+        return Variant(label or body, ours_args(None))
     if body.startswith("ours:"):
         path = Path(body[5:]).expanduser()
         if not path.is_file():
             raise ValueError(f"variant {spec!r}: tier config {path} does not exist")
-        return Variant(label or f"ours:{path.stem}", (
-            "--enable-hierarchical-cache", "--hicache-storage-backend", "mooncake",
-            "--hicache-storage-backend-extra-config", f"@{path.resolve()}"))
-    raise ValueError(f"unknown variant {spec!r}: use no-hicache, hicache-l2 or ours:TIERS.yaml "
+        return Variant(label or f"ours:{path.stem}", ours_args(path))
+    raise ValueError(f"unknown variant {spec!r}: use no-hicache, hicache-l2, ours or ours:TIERS.yaml "
                      "(optionally LABEL=...)")
 
 
-def small_llama_config(directory: Path, *, layers: int = 4, hidden: int = 1024, heads: int = 16,
-                       kv_heads: int = 4, vocab: int = 32000, context: int = 135168) -> Path:
-    """A Llama-architecture ``config.json`` for dummy weights (GQA like Llama-3). The context fits
-    the longest default document (128k tokens) plus a question and an answer, and no more: SGLang
-    sizes its request-to-token table by it."""
-    directory.mkdir(parents=True, exist_ok=True)
-    config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
-        "intermediate_size": hidden * 4, "num_hidden_layers": layers, "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads, "head_dim": hidden // heads, "vocab_size": vocab,
-        "max_position_embeddings": context, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
-        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-        "bos_token_id": 1, "eos_token_id": 2,
-    }
-    (directory / "config.json").write_text(json.dumps(config, indent=2))
-    return directory
+def ours_args(tiers: Path | None) -> tuple[str, ...]:
+    """Our backend over ``tiers``, or over the embedded default when ``None``."""
+    base = (HICACHE, "--hicache-storage-backend", "mooncake")
+    if tiers is None:
+        return base
+    return base + ("--hicache-storage-backend-extra-config", f"@{Path(tiers).resolve()}")
+
+
+def has_gpu() -> bool:
+    """A CUDA device this process can use (decides the flags; nothing else here needs torch)."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def free_port() -> int:
@@ -75,24 +91,63 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_command(model_path: str, port: int, variant: Variant, *, dummy: bool,
+def launch_command(model_path: str, port: int, variant_args: tuple[str, ...], *, cpu: bool,
                    extra: tuple[str, ...] = ()) -> list[str]:
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
-           "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init"]
-    if dummy:
-        cmd += ["--load-format", "dummy"]
-    return cmd + list(variant.args) + list(extra)
+    """``python -m sglang.launch_server`` for one variant; ``extra`` flags come last and win."""
+    hicache = HICACHE in variant_args
+    platform = (CPU_FLAGS + (CPU_HICACHE_FLAGS if hicache else ())) if cpu else \
+        (GPU_FLAGS + (GPU_HICACHE_FLAGS if hicache else ()))
+    return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
+            "--host", "127.0.0.1", "--port", str(port), *platform, *variant_args, *extra]
+
+
+def server_env(cpu: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    if cpu:
+        env.update(CPU_ENV)
+    env.update(extra or {})
+    return env
+
+
+def stop_tree(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM ``proc``, then SIGKILL it and every process it started that is still alive.
+
+    The descendants are listed before the first signal: once the parent exits they are re-parented
+    and can no longer be found from it.
+    """
+    import psutil
+
+    if proc.poll() is not None:
+        return
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(tree, timeout=10)
+    proc.wait()
 
 
 class LaunchedServer:
-    """``python -m sglang.launch_server`` in its own process group; waits for ``/health``;
-    stops the whole group (scheduler and detokenizer children included) on exit."""
+    """One live server in its own process group; waits for ``/health``; on exit stops the server
+    and everything it started (scheduler and detokenizer children included)."""
 
-    def __init__(self, cmd: list[str], port: int, log_path: Path, health_timeout_s: float = 900.0):
+    def __init__(self, cmd: list[str], port: int, log_path: Path, health_timeout_s: float = 900.0,
+                 env: dict[str, str] | None = None):
         self.cmd = cmd
         self.port = port
-        self.log_path = log_path
+        self.log_path = Path(log_path)
         self.health_timeout_s = health_timeout_s
+        self.env = env
         self.proc: subprocess.Popen | None = None
         self._log: IO[bytes] | None = None
 
@@ -100,29 +155,82 @@ class LaunchedServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> LaunchedServer:
+    def start(self) -> LaunchedServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env=dict(os.environ))
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     env=self.env if self.env is not None else dict(os.environ))
         try:
             SglangClient(self.url).wait_healthy(self.health_timeout_s, alive=lambda: self.proc.poll() is None)
-        except BaseException:
+        except BaseException as e:
             self.stop()
-            raise
+            raise RuntimeError(f"server on port {self.port} did not start: {e}\n--- log tail ---\n"
+                               f"{self.log_tail()}") from e
         return self
+
+    def __enter__(self) -> LaunchedServer:
+        return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            deadline = time.monotonic() + 30
-            while self.proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.5)
-            if self.proc.poll() is None:
+            stop_tree(self.proc)
+            try:  # stragglers of the group, should any have escaped the tree walk
                 os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+            except ProcessLookupError:
+                pass
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def log_tail(self, nbytes: int = 6000) -> str:
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return "(no log)"
+        return data[-nbytes:].decode(errors="replace")
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    """``PORT MODEL_DIR TIERS_FILE [flags...]``: one server with our backend in the foreground."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 3:
+        print("usage: serve_cpu.sh PORT MODEL_DIR TIERS_FILE [more sglang flags...]", file=sys.stderr)
+        return 2
+    port, model, tiers, extra = args[0], Path(args[1]), Path(args[2]), tuple(args[3:])
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        print(f"serve_cpu: PORT must be a TCP port number, got {port!r}", file=sys.stderr)
+        return 2
+    if not (model / "config.json").is_file():
+        print(f"serve_cpu: no config.json in MODEL_DIR {str(model)!r}", file=sys.stderr)
+        return 2
+    from ..config import load_config_file
+    from ..errors import ConfigError
+
+    try:
+        load_config_file(tiers)
+    except ConfigError as e:
+        print(f"serve_cpu: {e}", file=sys.stderr)
+        return 2
+    cpu = not has_gpu()
+    cmd = launch_command(str(model), int(port), ours_args(tiers), cpu=cpu, extra=extra)
+    proc = subprocess.Popen(cmd, env=server_env(cpu))
+    stop = threading.Event()
+    # The handler only records the request: stopping waits on the child, which must not happen
+    # inside a handler that interrupted another wait on it (both need Popen's wait lock).
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while proc.poll() is None:
+        if stop.wait(0.2):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            stop_tree(proc)
+    if stop.is_set():
+        return 0
+    return 128 - proc.returncode if proc.returncode < 0 else proc.returncode
+
+if __name__ == "__main__":
+    sys.exit(serve_main())

@@ -7,13 +7,16 @@ process alone would not reach them. ``pyproject.toml`` declares::
     [project.entry-points."sglang.srt.plugins"]
     mooncake_sgl = "mooncake_sgl.hicache.plugin:register"
 
-If ``SGLANG_PLUGINS`` whitelists plugins, it must include ``mooncake_sgl``.
+If ``SGLANG_PLUGINS`` whitelists plugins, it must include ``mooncake_sgl``. On a host without an
+accelerator the same call applies the adaptations of ``cpu_compat`` that a live CPU server needs.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+
+from . import cpu_compat
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +46,7 @@ def register() -> None:
     - ``describe_l3_object_layout`` reports "disabled" (it only serves the built-in class).
     """
     os.environ.setdefault(REUSE_TE_ENV, "0")
+    cpu_compat.apply()
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
     entry = getattr(StorageBackendFactory, "_registry", {}).get(BACKEND_NAME, {})

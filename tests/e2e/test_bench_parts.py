@@ -1,6 +1,5 @@
 """The pure parts of the live-server benchmarks: workloads, SSE parsing, aggregation, the table, the
-plot, variants and the launch command. The scripts themselves need a GPU host with SGLang serving;
-they were not run against a live server here (no GPU in CI)."""
+plot, variants and the launch command. The benchmarks against live servers are in tests/live/."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from mooncake_sgl.bench.results import (
     variant_result,
 )
 from mooncake_sgl.bench.runner import variants_from_args
-from mooncake_sgl.bench.server import Variant, launch_command, parse_variant, small_llama_config
+from mooncake_sgl.bench.server import CPU_FLAGS, Variant, launch_command, parse_variant
 from mooncake_sgl.bench.workloads import (
     LongContextSpec,
     MultiTurnSpec,
@@ -116,20 +115,23 @@ def test_variants_and_launch_command(tmp_path: Path) -> None:
         parse_variant("ours:/nonexistent.yaml")
     with pytest.raises(ValueError, match="unknown variant"):
         parse_variant("fast")
-    cmd = launch_command("/m", 31000, v, dummy=True, extra=("--mem-fraction-static=0.5",))
+    assert parse_variant("ours").args == ("--enable-hierarchical-cache", "--hicache-storage-backend",
+                                          "mooncake")  # the embedded default: no extra-config
+    cmd = launch_command("/m", 31000, v.args, cpu=True, extra=("--max-total-tokens=4096",))
     assert cmd[:3] == [sys.executable, "-m", "sglang.launch_server"]
-    assert "--load-format" in cmd and "dummy" in cmd and "--skip-tokenizer-init" in cmd
+    assert "--skip-tokenizer-init" in cmd and cmd[cmd.index("--device") + 1] == "cpu"
+    assert cmd[cmd.index("--hicache-io-backend") + 1] == "direct"  # the ops cpu_compat supplies
     assert cmd[cmd.index("--hicache-storage-backend") + 1] == "mooncake"
-    assert cmd[-1] == "--mem-fraction-static=0.5"
+    assert cmd[-1] == "--max-total-tokens=4096"  # extra flags come last, so they win
+    plain = launch_command("/m", 31000, parse_variant("no-hicache").args, cpu=True)
+    assert "--hicache-io-backend" not in plain and all(f in plain for f in CPU_FLAGS)
+    gpu = launch_command("/m", 31000, v.args, cpu=False)
+    assert "--device" not in gpu and gpu[gpu.index("--hicache-mem-layout") + 1] == "page_first"
 
     args = argparse.Namespace(url=None, launch=True, variant=[], tiers=[str(tiers)])
     assert [x.label for x in variants_from_args(args)] == ["no-hicache", "hicache-l2", "ours:t"]
-
-
-def test_small_model_config_is_a_llama_with_gqa(tmp_path: Path) -> None:
-    cfg = json.loads((small_llama_config(tmp_path / "m", layers=2) / "config.json").read_text())
-    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["num_hidden_layers"] == 2
-    assert cfg["num_attention_heads"] % cfg["num_key_value_heads"] == 0
+    args = argparse.Namespace(url=None, launch=True, variant=[], tiers=[])
+    assert [x.label for x in variants_from_args(args)] == ["no-hicache", "hicache-l2", "ours"]
 
 
 def test_client_rejects_bad_urls_and_sees_no_server() -> None:

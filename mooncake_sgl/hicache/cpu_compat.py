@@ -1,0 +1,172 @@
+"""What a live SGLang server needs to run HiCache on a host without CUDA, applied from our plug-in.
+
+sglang 0.5.23 starts on a CPU-only host with ``SGLANG_USE_CPU_ENGINE=1 ... --device cpu``, but its
+HiCache path has three CUDA assumptions (facts and sglang file:line in the project's notes):
+
+1. ``sgl_kernel`` has no CPU build on PyPI, yet ``kernels/ops/kvcache/cache_move.py`` imports eight
+   ``*_cpu`` names from it at module level. ``sgl_kernel_standin`` makes ``import sgl_kernel``
+   succeed with exactly those names; each raises if ever called (none is, serving HiCache with a
+   dense attention model).
+2. Host KV pools page-lock their buffers with ``cudaHostRegister`` whatever the device
+   (``pool_host/common.py``); ``unpinned_host_pools`` makes ``HostKVCache`` allocate unpinned.
+3. The host pools bind their host<->device copy ops only on CUDA/ROCm/XPU; ``direct_io_ops`` binds
+   torch versions of the ``direct`` io backend's three ops where a pool module has none
+   (``cpu_kvcacheio``). Servers then run with ``--hicache-io-backend direct``.
+
+Every adaptation is gated twice: on "no accelerator in this process" (on a GPU host nothing here
+does anything), and on the sglang versions in ``CHECKED_SGLANG``. On another sglang version nothing
+is patched and one log line says so; the server then fails (or not) exactly as sglang does alone.
+
+Timing: (2) and (3) run in ``register()`` of the ``sglang.srt.plugins`` entry point, which SGLang
+calls at the start of every process it spawns, before any pool exists. (1) cannot wait that long:
+the scheduler's module imports reach ``cache_move`` before ``load_plugins()`` runs. The earliest
+hook SGLang offers is platform discovery (``sglang.srt.platforms`` entry points are called when
+``current_platform`` is first resolved, which precedes that import), so ``platform_hook`` is
+declared there; it never claims a platform (it returns ``None``), it only installs the stand-in.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import sys
+import types
+from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
+
+CHECKED_SGLANG = frozenset({"0.5.23"})
+
+# The names sglang 0.5.23 imports from ``sgl_kernel`` at module level on the CPU engine's path.
+SGL_KERNEL_CPU_NAMES = (
+    "copy_all_layer_kv_cache_cpu", "assign_req_to_token_pool_cpu", "assign_draft_cache_locs_contiguous_cpu",
+    "assign_extend_cache_locs_cpu", "build_tree_kernel_efficient_cpu", "fill_accept_out_cache_loc_cpu",
+    "fill_bonus_tokens_cpu", "verify_tree_greedy_cpu",
+)
+
+# Pool modules whose host<->device ops are bound only on CUDA/ROCm/XPU.
+POOL_MODULES = (
+    "sglang.srt.mem_cache.pool_host.mha", "sglang.srt.mem_cache.pool_host.mla",
+    "sglang.srt.mem_cache.pool_host.mamba", "sglang.srt.mem_cache.pool_host.dsa",
+)
+
+_STANDIN_MARK = "__mooncake_sgl_standin__"
+_UNPINNED_MARK = "__mooncake_sgl_unpinned__"
+
+
+def no_accelerator() -> bool:
+    """True when this process sees no CUDA/ROCm, XPU or NPU device: the only case we adapt."""
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        return False
+    return importlib.util.find_spec("torch_npu") is None
+
+
+def sglang_version() -> str:
+    try:
+        from sglang.version import __version__
+    except ImportError:
+        return "unknown"
+    return str(__version__)
+
+
+def sgl_kernel_standin() -> bool:
+    """Make ``import sgl_kernel`` work where no usable one is installed. True if installed now."""
+    if _STANDIN_MARK in getattr(sys.modules.get("sgl_kernel"), "__dict__", {}):
+        return False
+    if importlib.util.find_spec("sgl_kernel") is not None:
+        try:
+            importlib.import_module("sgl_kernel")
+            return False
+        except Exception as e:  # a CUDA-only build on a CPU host fails to load its objects
+            logger.warning("mooncake_sgl: the installed sgl_kernel does not load here (%s: %s); "
+                           "using a stand-in", type(e).__name__, e)
+    module = types.ModuleType("sgl_kernel", "mooncake_sgl's stand-in: importable, every op raises.")
+    setattr(module, _STANDIN_MARK, True)
+    for name in SGL_KERNEL_CPU_NAMES:
+        setattr(module, name, _unavailable(name))
+    sys.modules["sgl_kernel"] = module
+    return True
+
+
+def _unavailable(name: str) -> Callable[..., None]:
+    def op(*_args: object, **_kwargs: object) -> None:
+        raise NotImplementedError(f"sgl_kernel.{name} has no CPU build; mooncake_sgl only provides a "
+                                  "stand-in so that sglang imports without CUDA")
+    op.__name__ = name
+    return op
+
+
+def unpinned_host_pools() -> bool:
+    """Host pools allocate unpinned memory (no ``cudaHostRegister``). True if patched now."""
+    from sglang.srt.mem_cache.pool_host.base import HostKVCache
+
+    original = HostKVCache.__init__
+    if getattr(original, _UNPINNED_MARK, False):
+        return False
+
+    def __init__(self: HostKVCache, *args: object, **kwargs: object) -> None:
+        kwargs["pin_memory"] = False
+        original(self, *args, **kwargs)
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(__init__, _UNPINNED_MARK, True)
+    HostKVCache.__init__ = __init__  # type: ignore[method-assign]
+    return True
+
+
+def direct_io_ops() -> list[str]:
+    """Bind torch ``direct`` ops into the pool modules that lack them; the names bound."""
+    from .cpu_kvcacheio import DIRECT_OPS
+
+    bound = []
+    for module_name in POOL_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        for name, op in DIRECT_OPS.items():
+            if getattr(module, name, None) is None:
+                setattr(module, name, op)
+                bound.append(f"{module_name.rsplit('.', 1)[1]}.{name}")
+    return bound
+
+
+def platform_hook() -> None:
+    """``sglang.srt.platforms`` entry point: installs the ``sgl_kernel`` stand-in, claims nothing.
+
+    Must never raise (a raising platform plugin is logged by SGLang and skipped, but noise at every
+    start is a defect) and must stay cheap: it runs in every SGLang process at platform discovery.
+    """
+    try:
+        if no_accelerator() and sglang_version() in CHECKED_SGLANG and sgl_kernel_standin():
+            logger.info("mooncake_sgl: no accelerator here; installed an sgl_kernel stand-in")
+    except Exception:
+        logger.exception("mooncake_sgl: the CPU sgl_kernel stand-in could not be installed")
+    return None
+
+
+def apply() -> list[str]:
+    """Every adaptation this process needs; the names of those applied (empty on a GPU host)."""
+    if not no_accelerator():
+        return []
+    version = sglang_version()
+    if version not in CHECKED_SGLANG:
+        logger.warning("mooncake_sgl: sglang %s has no accelerator here, and the CPU adaptations were "
+                       "checked only against sglang %s; none applied (a live CPU server with HiCache "
+                       "may then fail inside sglang)", version, ", ".join(sorted(CHECKED_SGLANG)))
+        return []
+    applied = []
+    if sgl_kernel_standin():
+        applied.append("sgl_kernel stand-in")
+    if unpinned_host_pools():
+        applied.append("unpinned host pools")
+    applied += [f"torch {name}" for name in direct_io_ops()]
+    if applied:
+        logger.info("mooncake_sgl: no accelerator here (sglang %s); applied: %s", version, ", ".join(applied))
+    return applied

@@ -1,0 +1,90 @@
+"""Fixtures for tests against live SGLang servers on this host (no GPU needed).
+
+Each server is ``scripts/serve_cpu.sh`` (what a user runs) on a free port, loading a tiny Llama with
+seeded random weights, so outputs depend on every KV byte. A server takes 20-60 s to become healthy
+on two cores; the tests start as few as they can.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mooncake_sgl.bench.server import LaunchedServer, free_port
+from mooncake_sgl.testing.tiny_model import write_tiny_llama
+
+from .probe import LiveClient
+
+REPO = Path(__file__).resolve().parents[2]
+SERVE = REPO / "scripts" / "serve_cpu.sh"
+HEALTH_TIMEOUT_S = 420.0
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("model"))
+
+
+def serve_command(port: int, model: Path, tiers: Path, extra: tuple[str, ...] = ()) -> list[str]:
+    return ["bash", str(SERVE), str(port), str(model), str(tiers), "--max-total-tokens", "16384", *extra]
+
+
+class Servers:
+    """Starts servers with ``scripts/serve_cpu.sh``; stops every one at teardown."""
+
+    def __init__(self, model: Path, logs: Path):
+        self.model = model
+        self.logs = logs
+        self.started: list[LaunchedServer] = []
+
+    def start(self, name: str, tiers: Path, extra: tuple[str, ...] = (),
+              env: dict[str, str] | None = None) -> LaunchedServer:
+        port = free_port()
+        server = LaunchedServer(serve_command(port, self.model, tiers, extra), port,
+                                self.logs / f"{name}.log", HEALTH_TIMEOUT_S,
+                                env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+        self.started.append(server)
+        return server.start()
+
+    def start_many(self, specs: list[tuple[str, Path]]) -> list[LaunchedServer]:
+        """Several servers at once (their start-ups overlap)."""
+        with ThreadPoolExecutor(len(specs)) as ex:
+            return list(ex.map(lambda s: self.start(*s), specs))
+
+
+@pytest.fixture
+def servers(tiny_model: Path, tmp_path: Path) -> Iterator[Servers]:
+    made = Servers(tiny_model, tmp_path / "logs")
+    yield made
+    for server in made.started:
+        server.stop()
+
+
+@pytest.fixture
+def client_of() -> Callable[[LaunchedServer], LiveClient]:
+    return lambda server: LiveClient(server.url)
+
+
+def write_tiers(path: Path, text: str) -> Path:
+    path.write_text(text)
+    subprocess.run([sys.executable, "-m", "mooncake_sgl.cli", "config", "check", str(path)], check=True,
+                   capture_output=True)
+    return path
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
