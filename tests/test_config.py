@@ -116,3 +116,70 @@ def test_shipped_pool_server_example_is_valid() -> None:
 
     config = load_config_file(CONFIGS / "pool.yaml", PoolServerConfig)
     assert config.capacity == 16 << 30 and config.port == 7480
+
+
+@pytest.mark.parametrize("data,key,words", [
+    ({"tiers": [{"kind": "host", "capacity": "99999999999999TiB"}]}, "tiers[0].capacity",
+     "larger than any machine"),
+    ({"tiers": [{"kind": "host", "capacity": 10**30}]}, "tiers[0].capacity", "larger than any"),
+    ({"tiers": [{"kind": "lmdb", "max_readers": -1}]}, "tiers[0].max_readers", "between 1 and"),
+    ({"tiers": [{"kind": "lmdb", "max_readers": 10**12}]}, "tiers[0].max_readers", "between 1"),
+    ({"tiers": [{"kind": "pool", "endpoints": ["10.0.0.5"]}]}, "tiers[0].endpoints", "host:port"),
+    ({"tiers": [{"kind": "pool", "endpoints": ["h:99999"]}]}, "tiers[0].endpoints", "1..65535"),
+    ({"tiers": [{"kind": "pool", "timeout": 0}]}, "tiers[0].timeout", "longer than 0"),
+    ({"tiers": [{"kind": "pool", "retry_after": 10**12}]}, "tiers[0].retry_after", "30 days"),
+])
+def test_out_of_range_values_name_the_key_instead_of_failing_at_build_time(
+        data: dict, key: str, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "tiers.yaml")
+    assert info.value.key == key and words in str(info.value)
+
+
+def test_a_non_utf8_file_is_a_config_error_naming_the_line(tmp_path: Path) -> None:
+    f = tmp_path / "latin1.yaml"
+    f.write_bytes(b"tiers:\n  - kind: host\n    # caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"not UTF-8 text: byte 0xe9 on line 3.*latin1.yaml"):
+        load_config_file(f)
+
+
+def test_a_key_given_twice_is_an_error_not_last_one_wins(tmp_path: Path) -> None:
+    f = tmp_path / "dup.yaml"
+    f.write_text("tiers:\n  - kind: host\n    capacity: 1GiB\n    capacity: 2GiB\n")
+    with pytest.raises(ConfigError, match=r"line 4 .*duplicate key 'capacity'.*dup.yaml"):
+        load_config_file(f)
+
+
+@pytest.mark.parametrize("data,key,words", [
+    ({"slab_size": 1000}, "slab_size", "multiple of 4096"),
+    ({"log_level": "LOUD"}, "log_level", "one of DEBUG"),
+    ({"max_connections": 0}, "max_connections", "at least 1"),
+    ({"max_handshakes": 0}, "max_handshakes", "at least 1"),
+    ({"handshake_timeout": 0}, "handshake_timeout", "longer than 0"),
+    ({"hold_timeout": "0s"}, "hold_timeout", "longer than 0"),
+    ({"max_frame_bytes": "1MiB"}, "max_frame_bytes", "at least slab_size"),
+    ({"capacity": "1GiB", "tenants": [{"name": "a", "secret": "", "capacity": "64MiB"}]},
+     "tenants[0].secret", "own non-empty secret"),
+    ({"capacity": "1GiB", "secret": "x", "tenants": [{"name": "a", "secret": "s", "capacity": "64MiB"}]},
+     "secret", "each tenant has its own secret"),
+    ({"capacity": "100MiB", "tenants": [{"name": "a", "secret": "s", "capacity": "64MiB"},
+                                        {"name": "b", "secret": "t", "capacity": "64MiB"}]},
+     "capacity", "add up to"),
+    ({"tenants": [{"name": "a", "secret": "s", "capacity": "64MiB"},
+                  {"name": "a", "secret": "t", "capacity": "64MiB"}]}, "tenants", "more than once"),
+])
+def test_pool_server_settings_that_could_not_serve_are_refused(data: dict, key: str,
+                                                                words: str) -> None:
+    from mooncake_sgl.pool.config import PoolServerConfig
+
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "pool.yaml", PoolServerConfig)
+    assert info.value.key == key and words in str(info.value), str(info.value)
+
+
+def test_config_show_never_prints_a_secret(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "pool-tier.yaml"
+    f.write_text("tiers:\n  - kind: host\n  - kind: pool\n    secret: hunter2-pool-secret\n")
+    assert cli_main(["config", "show", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "hunter2" not in out and "secret: <redacted>" in out

@@ -31,12 +31,15 @@ def _serve(argv: list[str]) -> int:
     ap.add_argument("--host")
     ap.add_argument("--port", type=int)
     ap.add_argument("--capacity", help="segment size, e.g. 16GiB")
+    ap.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port of the "
+                    "bind host (0: a free one, shown in the READY line)")
     ap.add_argument("--secret", help="shared secret (prefer the config file or $MOONCAKE_SGL_POOL_SECRET)")
     args = ap.parse_args(argv)
     secret = args.secret or os.environ.get("MOONCAKE_SGL_POOL_SECRET")
     try:
         cfg = load_pool_config(args.config, {"host": args.host, "port": args.port,
-                                             "capacity": args.capacity, "secret": secret})
+                                             "capacity": args.capacity, "secret": secret,
+                                             "metrics_port": args.metrics_port})
     except MooncakeSglError as e:
         print(f"mooncake-sgl pool: {e}", file=sys.stderr)
         return 2
@@ -57,7 +60,8 @@ def _serve(argv: list[str]) -> int:
     host, port = server.address
     print(f"READY {host}:{port} capacity={server.capacity} tenants={len(server.tenants)} "
           f"shm={'on' if server.unix_name else 'off'} rdma={'on' if server.rdma else 'off'} "
-          f"pid={os.getpid()}", flush=True)
+          f"pid={os.getpid()}"
+          + (f" metrics={host}:{server.metrics_http.port}" if server.metrics_http else ""), flush=True)
     while not stop.wait(0.5):
         pass
     server.stop()

@@ -18,7 +18,7 @@ or, several tenants kept apart (each its own segment, credentials and key space)
 from __future__ import annotations
 
 import logging
-from typing import Optional, Union
+from typing import Union
 
 import msgspec
 
@@ -86,7 +86,7 @@ class PoolServerConfig(_Section):
     hold_timeout: Union[float, str] = "30s"
     log_level: str = "INFO"
     # Serve Prometheus ``/metrics`` on this port of ``host`` (0 picks a free one); unset = off.
-    metrics_port: Optional[int] = None
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         self._normalise(capacity=parse_size, slab_size=parse_size, put_wait=parse_duration,

@@ -27,7 +27,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import queue
 import socket
 import threading
 import time
@@ -39,6 +38,8 @@ from ..transfer.tcp import discard, read_frame, recv_exact_into, send_buffers, t
 from .config import PoolServerConfig
 from .conn import Conn, Hold, HoldLedger
 from .counters import Counters
+from .metrics import MetricsHttp, PoolMetrics
+from .refuse import Refuser
 from .store import PRESENT, Entry
 from .tenants import Tenant, authenticate, build_tenants
 
@@ -50,8 +51,6 @@ MAX_OPEN_PER_CONNECTION = 64
 # Slowest data rate a request's deadline allows for (16 MiB/s): a 1 GiB batch gets 64 s on top
 # of request_timeout. Arbitrary, far below any link the pool is meant for.
 MIN_RATE = 16 << 20
-# Connections turned away wait here for their ERROR frame; past it they are just closed.
-REFUSE_QUEUE = 64
 
 
 def _mem_available() -> int | None:
@@ -80,7 +79,8 @@ class PoolServer:
         self._pending: dict[Conn, None] = {}  # unauthenticated, oldest first
         self._lock = threading.Lock()
         self._listeners: list[socket.socket] = []
-        self._refused: queue.Queue[socket.socket] = queue.Queue(REFUSE_QUEUE)
+        self._refuser = Refuser(f"too many connections (max_connections={config.max_connections})",
+                                self._stop)
         self.holds = HoldLedger()
         self.tenants: dict[str, Tenant] = {}
         self.address: tuple[str, int] = (config.host, config.port)
@@ -90,6 +90,9 @@ class PoolServer:
         self.counters = Counters(("connections_total", "auth_failures", "protocol_errors",
                                   "bytes_in", "bytes_out", "refused_connections", "handshake_drops",
                                   "timeouts", "idle_closed", "holds_expired"))
+        # With ``metrics_port``: the /metrics endpoint and its per-op latency histogram.
+        self.metrics: PoolMetrics | None = None
+        self.metrics_http: MetricsHttp | None = None
 
     @property
     def capacity(self) -> int:
@@ -111,6 +114,13 @@ class PoolServer:
                  self.capacity, time.monotonic() - t0, cfg.populate)
         if cfg.rdma_device != "off":  # before listening: every hello must tell the truth about it
             self._open_rdma()
+        if cfg.metrics_port is not None:
+            self.metrics = PoolMetrics(self.stats)
+            try:
+                self.metrics_http = self.metrics.serve(cfg.host, cfg.metrics_port)
+            except OSError as e:
+                raise ConfigError(f"cannot serve /metrics on {cfg.host}:{cfg.metrics_port}: {e}",
+                                  key="metrics_port") from e
         tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         tcp.bind((cfg.host, cfg.port))
@@ -127,7 +137,7 @@ class PoolServer:
             self._listeners.append(ux)
             self._spawn(self._accept_loop, ux, True)
         self._spawn(self._housekeeping)
-        self._spawn(self._refuse_loop)
+        self._spawn(self._refuser.run)
         self.started = time.time()
         log.info("pool %s listening on %s:%d (shared memory %s, tenants %s)", self.server_id[:8],
                  *self.address, "on" if self.unix_name else "off",
@@ -157,6 +167,8 @@ class PoolServer:
             except OSError:
                 pass
             s.close()
+        if self.metrics_http is not None:
+            self.metrics_http.close()
         with self._lock:
             conns = list(self._conns)
         for c in conns:
@@ -220,23 +232,10 @@ class PoolServer:
                     pass
             if full:
                 self.counters.add("refused_connections")
-                try:
-                    self._refused.put_nowait(sock)
-                except queue.Full:
-                    sock.close()
+                self._refuser.refuse(sock)
                 continue
             self.counters.add("connections_total")
             self._spawn(self._serve, c)
-
-    def _refuse_loop(self) -> None:
-        msg = f"too many connections (max_connections={self.config.max_connections})"
-        while not self._stop.is_set():
-            try:
-                sock = self._refused.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            self._send_error(sock, "limit", msg)
-            sock.close()
 
     # ------------------------------------------------------------------------------- connection
 
@@ -268,16 +267,16 @@ class PoolServer:
             raise ProtocolError(f"expected CLIENT_HELLO first, got op {header.op}")
         hello = P.decode(meta, P.ClientHello)
         tenant = authenticate(self.tenants, hello, nonce)
+        with self._lock:  # before HELLO_OK: once the client knows it is in, it can't be pushed out
+            self._pending.pop(c, None)
         shm = c.unix and hello.want_shm
         ok = P.frame(P.Op.HELLO_OK, P.HelloOk(tenant.segment.size, shm, cfg.hold_timeout,
-                                              tenant.max_hold_bytes))
+                                              tenant.max_hold_bytes, cfg.idle_timeout))
         if shm:
             c.sock.settimeout(max(0.001, deadline - time.monotonic()))
             socket.send_fds(c.sock, [ok], [tenant.segment.fd])
         else:
             send_buffers(c.sock, [ok], deadline)
-        with self._lock:
-            self._pending.pop(c, None)
         c.tenant, c.one_sided = tenant, shm
         if c.pid:
             self.holds.reconnected(c.pid, cfg.hold_timeout)
@@ -311,9 +310,12 @@ class PoolServer:
             self._handshake(c)
             while not self._stop.is_set() and self._next_frame(c):
                 deadline = time.monotonic() + cfg.request_timeout
+                started = time.perf_counter()
                 header, meta = read_frame(c.sock, max_meta=cfg.max_meta_bytes,
                                           max_data=cfg.max_frame_bytes, deadline=deadline)
                 self._dispatch(c, header, meta, deadline + header.data_len / MIN_RATE)
+                if self.metrics is not None:
+                    self.metrics.observe_op(header.op, time.perf_counter() - started)
         except AuthError as e:
             self.counters.add("auth_failures")
             log.warning("refused %s: %s", c.peer, e)

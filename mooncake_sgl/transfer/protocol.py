@@ -108,6 +108,9 @@ class HelloOk(_Msg):
     # Most bytes one client process may hold reserved or leased at once; past it pages are not
     # stored / not found. The client keeps each one-sided batch to half of it.
     max_hold_bytes: int = 1 << 62
+    # The server closes a connection idle this long (seconds); the client retires its idle
+    # connections well before, so a request never races the server's close.
+    idle_timeout: float = 600.0
 
 
 class ErrorMsg(_Msg):

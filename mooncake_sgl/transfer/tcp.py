@@ -143,10 +143,12 @@ class FramedConnection:
         self.segment_size = ok.segment_size
         self.segment_fd = segment_fd
         self._req = 0
+        self.last_used = time.monotonic()
 
     def send(self, op: P.Op, msg: msgspec.Struct, data: Sequence[bytes | memoryview] = (),
              data_len: int = 0, flags: int = 0) -> None:
         self._req = (self._req + 1) & 0xFFFFFFFF
+        self.last_used = time.monotonic()
         send_buffers(self.sock, [P.frame(op, msg, data_len, req_id=self._req, flags=flags), *data])
 
     def reply(self, op: P.Op, cls: type, first_byte: float | None = None) -> tuple[msgspec.Struct, int]:
@@ -173,8 +175,11 @@ class FramedConnection:
         return out
 
     def stale(self) -> bool:
-        """True when the server closed this idle connection (its idle timeout, a restart):
-        between calls nothing may be readable, so anything is an EOF or an error frame."""
+        """True when this idle connection is, or is about to be, closed by the server: idle for
+        half the server's idle timeout (so a request never races its close), or closed already
+        (a restart: between calls nothing may be readable, so anything is an EOF or an error)."""
+        if time.monotonic() - self.last_used > self.ok.idle_timeout / 2:
+            return True
         try:
             return wait_readable(self.sock, 0.0)
         except (OSError, ValueError):

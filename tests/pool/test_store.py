@@ -9,6 +9,7 @@ import time
 import pytest
 
 from mooncake_sgl.pool.allocator import SlabAllocator
+from mooncake_sgl.pool.counters import Counters
 from mooncake_sgl.pool.store import NO_ROOM, PRESENT, Entry, PoolStore
 
 KIB = 1024
@@ -163,3 +164,27 @@ def test_page_larger_than_a_slab_is_refused_not_stored() -> None:
     s = PoolStore(1 << 20, 256 * KIB)
     assert s.reserve([b"huge"], [512 * KIB]) == [NO_ROOM]
     assert s.reserve([b"empty"], [0]) == [NO_ROOM]
+
+
+def test_counters_take_only_declared_names_and_snapshot_a_copy() -> None:
+    c = Counters(("gets", "hits"))
+    c.add("gets", 3)
+    snap = c.snapshot()
+    c.add("gets")
+    assert snap == {"gets": 3.0, "hits": 0.0} and c["gets"] == 4
+    with pytest.raises(KeyError):
+        c.add("getz")  # a misspelt counter is a bug, not a new series
+
+
+def test_a_put_at_another_size_replaces_the_page_and_leaves_a_reader_its_old_slot() -> None:
+    s = PoolStore(1 << 20, 256 * KIB)
+    old = put(s, b"k", 1000)
+    held = s.lease([b"k"], [1000])  # a reader of the old size is mid-copy
+    new = put(s, b"k", 9000)  # acknowledged ...
+    assert isinstance(new, Entry) and new.offset != old.offset
+    assert s.lease([b"k"], [9000]) == [new]  # ... so readable at the new size
+    assert s.lease([b"k"], [1000]) == [None]
+    assert s.alloc.used_bytes == 4096 + 12288  # the old slot stays with its reader ...
+    s.release(held)
+    assert s.alloc.used_bytes == 12288  # ... until it is done
+    assert s.snapshot()["put_replaced"] == 1

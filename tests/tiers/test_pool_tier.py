@@ -124,3 +124,34 @@ def test_unreachable_pool_is_all_misses_not_errors() -> None:
     assert tier.contains([key(1)]) == [False]
     assert tier.usage().capacity_bytes == 0
     tier.close()
+
+
+def test_a_stopped_server_costs_a_read_the_short_deadlines_once_not_the_full_timeout() -> None:
+    # Story: the pool process is stopped (SIGSTOP: a debugger, a frozen VM), not dead. The kernel
+    # still accepts its connections, so nothing fails fast by itself: a read used to wait out the
+    # full request timeout (here 10 s). Now a fresh connection's handshake and an established
+    # connection's reply each have a short deadline, and the endpoint is then skipped.
+    import os
+    import signal
+
+    with PoolProcess(capacity="4MiB", slab_size="1MiB") as pool:
+        cfg = dict(endpoints=[pool.endpoint], transport="tcp", timeout=10.0, retry_after=0.5,
+                   connect_timeout=0.3, first_byte_timeout=0.3)
+        warm, cold = PoolTier(PoolTierConfig(**cfg)), PoolTier(PoolTierConfig(**cfg))
+        page = make_page(1, 4096)
+        assert warm.put_from([key(1)], [page]) == [True]  # warm: connected before the stop
+        os.kill(pool.pid, signal.SIGSTOP)
+        try:
+            for tier in (warm, cold):
+                t0 = time.monotonic()
+                assert tier.get_into([key(1)], [empty_like(page)]) == [False]
+                assert tier.contains([key(1)]) == [False]  # skipped: no second wait
+                assert time.monotonic() - t0 < 1.5
+                assert tier.stats()["endpoints_live"] == 0.0
+        finally:
+            os.kill(pool.pid, signal.SIGCONT)
+        time.sleep(0.6)
+        out = empty_like(page)
+        assert warm.get_into([key(1)], [out]) == [True] and same(page, out)
+        warm.close()
+        cold.close()
