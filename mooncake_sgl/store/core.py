@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 # footprint turned out larger than estimated (LMDB page overhead, fragmentation).
 _MAX_ROOM_ROUNDS = 3
 # Arbitrary: share of each managed tier the mover keeps free after writes (at least the largest
-# batch written there so far, at most half the tier), so writes rarely wait for eviction.
+# batch written there so far, at most a quarter of the tier), so writes rarely wait for eviction.
 HEADROOM = 0.05
 # Arbitrary: how long a write waits for the mover to make room before it writes what fits.
 ROOM_WAIT = 5.0
@@ -222,10 +222,13 @@ class TieredStore:
                 ok = [False] * len(idx)
             for i, good in zip(idx, ok):
                 stored[i] = stored[i] or good
+        written = {t for t in range(len(self.tiers)) if any(admitted[t])}
         for t in range(1, len(self.tiers)):
-            self._write_some(t, keys, pages, [i for i in range(n) if not stored[i] and not admitted[t][i]],
-                             stored, protected, parent)
-        self._keep_headroom_later()
+            idx = [i for i in range(n) if not stored[i] and not admitted[t][i]]
+            if idx:
+                written.add(t)
+                self._write_some(t, keys, pages, idx, stored, protected, parent)
+        self._keep_headroom_later(written)
         return stored
 
     def remove(self, keys: Sequence[PageKey]) -> int:
@@ -345,12 +348,40 @@ class TieredStore:
     # ------------------------------------------------------------------ placement work
 
     def _ensure_room(self, t: int, need: int, protected: frozenset[PageKey]) -> bool:
-        if need <= 0 or self._free(t) >= need:
+        if need <= 0:
             return True
-        if self._mover.background and not self._mover.on_mover_thread():
-            return self._mover.call(self._make_room, t, need, protected, default=False,
+        if not self._mover.background:
+            return self._free(t) >= need or self._make_room(t, need, protected)
+        if self._mover.on_mover_thread():
+            # The mover's own writes (promotions, demotions) keep the headroom free, so they do
+            # not take the room SGLang's next backup is about to need.
+            need += self._headroom(t)
+            return self._free(t) >= need or self._make_room(t, need, protected)
+        # A request thread that outran the mover: choosing victims is bookkeeping, and removing
+        # victims that a slower tier already holds (or that are dropped) is part of this write;
+        # only copying victims down is another page's I/O, left to the mover.
+        free = self._free(t)
+        if free >= need:
+            return True
+        if free < 0:
+            return False
+        victims = self._placement.prepare_evict(t, need - free, protected)
+        if not victims:
+            self._tier_counters[t].add(room_refused=1)
+            return False
+        if self._needs_copy(t, victims):
+            return self._mover.call(self._evict, t, victims, protected, default=False,
                                     timeout=self._room_wait)
-        return self._make_room(t, need, protected)
+        return self._evict(t, victims, protected)
+
+    def _needs_copy(self, t: int, victims: list[tuple[PageKey, int]]) -> bool:
+        """Would evicting ``victims`` copy any of them down (a target tier not known to hold it)."""
+        keys = [k for k, _ in victims]
+        for k, target in zip(keys, self._placement.demotion_targets(t, keys)):
+            if target is not None and target > t and not (
+                    self._managed[target] and self._placement.holds(target, k)):
+                return True
+        return False
 
     def _free(self, t: int) -> int:
         tier = self.tiers[t]
@@ -372,6 +403,10 @@ class TieredStore:
         if not victims:
             self._tier_counters[t].add(room_refused=1)
             return False
+        return self._evict(t, victims, protected)
+
+    def _evict(self, t: int, victims: list[tuple[PageKey, int]], protected: frozenset[PageKey]) -> bool:
+        """Demote and remove prepared victims, then commit the removed and abort the rest."""
         self._demote(t, victims, protected)
         gone, kept = self._remove_victims(t, victims)
         self._placement.commit_evict(t, gone)
@@ -464,13 +499,13 @@ class TieredStore:
         self._maintenance_queued = False
         self._placement.maintain()
 
-    def _keep_headroom_later(self) -> None:
+    def _keep_headroom_later(self, tiers: set[int]) -> None:
         if not self._mover.background:
             return
-        for t, managed in enumerate(self._managed):
-            if managed and not self._headroom_queued[t] and self._free(t) < self._headroom(t):
+        for t in tiers:
+            if self._managed[t] and not self._headroom_queued[t] and self._free(t) < self._headroom(t):
                 self._headroom_queued[t] = True
-                if not self._mover.submit(self._keep_headroom, t):
+                if not self._mover.submit(self._keep_headroom, t, urgent=True):
                     self._headroom_queued[t] = False
 
     def _headroom(self, t: int) -> int:
@@ -478,7 +513,7 @@ class TieredStore:
             cap = self.tiers[t].usage().capacity_bytes
         except Exception:
             return 0
-        return min(cap // 2, max(int(cap * HEADROOM), self._largest_write[t]))
+        return min(cap // 4, max(int(cap * HEADROOM), self._largest_write[t]))
 
     def _keep_headroom(self, t: int) -> None:
         self._headroom_queued[t] = False

@@ -22,8 +22,9 @@ A task that raises is logged and counted; it never kills the mover thread.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -38,8 +39,6 @@ T = TypeVar("T")
 # backlog means the mover is far behind and new promotions are better dropped than queued.
 QUEUE_TASKS = 256
 
-_STOP = object()
-
 
 class InlineMover:
     """Runs each task at once on the caller's thread (simulator, baselines)."""
@@ -49,7 +48,7 @@ class InlineMover:
     def __init__(self) -> None:
         self.counters = Counters(("submitted", "completed", "dropped", "failed", "waits", "timeouts"))
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> bool:
+    def submit(self, fn: Callable[..., Any], *args: Any, urgent: bool = False) -> bool:
         self.counters.add(submitted=1)
         self._run(fn, args)
         return True
@@ -79,32 +78,42 @@ class InlineMover:
 
 
 class BackgroundMover:
-    """One thread running placement tasks from a bounded queue (see the module docstring)."""
+    """One thread running placement tasks from a bounded queue (see the module docstring). Tasks a
+    caller waits for (``call``) run before queued ones: a write waiting for room must not queue
+    behind a backlog of promotions."""
 
     background = True
 
     def __init__(self, name: str = "mooncake-sgl-mover", capacity: int = QUEUE_TASKS) -> None:
         self.counters = Counters(("submitted", "completed", "dropped", "failed", "waits", "timeouts"))
-        self._queue: queue.Queue = queue.Queue(maxsize=capacity)
+        self._capacity = capacity
+        self._cond = threading.Condition()
+        self._urgent: deque[tuple[Callable[..., Any], tuple, Future | None]] = deque()
+        self._queued: deque[tuple[Callable[..., Any], tuple, Future | None]] = deque()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> bool:
-        """Queue ``fn(*args)``; ``False`` (dropped) when the queue is full or the mover closed."""
-        if self._closed:
-            return False
-        try:
-            self._queue.put_nowait((fn, args, None))
-        except queue.Full:
+    def submit(self, fn: Callable[..., Any], *args: Any, urgent: bool = False) -> bool:
+        """Queue ``fn(*args)``; ``False`` (dropped) when the queue is full or the mover closed.
+        ``urgent`` tasks (few, coalesced by the caller) run before the others."""
+        with self._cond:
+            if self._closed or (not urgent and len(self._queued) >= self._capacity):
+                full = not self._closed
+            else:
+                (self._urgent if urgent else self._queued).append((fn, args, None))
+                self._cond.notify()
+                full = None
+        if full is None:
+            self.counters.add(submitted=1)
+            return True
+        if full:
             self.counters.add(dropped=1)
-            return False
-        self.counters.add(submitted=1)
-        return True
+        return False
 
     def call(self, fn: Callable[..., T], *args: Any, default: T, timeout: float) -> T:
-        """Run ``fn(*args)`` on the mover and wait for its result; ``default`` when it fails, the
-        mover is closed, or ``timeout`` seconds pass (then the task may still run later)."""
+        """Run ``fn(*args)`` on the mover ahead of queued tasks and wait for its result; ``default``
+        when it fails, the mover is closed, or ``timeout`` seconds pass (the task may still run)."""
         if self.on_mover_thread():  # a task asking for more work (a demotion needing room)
             try:
                 return fn(*args)
@@ -112,16 +121,13 @@ class BackgroundMover:
                 logger.exception("placement task %s failed", getattr(fn, "__name__", fn))
                 self.counters.add(failed=1)
                 return default
-        if self._closed:
-            return default
         done: Future = Future()
-        self.counters.add(waits=1)
-        try:
-            self._queue.put((fn, args, done), timeout=timeout)
-        except queue.Full:
-            self.counters.add(timeouts=1)
-            return default
-        self.counters.add(submitted=1)
+        with self._cond:
+            if self._closed:
+                return default
+            self._urgent.append((fn, args, done))
+            self._cond.notify()
+        self.counters.add(submitted=1, waits=1)
         try:
             return done.result(timeout=timeout)
         except TimeoutError:
@@ -135,11 +141,15 @@ class BackgroundMover:
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Wait until every task queued before this call has run; ``False`` on timeout."""
-        if self.on_mover_thread() or self._closed:
+        if self.on_mover_thread():
             return True
         done: Future = Future()
+        with self._cond:
+            if self._closed:
+                return True
+            self._queued.append((lambda: None, (), done))  # a barrier: may exceed the bound by one
+            self._cond.notify()
         try:
-            self._queue.put((lambda: None, (), done), timeout=timeout)
             done.result(timeout=timeout)
         except Exception:
             return False
@@ -147,26 +157,31 @@ class BackgroundMover:
 
     def close(self) -> None:
         """Stop: the running task finishes, queued ones are cancelled, the thread is joined."""
-        if self._closed:
-            return
-        self._closed = True
-        while True:
-            try:
-                _fn, _args, done = self._queue.get_nowait()
-            except queue.Empty:
-                break
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            pending = [*self._urgent, *self._queued]
+            self._urgent.clear()
+            self._queued.clear()
+            self._cond.notify()
+        for _fn, _args, done in pending:
             if done is not None:
                 done.cancel()
-            self.counters.add(dropped=1)
-        self._queue.put(_STOP)
+        self.counters.add(dropped=len(pending))
         self._thread.join()
 
     def _loop(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            fn, args, done = item
+            with self._cond:
+                while not (self._urgent or self._queued or self._closed):
+                    self._cond.wait()
+                if self._urgent:
+                    fn, args, done = self._urgent.popleft()
+                elif self._queued:
+                    fn, args, done = self._queued.popleft()
+                else:
+                    return
             if done is not None and not done.set_running_or_notify_cancel():
                 continue
             try:
@@ -180,3 +195,6 @@ class BackgroundMover:
             self.counters.add(completed=1)
             if done is not None:
                 done.set_result(out)
+            # Hand the GIL over between tasks: a request thread waiting for it would otherwise
+            # wait out the interpreter's switch interval (5 ms) behind a busy mover.
+            time.sleep(0)
