@@ -1,0 +1,220 @@
+"""Placement work off SGLang's threads: the background mover (bounded, urgent lane, clean shutdown),
+the lossy lookup buffer, shared tiers written beside local ones, and thread-safe counters."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from mooncake_sgl.api import PageKey, PageView, Tier, TierCapabilities, TierUsage
+from mooncake_sgl.config import HostTierConfig, LmdbTierConfig
+from mooncake_sgl.policy.lru import LruPolicy
+from mooncake_sgl.store import TieredStore
+from mooncake_sgl.store.counters import Counters
+from mooncake_sgl.store.mover import BackgroundMover
+from mooncake_sgl.store.placement import LOOKUP_BUFFER, Placement
+from mooncake_sgl.tiers.host import HostTier
+from mooncake_sgl.tiers.lmdb import LmdbTier
+from tests.tiers.conformance import empty_like, key, make_page
+
+SEG = 8 * 1024
+PAGE = 2 * SEG
+
+
+def blocked_mover(capacity: int = 4) -> tuple[BackgroundMover, threading.Event]:
+    """A mover whose thread is parked in a task until the returned event is set."""
+    mover = BackgroundMover(capacity=capacity)
+    go, parked = threading.Event(), threading.Event()
+
+    def park() -> None:
+        parked.set()
+        go.wait(10)
+
+    assert mover.submit(park)
+    assert parked.wait(10)
+    return mover, go
+
+
+def test_a_full_queue_refuses_work_instead_of_blocking_the_caller() -> None:
+    mover, go = blocked_mover(capacity=2)
+    try:
+        ran: list[int] = []
+        assert [mover.submit(ran.append, i) for i in range(4)] == [True, True, False, False]
+        assert mover.counters["dropped"] == 2
+        go.set()
+        assert mover.wait_idle()
+        assert ran == [0, 1]
+    finally:
+        go.set()
+        mover.close()
+
+
+def test_a_waited_for_task_runs_before_queued_ones() -> None:
+    mover, go = blocked_mover()
+    order: list[str] = []
+    try:
+        mover.submit(order.append, "queued-1")
+        mover.submit(order.append, "queued-2")
+        result: list[str] = []
+        waiter = threading.Thread(target=lambda: result.append(
+            mover.call(lambda: order.append("urgent") or "done", default="timeout", timeout=10)))
+        waiter.start()
+        time.sleep(0.05)  # the waiter's task is queued behind the parked one
+        go.set()
+        waiter.join(10)
+        assert mover.wait_idle()
+        assert result == ["done"] and order == ["urgent", "queued-1", "queued-2"]
+    finally:
+        go.set()
+        mover.close()
+
+
+def test_close_cancels_queued_work_answers_waiters_and_joins() -> None:
+    mover, go = blocked_mover()
+    ran: list[int] = []
+    mover.submit(ran.append, 1)
+    answers: list[str] = []
+    waiter = threading.Thread(target=lambda: answers.append(
+        mover.call(lambda: "ran", default="cancelled", timeout=10)))
+    waiter.start()
+    time.sleep(0.05)
+    closer = threading.Thread(target=mover.close)
+    closer.start()
+    time.sleep(0.05)
+    go.set()  # the running task finishes; nothing queued runs after it
+    closer.join(10)
+    waiter.join(10)
+    assert not closer.is_alive() and not mover._thread.is_alive()
+    assert ran == [] and answers == ["cancelled"]
+    assert mover.submit(ran.append, 2) is False
+    assert mover.call(lambda: "late", default="closed", timeout=1) == "closed"
+
+
+def test_a_failing_task_is_counted_and_the_mover_keeps_running() -> None:
+    mover = BackgroundMover()
+    try:
+        assert mover.call(lambda: 1 / 0, default=-1, timeout=10) == -1
+        assert mover.call(lambda: 7, default=-1, timeout=10) == 7
+        assert mover.counters["failed"] == 1
+    finally:
+        mover.close()
+
+
+class ThreadLog(Tier):
+    """A real tier that records which thread wrote into it, and can declare itself shared."""
+
+    def __init__(self, inner: Tier, shared: bool = False) -> None:
+        self.inner = inner
+        self.name, self.kind = inner.name, inner.kind
+        self.capabilities = (TierCapabilities(shared=True, self_evicting=True) if shared
+                             else inner.capabilities)
+        self.writers: list[str] = []
+        self.started = threading.Event()
+        self.wait_for: threading.Event | None = None
+
+    def contains(self, keys: Sequence[PageKey]) -> list[bool]:
+        return self.inner.contains(keys)
+
+    def get_into(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+        return self.inner.get_into(keys, pages)
+
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+        self.writers.append(threading.current_thread().name)
+        self.started.set()
+        if self.wait_for is not None:
+            self.wait_for.wait(2)
+        return self.inner.put_from(keys, pages)
+
+    def remove(self, keys: Sequence[PageKey]) -> int:
+        return self.inner.remove(keys)
+
+    def usage(self) -> TierUsage:
+        return self.inner.usage()
+
+    def footprint(self, nbytes: int) -> int:
+        return self.inner.footprint(nbytes)
+
+    def page_size_of(self, key: PageKey) -> int | None:
+        return self.inner.page_size_of(key)
+
+    def scan(self):
+        return self.inner.scan()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def host(pages: int) -> HostTier:
+    return HostTier(HostTierConfig(capacity=pages * PAGE, slot_size=PAGE, pin_memory=False))
+
+
+class WriteBackLru(LruPolicy):
+    def admit(self, keys, tier):
+        return [tier == 0] * len(keys)
+
+
+def test_promotion_and_demotion_io_runs_on_the_mover_not_on_the_callers_thread(tmp_path: Path) -> None:
+    dram, disk = ThreadLog(host(4)), ThreadLog(LmdbTier(LmdbTierConfig(path=str(tmp_path / "db"))))
+    store = TieredStore([dram, disk], WriteBackLru(2))
+    caller = threading.current_thread().name
+    try:
+        pages = {i: make_page(i, SEG) for i in range(8)}
+        for i in range(8):  # DRAM holds 4: the first pages are demoted into LMDB on the mover
+            assert store.put_from([key(i)], [pages[i]]) == [True]
+            assert store.wait_idle()
+        assert disk.writers and caller not in disk.writers
+        dram.writers.clear()
+        assert store.get_into([key(0)], [empty_like(pages[0])]) == [True]  # found in LMDB
+        assert store.wait_idle()
+        assert dram.writers and caller not in dram.writers  # promoted into DRAM by the mover
+    finally:
+        store.close()
+
+
+def test_a_shared_tier_is_written_alongside_the_local_one_not_after_it() -> None:
+    # The local tier's write waits (up to 2 s) for the shared tier's write to start: written one
+    # after the other, the shared write would only start once the local one gave up waiting.
+    local, shared = ThreadLog(host(8)), ThreadLog(host(8), shared=True)
+    local.wait_for = shared.started
+    store = TieredStore([local, shared], LruPolicy(2))
+    try:
+        t0 = time.monotonic()
+        assert store.put_from([key(1)], [make_page(1, SEG)]) == [True]
+        assert time.monotonic() - t0 < 1.5
+        assert shared.contains([key(1)]) == [True]  # readable there when put_from returned
+    finally:
+        store.close()
+
+
+def test_the_lookup_buffer_drops_the_oldest_lookups_instead_of_blocking() -> None:
+    policy = LruPolicy(1)
+    seen: list[PageKey] = []
+    policy.on_lookup = lambda keys, tiers, parent=None: seen.extend(keys)  # type: ignore[method-assign]
+    placement = Placement(policy, [True], clock=lambda: 0.0)
+    for i in range(LOOKUP_BUFFER + 10):
+        placement.record_lookup([key(i)], [None], None)
+    assert seen == []  # recorded, not applied
+    placement.maintain()
+    assert seen == [key(i) for i in range(10, LOOKUP_BUFFER + 10)]
+    assert placement.counters["lookups_dropped"] == 10
+
+
+def test_counters_lose_no_increments_across_threads() -> None:
+    counters = Counters(("a", "b"))
+
+    def bump() -> None:
+        for _ in range(20_000):
+            counters.add(a=1, b=2)
+
+    threads = [threading.Thread(target=bump) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert counters.snapshot() == {"a": 80_000, "b": 160_000}
+    with pytest.raises(KeyError, match="no counter 'c'"):
+        counters.add(c=1)
