@@ -6,6 +6,8 @@ index maps ``PageKey -> record``; a record is 32 bytes:
 
     magic "MSGX" | version u8 | flags u8 | reserved u16 | offset u64 | length u64 | xxh3_64 u64
 
+(the checksum is of the page bytes, seeded with the key).
+
 Why each choice:
 
 - *Disk speed.* Page bytes never pass through LMDB's memory map: a put is one ``pwritev`` from the
@@ -80,10 +82,13 @@ def default_lmdb_path() -> str:
     return str(default_cache_dir() / "lmdb")
 
 
-def _checksum(page: Sequence[memoryview]) -> int:
+def _checksum(key: PageKey, page: Sequence[memoryview]) -> int:
+    """xxh3 of the page bytes, seeded by the key: bytes that reach the wrong key (a flipped key or
+    offset in the index) fail the check too."""
+    seed = xxhash.xxh3_64_intdigest(key)
     if len(page) == 1:
-        return xxhash.xxh3_64_intdigest(page[0])
-    h = xxhash.xxh3_64()
+        return xxhash.xxh3_64_intdigest(page[0], seed)
+    h = xxhash.xxh3_64(seed=seed)
     for seg in page:
         h.update(seg)
     return h.intdigest()
@@ -127,7 +132,7 @@ class LmdbTier(Tier):
         except OSError as e:
             raise TierError(f"cannot open LMDB tier at {self.path}: {e}. Check that the directory "
                             "is writable and on a local filesystem.") from None
-        damage = damage_of(self.path, len(_DBS))
+        damage = damage_of(self.path, len(_DBS), self._index_map_size(), config.writemap)
         if damage is not None:
             self._move_aside(damage)
         self._env, self._meta, self._pages = self._open_index()
@@ -175,7 +180,7 @@ class LmdbTier(Tier):
         config = self._config
         try:
             env = lmdb.open(
-                self.path, map_size=max(self._capacity // _INDEX_FRACTION, _MIN_INDEX_MAP),
+                self.path, map_size=self._index_map_size(),
                 subdir=True, lock=True, writemap=config.writemap, sync=config.sync,
                 metasync=config.sync, max_readers=config.max_readers, max_dbs=len(_DBS),
                 meminit=False)
@@ -185,6 +190,9 @@ class LmdbTier(Tier):
         except (OSError, lmdb.Error) as e:
             raise TierError(f"cannot open LMDB tier at {self.path}: {e}. Check that the directory "
                             "is writable and on a local filesystem.") from None
+
+    def _index_map_size(self) -> int:
+        return max(self._capacity // _INDEX_FRACTION, _MIN_INDEX_MAP)
 
     def _move_aside(self, reason: str) -> None:
         """Keep a damaged directory for a post-mortem and start empty; never refuse to serve."""
@@ -304,7 +312,7 @@ class LmdbTier(Tier):
                 except OSError:
                     io_errors += 1
                     continue
-                if not whole or _checksum(pages[i]) != digest:
+                if not whole or _checksum(key, pages[i]) != digest:
                     corrupt.append((key, value))
                     continue
                 results[i] = True
@@ -394,7 +402,7 @@ class LmdbTier(Tier):
                 allocated.append((offset, nbytes))
                 try:
                     txn.put(keys[i], _RECORD.pack(MAGIC, VERSION, 0, 0, offset, nbytes,
-                                                  _checksum(pages[i])))
+                                                  _checksum(keys[i], pages[i])))
                 except lmdb.MapFullError:
                     raise _IndexFull(n_done) from None
                 if old_rec is not None:

@@ -5,8 +5,9 @@ B-tree pages make it abort on an assertion (``IS_LEAF(mp)``, rc 134) when ``writ
 the file with zeros, or die of SIGBUS (rc 135) reading past the end of the map without it. Either
 kills the process that opened the file: for the SSD tier, SGLang's scheduler. No check in this
 process can be sure to catch every such page before LMDB touches it, so a child opens the
-environment read-only and walks every key and value of every database (the index only: page bytes
-live in the extent file). A child that dies or reports an error means the environment is damaged.
+environment, walks every key and value of every database (the index only: page bytes live in the
+extent file) and tries a write that it aborts (LMDB's free list is only read when allocating). A
+child that dies or reports an error means the environment is damaged.
 
 Cost: one interpreter start plus the walk, about 0.1 s for an empty or small index and well under
 a second for a million pages (``scripts/bench_tiers.py --restart``); paid once per open, and only
@@ -27,15 +28,14 @@ logger = logging.getLogger(__name__)
 # Arbitrary; a walk of a very large index on a slow disk must not be mistaken for damage.
 _PROBE_TIMEOUT_S = 300.0
 
-# The index is opened read-only without the lock file (the probe never writes; a concurrent
-# writer's uncommitted pages are invisible to it anyway). "opening" tells a damaged file apart from
-# a probe that could not start.
+# "opening" tells a damaged file apart from a probe that could not start.
 _PROBE = """
 import sys
 sys.path.insert(0, sys.argv[3])
 import lmdb
 print("opening", flush=True)
-env = lmdb.open(sys.argv[1], readonly=True, lock=False, subdir=True, max_dbs=int(sys.argv[2]))
+env = lmdb.open(sys.argv[1], subdir=True, max_dbs=int(sys.argv[2]), map_size=int(sys.argv[4]),
+                writemap=sys.argv[5] == "1", sync=False, metasync=False)
 with env.begin(buffers=True) as txn:
     names = [bytes(k) for k, _ in txn.cursor()]
 for name in names:
@@ -46,13 +46,20 @@ for name in names:
     with env.begin(db=db, buffers=True) as txn:
         for _ in txn.cursor():
             pass
+# A write allocates pages through LMDB's free list, which no cursor walks; abort leaves the file
+# as it was.
+txn = env.begin(write=True)
+txn.put(b"\\x00probe", b"\\x00" * 8192)
+txn.abort()
 print("intact", flush=True)
 """
 
 
-def damage_of(path: str, max_dbs: int) -> str | None:
+def damage_of(path: str, max_dbs: int, map_size: int, writemap: bool) -> str | None:
     """Why the environment at ``path`` cannot be opened safely, or ``None`` if it can (or there is
-    nothing to open yet). Never raises; a probe that cannot run at all is logged and passes."""
+    nothing to open yet). The probe opens it as the tier will (``map_size``, ``writemap``), walks
+    every key and value and tries one write it aborts. Never raises; a probe that cannot run at
+    all is logged and passes."""
     data = os.path.join(path, "data.mdb")
     try:
         if os.path.getsize(data) == 0:
@@ -63,7 +70,8 @@ def damage_of(path: str, max_dbs: int) -> str | None:
         return f"data.mdb cannot be read: {e}"
     try:
         where = os.path.dirname(os.path.dirname(os.path.abspath(lmdb.__file__)))
-        child = subprocess.run([sys.executable, "-I", "-c", _PROBE, path, str(max_dbs), where],
+        child = subprocess.run([sys.executable, "-I", "-c", _PROBE, path, str(max_dbs), where,
+                                str(map_size), "1" if writemap else "0"],
                                capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError) as e:
         logger.warning("could not check the LMDB index at %s before opening it (%s); opening it "
