@@ -30,7 +30,7 @@ KINDS = ("mha", "mla")
 MODEL = "toy-org/toy-model"
 
 
-def build_pool(kind: str, layout: str, allocator_type: str = "default") -> Any:
+def build_pool(kind: str, layout: str, allocator_type: str = "default", pin_memory: bool = False) -> Any:
     """A real ``MHATokenToKVPoolHost`` / ``MLATokenToKVPoolHost`` over CPU memory."""
     cpu = torch.device("cpu")
     if kind == "mha":
@@ -42,7 +42,7 @@ def build_pool(kind: str, layout: str, allocator_type: str = "default") -> Any:
         info = MHABufferInfo(buffers=bufs, page_size=PAGE, head_num=HEADS, head_dim=HEAD_DIM,
                              v_head_dim=HEAD_DIM, dtype=DTYPE, device=cpu)
         with host_memory_budget_scope(1 << 30):
-            return MHATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
+            return MHATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, pin_memory=pin_memory, device="cpu",
                                         allocator_type=allocator_type, device_capacity_tokens=DEVICE_TOKENS,
                                         start_layer=0, end_layer=LAYERS)
     if kind == "mla":

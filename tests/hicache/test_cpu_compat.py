@@ -1,0 +1,115 @@
+"""The no-CUDA adaptations a live CPU server needs (``mooncake_sgl.hicache.cpu_compat``), each
+shown to be necessary: without it the same sglang code fails, with it it works. The live tests in
+tests/live/ run them all together in real servers."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from mooncake_sgl.hicache import cpu_compat
+from mooncake_sgl.hicache.cpu_kvcacheio import DIRECT_OPS
+
+from . import pools
+
+# Imports the module whose import chain needs sgl_kernel, with or without our entry points.
+_IMPORT_SCHEDULER = textwrap.dedent("""
+    import importlib.metadata as md, os, sys
+    os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+    if sys.argv[1] == "without":
+        every = md.entry_points
+        md.entry_points = lambda **kw: md.EntryPoints(
+            [e for e in every(**kw) if not e.value.startswith("mooncake_sgl")]) if kw else every()
+    try:
+        import sglang.srt.managers.scheduler
+    except ImportError as e:
+        print("FAILED", e)
+    else:
+        print("IMPORTED", type(sys.modules["sgl_kernel"]).__name__,
+              getattr(sys.modules["sgl_kernel"], "__mooncake_sgl_standin__", False))
+""")
+
+
+def _import_scheduler(mode: str) -> str:
+    out = subprocess.run([sys.executable, "-c", _IMPORT_SCHEDULER, mode], capture_output=True, text=True,
+                         timeout=300)
+    return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-2000:]
+
+
+def test_sgl_kernel_standin_lets_the_scheduler_import_without_cuda() -> None:
+    assert _import_scheduler("without") == "FAILED No module named 'sgl_kernel'"
+    assert _import_scheduler("with") == "IMPORTED module True"
+
+
+def test_standin_ops_raise_if_called() -> None:
+    import sgl_kernel
+
+    with pytest.raises(NotImplementedError, match="copy_all_layer_kv_cache_cpu"):
+        sgl_kernel.copy_all_layer_kv_cache_cpu()
+
+
+def test_host_pools_are_unpinned_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang.srt.mem_cache.pool_host.base import HostKVCache
+
+    patched = HostKVCache.__init__
+    assert getattr(patched, "__mooncake_sgl_unpinned__", False)  # the plug-in ran in this process
+    pool = pools.build_pool("mha", "page_first_direct", pin_memory=True)  # as sglang's assembler asks
+    assert pool.pin_memory is False
+
+    monkeypatch.setattr(HostKVCache, "__init__", patched.__wrapped__)
+    with pytest.raises(RuntimeError, match="(?i)nvidia|cuda"):
+        pools.build_pool("mha", "page_first_direct", pin_memory=True)
+
+
+def _device_rows(pool: object, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for t in (*pool.device_k_buffers, *pool.device_v_buffers):
+        t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+
+
+def test_direct_io_ops_round_trip_through_the_page_first_direct_layout() -> None:
+    pool = pools.build_pool("mha", "page_first_direct")
+    _device_rows(pool, seed=1)
+    host = pool.alloc(2 * pools.PAGE)
+    device = torch.arange(3 * pools.PAGE, 5 * pools.PAGE)
+    pool.backup_from_device_all_layer(None, host, device, "direct")
+
+    # The host layout SGLang's page_first_direct defines: (pages, layers, page_size, heads, dim).
+    page, offset = host // pools.PAGE, host % pools.PAGE
+    for layer in range(pools.LAYERS):
+        assert torch.equal(pool.k_buffer[page, layer, offset], pool.device_k_buffers[layer][device])
+        assert torch.equal(pool.v_buffer[page, layer, offset], pool.device_v_buffers[layer][device])
+
+    before = [t[device].clone() for t in (*pool.device_k_buffers, *pool.device_v_buffers)]
+    elsewhere = torch.arange(8 * pools.PAGE, 10 * pools.PAGE)
+    for layer in range(pools.LAYERS):
+        pool.load_to_device_per_layer(None, host, elsewhere, layer, "direct")
+    after = [t[elsewhere] for t in (*pool.device_k_buffers, *pool.device_v_buffers)]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_without_the_direct_ops_the_first_backup_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang.srt.mem_cache.pool_host import mha
+
+    pool = pools.build_pool("mha", "page_first_direct")
+    for name in DIRECT_OPS:
+        monkeypatch.delattr(mha, name)
+    with pytest.raises(NameError, match="transfer_kv_all_layer_direct_lf_pf"):
+        pool.backup_from_device_all_layer(None, pool.alloc(pools.PAGE), torch.arange(pools.PAGE), "direct")
+
+
+def test_nothing_is_adapted_on_an_unchecked_sglang_or_with_an_accelerator(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(cpu_compat, "sglang_version", lambda: "0.6.0")
+    with caplog.at_level(logging.WARNING, logger=cpu_compat.__name__):
+        assert cpu_compat.apply() == []
+    assert "checked only against sglang 0.5.23" in caplog.text and "0.6.0" in caplog.text
+
+    monkeypatch.setattr(cpu_compat, "no_accelerator", lambda: False)
+    assert cpu_compat.apply() == []
+    assert cpu_compat.platform_hook() is None  # never claims a platform
