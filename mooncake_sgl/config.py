@@ -94,7 +94,14 @@ def default_cache_dir() -> Path:
 
 
 class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """Base of every config section: frozen, unknown keys rejected."""
+    """Base of every config section: frozen, unknown keys rejected, secrets kept out of reprs
+    (a config that lands in a log or a traceback never shows one)."""
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={REDACTED if name == 'secret' and value else value!r}"
+                           for name in self.__struct_fields__
+                           for value in (getattr(self, name),))
+        return f"{type(self).__name__}({fields})"
 
     def _normalise(self, **converters: Any) -> None:
         # Sizes and durations arrive as int-or-str; store them as numbers once.

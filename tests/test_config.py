@@ -183,3 +183,6 @@ def test_config_show_never_prints_a_secret(tmp_path: Path, capsys: pytest.Captur
     assert cli_main(["config", "show", str(f)]) == 0
     out = capsys.readouterr().out
     assert "hunter2" not in out and "secret: <redacted>" in out
+    config = load_config_file(f)
+    assert "hunter2" not in repr(config) and "hunter2" not in str(config.tiers[1])  # logs, tracebacks
+    assert config.tiers[1].secret == "hunter2-pool-secret"  # only printing hides it

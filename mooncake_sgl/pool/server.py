@@ -370,6 +370,10 @@ class PoolServer:
     def _check_batch(self, keys: list[bytes], sizes: list[int] | None = None) -> None:
         if len(keys) > self.config.max_batch:
             raise ProtocolError(f"batch of {len(keys)} keys exceeds max_batch={self.config.max_batch}")
+        long = next((i for i, k in enumerate(keys) if len(k) > P.MAX_KEY_BYTES), None)
+        if long is not None:
+            raise ProtocolError(f"key #{long} is {len(keys[long])} bytes long; keys are at most "
+                                f"{P.MAX_KEY_BYTES} bytes")
         if sizes is not None:
             if len(sizes) != len(keys):
                 raise ProtocolError(f"{len(keys)} keys but {len(sizes)} sizes")

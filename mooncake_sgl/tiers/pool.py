@@ -111,6 +111,10 @@ class PoolTier(Tier):
             except MooncakeSglError as e:
                 self._failed(i, e)
                 return
+            except Exception as e:  # a bug, not the network: still a miss for SGLang, but loud
+                log.exception("pool endpoint %s: unexpected error", self._clients[i].endpoint)
+                self._failed(i, e)
+                return
             for pos, r in zip(positions, res):
                 out[pos] = r
 

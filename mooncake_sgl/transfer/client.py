@@ -54,6 +54,22 @@ SPLIT_BYTES = 32 << 20
 PARALLEL_COPY_BYTES = 32 << 20
 
 
+def _per_key(values: Sequence[object], n: int, op: str) -> Sequence[object]:
+    """A reply's per-key part, checked to have one entry per key sent (else the stream is not
+    what we think: ``ProtocolError`` closes it)."""
+    if len(values) != n:
+        raise ProtocolError(f"{op} reply has {len(values)} entries for {n} keys")
+    return values
+
+
+def _in_segment(offsets: Sequence[int], sizes: Sequence[int], segment_size: int) -> None:
+    """Offsets a server handed out must lie inside the segment we mapped: never copy elsewhere."""
+    for off, n in zip(offsets, sizes):
+        if off < 0 or off + n > segment_size:
+            raise ProtocolError(f"server offset {off} (+{n} bytes) is outside its segment of "
+                                f"{segment_size} bytes")
+
+
 @dataclass(frozen=True)
 class _Link:
     """A borrowed connection and the transport state of the generation it belongs to."""
@@ -279,7 +295,7 @@ class PoolClient:
             with self._borrow() as link:
                 reply = link.conn.call(P.Op.EXISTS, P.Keys(list(keys[i:i + step])), P.Flags,
                                        self._first_byte)
-                out.extend(map(bool, reply.flags))
+                out.extend(map(bool, _per_key(reply.flags, len(keys[i:i + step]), "EXISTS")))
         return out
 
     def remove(self, keys: Sequence[PageKey]) -> int:
@@ -335,10 +351,12 @@ class PoolClient:
                 segs = [seg for page in pages for seg in page]
                 c.send(P.Op.PUT, P.KeysSizes(list(keys), sizes), segs, sum(sizes))
                 flags, _ = c.reply(P.Op.PUT, P.Flags)
-                return list(map(bool, flags.flags))
+                return list(map(bool, _per_key(flags.flags, len(keys), "PUT")))
             deadline = time.monotonic() + c.ok.hold_timeout / 2
             res = c.call(P.Op.RESERVE, P.KeysSizes(list(keys), sizes), P.Reservation)
+            _per_key(res.status, len(keys), "RESERVE")
             todo = [i for i, s in enumerate(res.status) if s == P.RESERVE_WRITE]
+            _in_segment([res.offsets[i] for i in todo], [sizes[i] for i in todo], c.segment_size)
             offsets = [res.offsets[i] for i in todo]
             if link.mapping is not None:
                 done = self._copy(link.mapping.write_page, offsets, [pages[i] for i in todo], deadline)
@@ -348,8 +366,8 @@ class PoolClient:
             written = bytearray(len(res.status))
             for i, ok in zip(todo, done):
                 written[i] = ok
-            return list(map(bool, c.call(P.Op.COMMIT, P.CommitReq(res.ticket, bytes(written)),
-                                         P.Flags).flags))
+            flags = c.call(P.Op.COMMIT, P.CommitReq(res.ticket, bytes(written)), P.Flags).flags
+            return list(map(bool, _per_key(flags, len(keys), "COMMIT")))
 
     def _get(self, keys: Sequence[PageKey], pages: Sequence[PageView], sizes: list[int]) -> list[bool]:
         with self._borrow() as link:
@@ -357,6 +375,9 @@ class PoolClient:
             if link.mode == "tcp":
                 c.send(P.Op.GET, P.KeysSizes(list(keys), sizes))
                 reply, data_len = c.reply(P.Op.GET, P.GetReply, self._first_byte)
+                _per_key(reply.sizes, len(keys), "GET")
+                if any(n not in (-1, want) for n, want in zip(reply.sizes, sizes)):
+                    raise ProtocolError("GET reply has a page of a size that was not asked for")
                 if data_len != sum(s for s in reply.sizes if s > 0):
                     raise ProtocolError("GET reply sizes disagree with its data length")
                 for page, n in zip(pages, reply.sizes):
@@ -367,7 +388,12 @@ class PoolClient:
             deadline = time.monotonic() + c.ok.hold_timeout / 2
             lease = c.call(P.Op.LEASE, P.KeysSizes(list(keys), sizes), P.Lease, self._first_byte)
             try:
+                _per_key(lease.sizes, len(keys), "LEASE")
                 hits = [i for i, n in enumerate(lease.sizes) if n >= 0]
+                if any(lease.sizes[i] != sizes[i] for i in hits):
+                    raise ProtocolError("LEASE reply has a page of a size that was not asked for")
+                _in_segment([lease.offsets[i] for i in hits], [sizes[i] for i in hits],
+                            c.segment_size)
                 offsets, dsts = [lease.offsets[i] for i in hits], [pages[i] for i in hits]
                 if link.mapping is not None:
                     self._copy(link.mapping.read_page, offsets, dsts, deadline)

@@ -46,8 +46,12 @@ HEADER_SIZE = HEADER.size
 DEFAULT_MAX_META_BYTES = 16 << 20  # a 4096-key batch of 100-byte keys is ~0.5 MiB; arbitrary headroom
 DEFAULT_MAX_DATA_BYTES = 2 << 30  # 128 pages of 8 MiB is 1 GiB; twice that, arbitrary
 DEFAULT_MAX_BATCH = 4096
-# The largest CLIENT_HELLO: a 32-byte MAC plus two short names. Arbitrary, with headroom.
+# The largest CLIENT_HELLO or SERVER_HELLO: a MAC or nonce plus a few short names. Arbitrary,
+# with headroom; neither side allocates more for a peer it has not authenticated.
 HANDSHAKE_MAX_META = 4096
+# The longest page key. SGLang's are about 100 bytes (a 64-hex hash plus model and rank tags);
+# the pool keeps every key in its index, so an unbounded one would be memory outside capacity.
+MAX_KEY_BYTES = 1024
 
 # Frame flags.
 FLAG_NO_REPLY = 1  # one-way message (RELEASE): the server sends nothing back

@@ -215,7 +215,7 @@ def open_connection(address: tuple[str, int] | str, *, secret: str, timeout: flo
         _arm(sock, deadline)
         sock.connect(address)
         tune(sock)
-        header, meta = read_frame(sock, max_meta=P.DEFAULT_MAX_META_BYTES, max_data=0,
+        header, meta = read_frame(sock, max_meta=P.HANDSHAKE_MAX_META, max_data=0,
                                   deadline=deadline)
         if header.op == P.Op.ERROR:
             P.raise_error(P.decode(meta, P.ErrorMsg))

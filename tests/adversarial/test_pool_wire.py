@@ -61,6 +61,14 @@ def test_a_negative_page_size_is_refused_as_such(pool: PoolProcess) -> None:
     assert "page size -5 of key #1 is negative" in msg and "add up" not in msg
 
 
+def test_an_oversized_key_is_refused_not_kept_in_the_index(pool: PoolProcess) -> None:
+    # Keys live in the server's index outside the segment's capacity: a 60 KiB key per page
+    # would grow the server's memory without bound.
+    s = raw(pool, SECRET)
+    request(s, P.Op.PUT, P.KeysSizes([b"k" * (P.MAX_KEY_BYTES + 1)], [4]), b"data")
+    assert f"keys are at most {P.MAX_KEY_BYTES} bytes" in error_reply(s).message
+
+
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_a_put_at_a_new_size_is_readable_at_that_size(pool: PoolProcess, transport: str) -> None:
     client = PoolClient(pool.endpoint, transport=transport, secret=SECRET)
