@@ -45,7 +45,9 @@ promoted to tier 0 when hot (heat >= ``promotion_min_hits``). Pinned prefixes (a
 chain, matched by the page hash of its first page) are never victims until ``ttl`` after their last
 lookup.
 
-The policy is pure: events in, decisions out; it reads no clock (``tick``) and moves no bytes.
+The policy is pure: events in, decisions out; it reads no clock (``tick``) and moves no bytes. Chain
+links live in ``chains.ChainLinks`` and pins in ``pins.Pins``; this module holds heat, the segments
+and the decisions.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ from collections.abc import Sequence
 
 from ..api import PageKey, PlacementPolicy
 from ..config import PolicyConfig
-from ..keys import NAMESPACE_DIGEST_BYTES, page_hash_part
+from .chains import ChainLinks
+from .pins import Pins
 from .sketch import make_sketch
 
 # Heat of a page demanded at least once before this write: it skips probation. The sketch
@@ -68,15 +71,11 @@ GHOST_PER_PAGE = 1
 MIN_PROBATION = 0.01
 # Upper bound of the probation target: ``main`` always keeps some protected room.
 MAX_PROBATION = 0.9
-# Chain links of looked-up pages not yet resident, kept until their write arrives (pages).
-PENDING_LINKS = 1 << 16
 # Largest reuse-watch ghost per tier (keys): bounds memory for tiers of millions of pages, at the
 # price of measuring reuse over a shorter horizon than such a tier's. Arbitrary.
 WATCH_LIMIT = 1 << 18
 # Outcomes (reused or expired candidates) the admission reuse rate is measured over. Arbitrary.
 WATCH_WINDOW = 1024
-# Byte offset in a page key where its kind byte and page hash start (see ``keys.page_key``).
-_HASH_OFFSET = NAMESPACE_DIGEST_BYTES
 
 
 class _Segments:
@@ -174,12 +173,9 @@ class HeatPolicy(PlacementPolicy):
         self._watch = [_ReuseWatch(0) for _ in capacities]  # sized with the sketch (page size)
         self._page_bytes = 0  # learnt from the first insert; sizes the sketch in pages
         self._where: dict[PageKey, int] = {}  # bitmask of tiers holding a page
-        self._parent: dict[PageKey, PageKey | None] = {}  # chain links of resident pages
-        self._pending: OrderedDict[PageKey, PageKey | None] = OrderedDict()
-        self._pin_roots = {page_hash_part(p.prefix_hash): p.ttl for p in config.pins}
-        self._pinned: dict[PageKey, float] = {}  # page -> time its pin expires
+        self._links = ChainLinks()
+        self._pins = Pins(config.pins)
         self._now = 0.0
-        self._next_pin_sweep = 0.0
         self.lookups = 0
         self.hit_pages = 0
         self.admitted = 0
@@ -197,17 +193,14 @@ class HeatPolicy(PlacementPolicy):
         return self._sketch.estimate(key) >= hits - 0.5
 
     def is_pinned(self, key: PageKey) -> bool:
-        return self._pinned.get(key, -1.0) > self._now
+        return self._pins.is_pinned(key)
 
     def tick(self, now: float) -> None:
         if now <= self._now:
             return
         self._now = now
         self._sketch.advance(now)
-        if self._pinned and now >= self._next_pin_sweep:
-            self._pinned = {k: t for k, t in self._pinned.items() if t > now}
-            ttl = min(self._pin_roots.values(), default=60.0)
-            self._next_pin_sweep = now + ttl / 4  # a stale pin is harmless: is_pinned checks time
+        self._pins.tick(now)
 
     # ------------------------------------------------------------------ events
 
@@ -239,14 +232,7 @@ class HeatPolicy(PlacementPolicy):
                     seg.used_main += n
                 else:
                     seg.main.move_to_end(key)
-        if self._pin_roots and keys:
-            # A pinned chain: its first page matches a pin, or it continues a pinned page.
-            root = keys[0][_HASH_OFFSET:] if parent is None else None
-            ttl = self._pin_roots.get(root) if root is not None else self._pin_ttl_of(parent)
-            if ttl is not None:
-                expiry = self._now + ttl
-                for key in keys:
-                    self._pinned[key] = expiry
+        self._pins.on_lookup(keys, parent)
 
     def on_insert(self, keys: Sequence[PageKey], tier: int, nbytes: Sequence[int],
                   parent: PageKey | None = None) -> None:
@@ -265,10 +251,10 @@ class HeatPolicy(PlacementPolicy):
             if key in seg:
                 continue
             where = self._where.get(key, 0)
-            if not where and key in self._pending:
-                self._parent[key] = self._pending.pop(key)
+            if not where:
+                self._links.adopt(key)
             self._where[key] = where | bit
-            p = self._parent.get(key)
+            p = self._links.parent_of(key)
             if p is not None:
                 seg.kids[p] = seg.kids.get(p, 0) + 1
             # Ghost values are ``None``: ``pop(key, 0) is None`` means "was in that ghost".
@@ -377,7 +363,7 @@ class HeatPolicy(PlacementPolicy):
         out: dict[str, float] = {
             "lookups": float(self.lookups), "hit_pages": float(self.hit_pages),
             "slow_tier_admitted": float(self.admitted), "slow_tier_refused": float(self.refused),
-            "sketch_bytes": float(self._sketch.memory_bytes()), "pinned_pages": float(len(self._pinned)),
+            "sketch_bytes": float(self._sketch.memory_bytes()), "pinned_pages": float(len(self._pins)),
             "tracked_pages": float(len(self._where)),
         }
         for i, seg in enumerate(self._tiers):
@@ -432,7 +418,7 @@ class HeatPolicy(PlacementPolicy):
     def _evictable(self, seg: _Segments, protected: frozenset[PageKey]) -> int:
         """Bytes of the tier that are neither protected nor pinned (O(protected + pinned))."""
         held = 0
-        for key in protected | self._pinned.keys() if self._pinned else protected:
+        for key in protected.union(self._pins.keys()) if len(self._pins) else protected:
             n = seg.probation.get(key)
             if n is None:
                 n = seg.main.get(key)
@@ -450,30 +436,17 @@ class HeatPolicy(PlacementPolicy):
         seg.target = min(MAX_PROBATION * seg.capacity, max(MIN_PROBATION * seg.capacity, target))
 
     def _learn_links(self, keys: Sequence[PageKey], parent: PageKey | None) -> None:
-        """Chain links come from lookups only: a write may be a filtered or demoted batch, not a chain."""
-        prev = parent
-        for key in keys:
-            if key not in self._parent:
-                if key in self._where:
-                    self._link_resident(key, prev)
-                else:
-                    self._pending[key] = prev
-            prev = key
-        while len(self._pending) > PENDING_LINKS:
-            self._pending.popitem(last=False)
-
-    def _link_resident(self, key: PageKey, parent: PageKey | None) -> None:
-        """A resident page's link became known after it was written: count it as a child."""
-        self._parent[key] = parent
-        if parent is None:
-            return
-        where = self._where[key]
-        for t, seg in enumerate(self._tiers):
-            if where >> t & 1:
-                seg.kids[parent] = seg.kids.get(parent, 0) + 1
+        """Links learnt for resident pages give their parents a resident child in each tier."""
+        for key, p in self._links.learn(keys, parent, self._where.__contains__):
+            if p is None:
+                continue
+            where = self._where[key]
+            for t, seg in enumerate(self._tiers):
+                if where >> t & 1:
+                    seg.kids[p] = seg.kids.get(p, 0) + 1
 
     def _forget_in_tier(self, seg: _Segments, key: PageKey, bit: int) -> None:
-        p = self._parent.get(key)
+        p = self._links.parent_of(key)
         if p is not None:
             left = seg.kids.get(p, 0) - 1
             if left > 0:
@@ -485,20 +458,14 @@ class HeatPolicy(PlacementPolicy):
             self._where[key] = where
         else:
             self._where.pop(key, None)
-            self._parent.pop(key, None)
-            self._pinned.pop(key, None)
-
-    def _pin_ttl_of(self, parent: PageKey | None) -> float | None:
-        if parent is None or not self.is_pinned(parent):
-            return None
-        return self._pinned[parent] - self._now
+            self._links.drop(key)
+            self._pins.forget(key)
 
     def _raise_ancestors(self, key: PageKey | None, floor: float) -> None:
         """A lookup that started mid-chain: keep the known ancestors (resident, or looked up recently)
         at least as warm. Stops at the first ancestor already as warm: those above it are too."""
         sketch = self._sketch
-        steps = len(self._parent) + len(self._pending) + 1  # guards a corrupt cycle only
-        while key is not None and steps > 0 and sketch.estimate(key) < floor:
-            sketch.increment(key, floor)
-            key = self._parent[key] if key in self._parent else self._pending.get(key)
-            steps -= 1
+        for ancestor in self._links.ancestors(key):
+            if sketch.estimate(ancestor) >= floor:
+                return
+            sketch.increment(ancestor, floor)

@@ -208,7 +208,7 @@ def test_memory_is_bounded_by_resident_pages():
         resident |= set(keys)
     seg = p._tiers[0]
     assert len(p._where) == len(resident) == 100
-    assert len(p._parent) <= 100 and len(seg.kids) <= 100
+    assert len(p._links) <= 100 and len(seg.kids) <= 100
     assert len(seg.ghost_probation) <= 100 and len(seg.ghost_main) <= 100
     assert p.stats()["sketch_bytes"] == p._sketch.memory_bytes()
 

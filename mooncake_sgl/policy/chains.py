@@ -1,0 +1,70 @@
+"""``ChainLinks``: which page comes before which in its prefix chain, as far as the policy knows.
+
+Links come from lookups only (a write may be a filtered or demoted batch, not a chain). A link of a
+resident page is kept while the page is resident anywhere; a link of a page looked up but not yet
+written waits in a bounded FIFO (``PENDING_LINKS``) until its write arrives. The heat policy uses the
+links to evict leaves before their parents and to keep ancestors at least as warm as their chains.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+
+from ..api import PageKey
+
+# Chain links of looked-up pages not yet resident, kept until their write arrives (pages).
+PENDING_LINKS = 1 << 16
+
+
+class ChainLinks:
+    """Parent links of resident pages and of pages looked up but not yet written."""
+
+    __slots__ = ("_parent", "_pending")
+
+    def __init__(self) -> None:
+        self._parent: dict[PageKey, PageKey | None] = {}
+        self._pending: OrderedDict[PageKey, PageKey | None] = OrderedDict()
+
+    def __len__(self) -> int:
+        """Links of resident pages."""
+        return len(self._parent)
+
+    def parent_of(self, key: PageKey) -> PageKey | None:
+        """The parent of a resident page, when known."""
+        return self._parent.get(key)
+
+    def learn(self, keys: Sequence[PageKey], parent: PageKey | None,
+              resident: Callable[[PageKey], bool]) -> list[tuple[PageKey, PageKey | None]]:
+        """Record the links of a looked-up chain; returns the (page, parent) links newly learnt for
+        pages already resident (their parents gain a resident child)."""
+        learnt = []
+        prev = parent
+        for key in keys:
+            if key not in self._parent:
+                if resident(key):
+                    self._parent[key] = prev
+                    learnt.append((key, prev))
+                else:
+                    self._pending[key] = prev
+            prev = key
+        while len(self._pending) > PENDING_LINKS:
+            self._pending.popitem(last=False)
+        return learnt
+
+    def adopt(self, key: PageKey) -> None:
+        """``key`` became resident: its pending link (if any) becomes a resident one."""
+        if key in self._pending:
+            self._parent[key] = self._pending.pop(key)
+
+    def drop(self, key: PageKey) -> None:
+        """``key`` is resident nowhere any more."""
+        self._parent.pop(key, None)
+
+    def ancestors(self, key: PageKey | None) -> Iterator[PageKey]:
+        """``key`` and the known pages before it, nearest first (resident or pending links)."""
+        steps = len(self._parent) + len(self._pending) + 1  # guards a corrupt cycle only
+        while key is not None and steps > 0:
+            yield key
+            key = self._parent[key] if key in self._parent else self._pending.get(key)
+            steps -= 1
