@@ -42,9 +42,12 @@ def page_nbytes(page: PageView) -> int:
 #    "policy": {...}  the policy's own ``stats()``,
 #    "tiers":  {<unique tier name, e.g. "host", "lmdb", "host.1" for a second host tier>: {
 #        "usage": {capacity_bytes, used_bytes, pages}  (or {"error": "..."} for a dead tier),
-#        "store": {hits, bytes_read, lookup_hits, writes, bytes_written, write_failures,
-#                  promotions, demotions, demotion_failures, evictions, eviction_aborts,
-#                  room_refused, lost}  counted by the store for this tier,
+#        "store": {hits, misses (pages a read offered this tier and it lacked), bytes_read,
+#                  lookup_hits (pages of lookups' leading runs found here first), writes and
+#                  bytes_written (pages new to the tier), write_failures, admission_refused,
+#                  promotions / demotions (pages moved into this tier), demotion_failures,
+#                  evictions, eviction_aborts (victims whose removal failed), room_refused,
+#                  lost (pages gone without an eviction)}  counted by the store for this tier,
 #        "tier":  {...}  the tier's own ``stats()``}}}
 STATS_SHAPE = ("store", "mover", "policy", "tiers")
 
