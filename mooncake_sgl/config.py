@@ -127,6 +127,10 @@ class HostTierConfig(_Section, tag="host", tag_field="kind"):
         self._normalise(capacity=parse_size)
         if self.slot_size != "auto":
             self._normalise(slot_size=parse_size)
+        if self.capacity <= 0:
+            raise ValueError("`capacity`: the host tier needs a positive capacity")
+        if self.slot_size != "auto" and self.slot_size <= 0:
+            raise ValueError("`slot_size`: must be positive")
 
 
 class HbmTierConfig(_Section, tag="hbm", tag_field="kind"):
@@ -140,6 +144,8 @@ class HbmTierConfig(_Section, tag="hbm", tag_field="kind"):
         self._normalise(capacity=parse_size)
         if self.slot_size != "auto":
             self._normalise(slot_size=parse_size)
+        if self.slot_size != "auto" and self.slot_size <= 0:
+            raise ValueError("`slot_size`: must be positive")
         if not 0.0 <= self.fraction_of_free <= 0.95:
             raise ValueError("`fraction_of_free`: must be between 0 and 0.95")
         if not self.capacity and not self.fraction_of_free:

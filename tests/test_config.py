@@ -128,6 +128,10 @@ def test_shipped_pool_server_example_is_valid() -> None:
     ({"tiers": [{"kind": "pool", "endpoints": ["h:99999"]}]}, "tiers[0].endpoints", "1..65535"),
     ({"tiers": [{"kind": "pool", "timeout": 0}]}, "tiers[0].timeout", "longer than 0"),
     ({"tiers": [{"kind": "pool", "retry_after": 10**12}]}, "tiers[0].retry_after", "30 days"),
+    ({"tiers": [{"kind": "host", "capacity": 0}]}, "tiers[0].capacity", "positive capacity"),
+    ({"tiers": [{"kind": "host", "slot_size": 0}]}, "tiers[0].slot_size", "must be positive"),
+    ({"tiers": [{"kind": "hbm", "capacity": "1GiB", "slot_size": 0}]}, "tiers[0].slot_size",
+     "must be positive"),
 ])
 def test_out_of_range_values_name_the_key_instead_of_failing_at_build_time(
         data: dict, key: str, words: str) -> None:
@@ -158,6 +162,7 @@ def test_a_key_given_twice_is_an_error_not_last_one_wins(tmp_path: Path) -> None
     ({"handshake_timeout": 0}, "handshake_timeout", "longer than 0"),
     ({"hold_timeout": "0s"}, "hold_timeout", "longer than 0"),
     ({"max_frame_bytes": "1MiB"}, "max_frame_bytes", "at least slab_size"),
+    ({"put_wait": "30s"}, "put_wait", "shorter than request_timeout"),
     ({"capacity": "1GiB", "tenants": [{"name": "a", "secret": "", "capacity": "64MiB"}]},
      "tenants[0].secret", "own non-empty secret"),
     ({"capacity": "1GiB", "secret": "x", "tenants": [{"name": "a", "secret": "s", "capacity": "64MiB"}]},

@@ -125,6 +125,9 @@ class PoolServerConfig(_Section):
         if self.max_frame_bytes < self.slab_size:
             raise ValueError(f"`max_frame_bytes`: must be at least slab_size ({self.slab_size}), "
                              "or a page the pool takes could never be sent over TCP")
+        if self.put_wait >= self.request_timeout:
+            raise ValueError(f"`put_wait`: must be shorter than request_timeout "
+                             f"({self.request_timeout}s): a PUT waiting for room is a request too")
         if self.max_meta_bytes < P.HANDSHAKE_MAX_META:
             raise ValueError(f"`max_meta_bytes`: must be at least {P.HANDSHAKE_MAX_META}")
         for name in ("max_batch", "max_connections", "max_handshakes"):

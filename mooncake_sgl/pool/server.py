@@ -414,6 +414,10 @@ class PoolServer:
             self._reply(c, op, P.Flags(self._put(c, msg.keys, msg.sizes, deadline)), deadline)
         elif op == P.Op.GET:
             self._check_batch(msg.keys, msg.sizes)
+            if sum(msg.sizes) > self.config.max_frame_bytes:
+                # The reply is a frame too; bounding it bounds how long its pages stay leased.
+                raise ProtocolError(f"GET of {sum(msg.sizes)} bytes exceeds the limit of "
+                                    f"{self.config.max_frame_bytes} bytes (max_frame_bytes)")
             entries = store.lease(msg.keys, msg.sizes)
             try:
                 self._reply(c, op, P.GetReply([e.size if e else -1 for e in entries]), deadline,

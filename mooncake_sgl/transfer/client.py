@@ -173,6 +173,7 @@ class PoolClient:
     def _borrow(self) -> Iterator[_Link]:
         if not self._slots.acquire(timeout=self._timeout * 4):
             raise TierUnavailable(f"pool {self.endpoint}: no free connection")
+        gen: int | None = None
         try:
             try:
                 with self._lock:
@@ -181,18 +182,23 @@ class PoolClient:
                     if self._mode is None:
                         self._establish()
                     gen, mode, mapping, rdma = self._gen, self._mode, self._mapping, self._rdma
+                    hello = self._hello
                     conn = self._idle.pop() if self._idle else None
                 if conn is not None and mode != "rdma" and conn.stale():
                     conn.close()  # the server closed it while idle (its idle_timeout): no failure
                     conn = None
                 if conn is None:
-                    assert self._hello is not None
+                    assert hello is not None
                     # A shared-memory connection asks for the segment again: the server lets
                     # only connections it handed the segment to RESERVE and LEASE.
-                    conn = self._open(self._hello.unix_name if mode == "shm" else self.address,
+                    conn = self._open(hello.unix_name if mode == "shm" else self.address,
                                       want_shm=mode == "shm")
                     conn.drop_segment_fd()  # this generation's mapping is already there
             except (OSError, ProtocolError) as e:
+                if gen is not None:
+                    # This generation's server is gone (a restart has a new Unix socket and
+                    # segment): the next call must start over, not retry the old address.
+                    self._reset(gen)
                 if isinstance(e, AuthError):
                     raise
                 raise TierUnavailable(f"pool {self.endpoint} unreachable: {e}") from e

@@ -39,6 +39,7 @@ def wait_for(pred, within: float) -> bool:  # noqa: ANN001
 @pytest.fixture(scope="module")
 def pool() -> Iterator[PoolProcess]:
     with PoolProcess(capacity="8MiB", slab_size="1MiB", secret=SECRET, handshake_timeout="1s",
+                     put_wait="0.5s",
                      request_timeout="1s", hold_timeout="1s", idle_timeout="1s",
                      max_connections=64, max_handshakes=16) as p:
         yield p

@@ -69,6 +69,14 @@ def test_an_oversized_key_is_refused_not_kept_in_the_index(pool: PoolProcess) ->
     assert f"keys are at most {P.MAX_KEY_BYTES} bytes" in error_reply(s).message
 
 
+def test_a_get_larger_than_a_frame_is_refused(pool: PoolProcess) -> None:
+    # Its pages stay leased while the reply goes out; an unbounded reply (one key named 4096
+    # times) would pin them for as long as a slow reader cares to take.
+    s = raw(pool, SECRET)
+    request(s, P.Op.GET, P.KeysSizes([b"k"] * 64, [1 << 20] * 64))
+    assert "exceeds the limit of 4194304 bytes (max_frame_bytes)" in error_reply(s).message
+
+
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_a_put_at_a_new_size_is_readable_at_that_size(pool: PoolProcess, transport: str) -> None:
     client = PoolClient(pool.endpoint, transport=transport, secret=SECRET)

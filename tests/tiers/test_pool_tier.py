@@ -155,3 +155,25 @@ def test_a_stopped_server_costs_a_read_the_short_deadlines_once_not_the_full_tim
         assert warm.get_into([key(1)], [out]) == [True] and same(page, out)
         warm.close()
         cold.close()
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_restarted_server_is_used_again_even_when_no_connection_was_in_use(transport: str) -> None:
+    # Story: the server is killed while the tier is idle, and restarts on the same port with a
+    # new Unix socket and segment. Opening a connection to the old generation's socket failed
+    # without starting over, so every later call failed the same way, for good.
+    with PoolProcess(capacity="4MiB", slab_size="1MiB") as pool:
+        tier = PoolTier(PoolTierConfig(endpoints=[pool.endpoint], transport=transport,
+                                       retry_after=0.1, connections=2))
+        assert tier.put_from([key(1)], [make_page(1, 4096)]) == [True]
+        pool.kill()
+        pool.start()
+        # Over TCP the dead idle connection is replaced at once; over shared memory the first
+        # call finds the old socket gone and fails once. Either way, after retry_after ...
+        tier.put_from([key(2)], [make_page(2, 4096)])
+        time.sleep(0.2)
+        page = make_page(3, 4096)
+        assert tier.put_from([key(3)], [page]) == [True]  # ... the new server is used
+        out = empty_like(page)
+        assert tier.get_into([key(3)], [out]) == [True] and same(page, out)
+        tier.close()
