@@ -1,7 +1,16 @@
 #!/usr/bin/env python3
-"""Put/get bandwidth of the host DRAM and LMDB tiers against their limits, in one run.
+"""Put/get bandwidth of the host DRAM and SSD (LMDB) tiers against their limits, in one run.
 
-For each page size, batches of ``--batch-size`` pages (two segments each, like SGLang's K and V)
+Modes (``--modes``, comma separated; default ``steady``):
+
+- ``user-view``: the SSD tier as a user meets it: a writer process fills a fresh directory, the
+  page cache is dropped, a new reader process reads every page; ours vs SGLang's ``HiCacheFile``
+  vs raw ``O_DIRECT`` sequential I/O, as ratios (``scripts/ssd_user_view.py``).
+- ``restart``: a new process opens a tier holding ``--restart-gib`` of pages: time to the first
+  hit, pages recovered.
+- ``steady``: steady state, within one process, described below.
+
+Steady state: for each page size, batches of ``--batch-size`` pages (two segments each, like SGLang's K and V)
 go through:
 
 - ``memcpy``        numpy copies of the same segments: the DRAM tier's limit;
@@ -25,6 +34,7 @@ in GB/s (10^9 bytes/s).
     python scripts/bench_tiers.py                       # 64KiB, 1MiB, 8MiB; 3 rounds of 128 pages
     python scripts/bench_tiers.py --quick               # CI smoke (seconds)
     python scripts/bench_tiers.py --sizes 1MiB --batches 5 --json out.json
+    python scripts/bench_tiers.py --modes user-view,restart --batches 3 --json ssd.json   # root
 """
 
 from __future__ import annotations
@@ -43,6 +53,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import ssd_user_view  # noqa: E402  (beside this script)
 
 from mooncake_sgl.bench.console import human, log  # noqa: E402
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, parse_size  # noqa: E402
@@ -354,8 +366,28 @@ def table(results: dict[str, dict[str, dict[str, float]]], cold: bool) -> str:
     return "\n".join(lines)
 
 
+def _children(argv: list[str]) -> bool:
+    """The child processes of the user-view and restart modes run this script with a verb."""
+    if argv[:1] == ["_user-view"]:
+        ssd_user_view.child_main(argv[1:])
+    elif argv[:1] == ["_restart"]:
+        ssd_user_view.restart_child(argv[1], int(argv[2]))
+    elif argv[:1] == ["_restart-fill"]:
+        ssd_user_view.restart_fill(argv[1], *map(int, argv[2:6]))
+    else:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
+    if _children(sys.argv[1:] if argv is None else argv):
+        return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--modes", default="steady", help="steady, user-view, restart (comma separated)")
+    p.add_argument("--user-view-pages", default="64KiB:2048,1MiB:512,8MiB:96",
+                   help="user-view page sizes and counts, SIZE:COUNT comma separated")
+    p.add_argument("--restart-gib", type=float, default=10.0, help="restart mode: GiB of pages on disk")
+    p.add_argument("--restart-page", default="8MiB", help="restart mode: page size")
     p.add_argument("--sizes", default="64KiB,1MiB,8MiB", help="page sizes, comma separated")
     p.add_argument("--batch-size", type=int, default=128, help="pages per put/get call (SGLang: 128)")
     p.add_argument("--batches", type=int, default=3, help="timed rounds (batches) per measurement")
@@ -372,6 +404,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.batch_size, args.batches = "64KiB,1MiB", 16, 1
+        args.user_view_pages, args.restart_gib, args.restart_page = "64KiB:64,1MiB:16", 0.0625, "1MiB"
+    modes = {m.strip() for m in args.modes.split(",") if m.strip()}
+    if not modes or modes - {"steady", "user-view", "restart"}:
+        p.error(f"--modes: expected steady, user-view or restart, got {args.modes!r}")
+    try:
+        uv_sizes = [(parse_size(a), int(b)) for a, b in
+                    (item.split(":") for item in args.user_view_pages.split(",") if item.strip())]
+    except ValueError:
+        p.error(f"--user-view-pages: expected SIZE:COUNT pairs like 1MiB:512, got {args.user_view_pages!r}")
+    if any(s % 2 or s <= 0 or c <= 0 for s, c in uv_sizes):
+        p.error("--user-view-pages: sizes must be positive and even, counts positive")
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if any(s % 2 or s <= 0 for s in sizes):
         p.error("page sizes must be positive and even (two segments per page)")
@@ -383,19 +426,38 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="bench_tiers.", dir=args.dir))
     results: dict[str, dict[str, dict[str, float]]] = {}
+    user_view = restart = None
     started = time.perf_counter()
+    script = str(Path(__file__).resolve())
     try:
-        for size in sizes:
-            results[human(size)] = run_size(size, args, workdir)
+        if "user-view" in modes:
+            user_view = ssd_user_view.user_view(script, uv_sizes, args.batches, args.batch_size, workdir,
+                                                not args.no_hicache_file)
+        if "restart" in modes:
+            restart = ssd_user_view.restart(script, args.restart_gib, parse_size(args.restart_page),
+                                            args.batch_size, workdir)
+        if "steady" in modes:
+            for size in sizes:
+                results[human(size)] = run_size(size, args, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    reads = "cold and warm" if args.drop_caches else "warm (page cache)"
-    print(f"GB/s, {args.batch_size} pages per batch (2 segments each), best of {args.batches} rounds; "
-          f"file reads {reads}; scratch on {workdir.parent}; load average at the end "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print(table(results, args.drop_caches))
+    print(f"scratch on {workdir.parent}; load average at the end {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs")
+    if user_view is not None:
+        print(ssd_user_view.user_view_table(user_view))
+    if restart is not None:
+        print(f"restart: {restart['pages_written']} pages of {restart['page']} "
+              f"({restart['bytes_on_disk'] / 2**30:.1f} GiB on disk, cache dropped by "
+              f"{restart['cache_dropped_by']}): first hit {restart['first_hit_s']:.3f}s after open "
+              f"(open {restart['open_s']:.3f}s), {restart['pages_recovered']} pages recovered, "
+              f"listed in {restart['scan_s']:.3f}s")
+    if "steady" in modes:
+        reads = "cold and warm" if args.drop_caches else "warm (page cache)"
+        print(f"steady state (one process, rewriting freed space): GB/s, {args.batch_size} pages per "
+              f"batch (2 segments each), best of {args.batches} rounds; file reads {reads}")
+        print(table(results, args.drop_caches))
     overhead = None
-    if not args.no_metrics_overhead:
+    if "steady" in modes and not args.no_metrics_overhead:
         from mooncake_sgl.metrics import overhead as metrics_overhead
 
         # Pages up to 1 MiB: the hook costs per call, so small pages show it most; larger ones
@@ -409,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({
             "unit": "GB/s", "batch_size": args.batch_size, "rounds": args.batches,
             "cold_reads": args.drop_caches, "loadavg": os.getloadavg()[0], "results": results,
-            "metrics_overhead": overhead}, indent=2))
+            "metrics_overhead": overhead, "user_view": user_view, "restart": restart}, indent=2))
     return 0
 
 
