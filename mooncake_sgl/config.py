@@ -155,16 +155,15 @@ class HbmTierConfig(_Section, tag="hbm", tag_field="kind"):
 class LmdbTierConfig(_Section, tag="lmdb", tag_field="kind"):
     """LMDB on local SSD: checksummed pages that survive restarts."""
     path: str = ""  # default: <cache dir>/lmdb
-    capacity: Union[int, str] = "64GiB"  # the LMDB map size (sparse file; grows as written)
-    # fsync every batch commit. Off (the default, as SGLang's own file backend never fsyncs): a
-    # killed process loses nothing; a machine crash may lose recent pages or, with ``writemap``,
-    # damage the file, which the tier then moves aside and starts empty (it is a cache). On costs
-    # 3-4x in put bandwidth (scripts/bench_tiers.py).
+    # Budget for page bytes in the extent file (rounded up to 4 KiB each; preallocated as it fills).
+    capacity: Union[int, str] = "64GiB"
+    # fsync the page bytes, then the index, at every batch commit. Off (the default, as SGLang's own
+    # file backend never fsyncs): a killed process loses nothing; a machine crash may lose recent
+    # pages (they fail their checksum) or damage the index, which the tier then moves aside and
+    # starts empty (it is a cache).
     sync: bool = False
-    # Write pages straight into the memory map instead of through malloc'd buffers and pwrite:
-    # 2-4x faster puts (scripts/bench_tiers.py). A stray write in this process could then reach
-    # the file, but every page carries a checksum checked on read, so it would be a miss, never
-    # bad data.
+    # LMDB ``writemap`` for the index (key -> extent, size, checksum); page bytes never pass
+    # through LMDB's map. Damage either way is caught by the checksums and the open-time probe.
     writemap: bool = True
     max_readers: int = 256
 
