@@ -39,7 +39,8 @@ from mooncake_sgl.store import TieredStore  # noqa: E402
 from mooncake_sgl.testing import MooncakeMaster, free_port  # noqa: E402
 from mooncake_sgl.tiers.host import HostTier  # noqa: E402
 from mooncake_sgl.tiers.lmdb import LmdbTier  # noqa: E402
-from mooncake_sgl.tiers.mooncake_store import MooncakeStoreTier, _reachable, object_name  # noqa: E402
+from mooncake_sgl.tiers.mooncake_link import reachable  # noqa: E402
+from mooncake_sgl.tiers.mooncake_store import MooncakeStoreTier, object_name  # noqa: E402
 
 from .conformance import TierConformance, empty_like, key, make_page, same  # noqa: E402
 
@@ -170,13 +171,14 @@ def test_two_nodes_share_pages_through_their_tiered_stores(master: MooncakeMaste
         out = [empty_like(p) for p in pages]
         assert a.get_into(keys, out) == [True] * 32  # most pages left A's 8-page DRAM tier
         assert all(same(x, y) for x, y in zip(pages, out))
-        assert a.counters[1].hits > 0
+        assert a.stats()["tiers"][a.names[1]]["store"]["hits"] > 0
 
         assert b.exists_prefix(keys) == 32
         out = [empty_like(p) for p in pages]
         assert b.get_into(keys, out) == [True] * 32
         assert all(same(x, y) for x, y in zip(pages, out))
-        assert b.counters[1].hits == 32  # B never wrote them: every page came over Mooncake
+        # B never wrote them: every page came over Mooncake.
+        assert b.stats()["tiers"][b.names[1]]["store"]["hits"] == 32
     finally:
         a.close()
         b.close()
@@ -383,7 +385,7 @@ def test_ha_masters_over_etcd_fail_over_and_the_tier_follows_the_leader(tmp_path
     masters = [MooncakeMaster(extra_args=ha), MooncakeMaster(extra_args=ha)]
     tier = None
     try:
-        assert _wait(lambda: _reachable([("127.0.0.1", client_port)]), 10), "etcd did not start"
+        assert _wait(lambda: reachable([("127.0.0.1", client_port)]), 10), "etcd did not start"
         for m in masters:
             m.start()
         tier = MooncakeStoreTier(MooncakeStoreTierConfig(
