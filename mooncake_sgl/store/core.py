@@ -125,6 +125,25 @@ class TieredStore:
         """Per key: readable in some tier now."""
         return [t is not None for t in self._locate(keys)]
 
+    def landed(self, keys: Sequence[PageKey]) -> list[bool]:
+        """Per key: readable in some tier now, answered without a tier call where the store knows
+        (a page resident in a tier the store manages); only the other keys are asked of the tiers
+        that evict on their own (a pool, Mooncake Store), in one batch each. ``put_from`` already
+        returns only once a page is readable; this is for a caller that wants to check later (a
+        page backed up here, seen by another instance through a shared tier) without re-reading."""
+        out = [any(self._placement.holds(t, k) for t, m in enumerate(self._managed) if m) for k in keys]
+        pending = [i for i, known in enumerate(out) if not known]
+        for t, tier in enumerate(self.tiers):
+            if not pending:
+                break
+            if self._managed[t]:
+                continue
+            found = self._guarded(tier, "contains", tier.contains, [keys[i] for i in pending])
+            for i, hit in zip(pending, found):
+                out[i] = bool(hit)
+            pending = [i for i in pending if not out[i]]
+        return out
+
     def exists_prefix(self, keys: Sequence[PageKey], parent: PageKey | None = None) -> int:
         """Length of the leading run of ``keys`` readable in some tier. This is the access event
         the policy learns heat from (SGLang asks it once per prefetch); it is buffered, and applied
