@@ -13,7 +13,9 @@ rank, so only rank 0 exports its gauges; the pool's own ``/metrics`` is the auth
 Cost: nothing exists unless SGLang passes ``enable_storage_metrics`` (its ``--enable-metrics``).
 Then a daemon thread turns the store's cumulative counters into counter increments every
 ``interval`` seconds, off SGLang's threads (a remote tier's usage may be a network round trip), and
-the store times each tier call for the latency histograms.
+the store times each tier call for the latency histograms. A timing is only appended to a list on
+the request path; the sync thread feeds the histograms (a histogram observation in multiprocess
+mode writes mmap'd files under a lock: microseconds SGLang's I/O threads need not spend).
 """
 
 from __future__ import annotations
@@ -104,6 +106,8 @@ class StoreExporter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._latency_children: dict[tuple[str, str], Any] = {}
+        self._timings: dict[tuple[str, str], list[float]] = {}  # observed since the last sync
+        self._timings_lock = threading.Lock()
 
     def start(self, interval_s: float = DEFAULT_INTERVAL_S) -> StoreExporter:
         self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True,
@@ -120,16 +124,20 @@ class StoreExporter:
 
     def _run(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
-            self.sync()
+            try:
+                self.sync()
+            except Exception:  # keep exporting: one bad sync must not end the thread
+                logger.exception("mooncake_sgl metrics: sync failed")
 
     def sync(self) -> None:
-        """Push what changed since the last sync. Never raises: metrics must not hurt serving."""
+        """Push what changed since the last sync (and the timings observed since)."""
         try:
             now = snapshot_of(self._stats())
         except Exception as e:  # a store being closed under us; the next sync retries
             logger.debug("mooncake_sgl metrics: stats failed: %s", e)
             return
         with self._lock:
+            self._flush_timings()
             before, self._last = self._last, now
             for key, sample in now.tiers.items():
                 self._push(key[1], before.tiers.get(key, TierSample()), sample)
@@ -166,12 +174,18 @@ class StoreExporter:
         return observe
 
     def observe(self, tier: str, op: str, seconds: float) -> None:
-        """One tier call took ``seconds``; only ``get`` and ``put`` are kept."""
-        child = self._latency_children.get((tier, op))
-        if child is None:
-            family = self._fam.latency.get(op)
-            if family is None:
-                return
-            child = family.labels(tier=tier, **self._labels)
-            self._latency_children[(tier, op)] = child
-        child.observe(seconds)
+        """One tier call took ``seconds``; only ``get`` and ``put`` are kept, until the next sync."""
+        if op in self._fam.latency:
+            with self._timings_lock:
+                self._timings.setdefault((tier, op), []).append(seconds)
+
+    def _flush_timings(self) -> None:
+        with self._timings_lock:
+            timings, self._timings = self._timings, {}
+        for (tier, op), values in timings.items():
+            child = self._latency_children.get((tier, op))
+            if child is None:
+                child = self._fam.latency[op].labels(tier=tier, **self._labels)
+                self._latency_children[(tier, op)] = child
+            for v in values:
+                child.observe(v)

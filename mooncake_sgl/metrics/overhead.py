@@ -99,7 +99,10 @@ def measure(setup: str, page: int, batch: int, rounds: int, workdir: Path) -> di
         for op, ts in ops.items():
             out.setdefault(mode, {})[f"{op}_best_gbps"] = nbytes / min(ts) / GB
             out[mode][f"{op}_median_gbps"] = nbytes / statistics.median(ts) / GB
-    out["on/off"] = {k: out["on"][k] / out["off"][k] for k in out["off"]}
+    # Each round's off and on ran back to back: their ratio cancels slow drifts in machine load,
+    # so the median of per-round ratios is steadier than a ratio of medians.
+    out["on/off"] = {f"{op}_paired_median": statistics.median(
+        off / on for off, on in zip(times["off"][op], times["on"][op])) for op in ("put", "get")}
     out["on"]["sync_ms"] = sync_s * 1e3
     out["on"]["hook_us_per_tier_call"] = hook_s * 1e6
     return out
@@ -130,13 +133,13 @@ def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
     from ..bench.console import human
 
     lines = [f"{'tiers':>10} {'page':>6} {'op':>4} {'metrics off':>12} {'metrics on':>11} {'on/off':>7}"
-             "   (GB/s, median of interleaved rounds)"]
+             "   (GB/s, median of interleaved rounds; on/off: median of per-round ratios)"]
     for name, r in results.items():
         setup, size = name.split()
         for op in ("put", "get"):
             k = f"{op}_median_gbps"
             lines.append(f"{setup:>10} {human(int(size)):>6} {op:>4} {r['off'][k]:>12.2f} "
-                         f"{r['on'][k]:>11.2f} {r['on/off'][k]:>7.3f}")
+                         f"{r['on'][k]:>11.2f} {r['on/off'][f'{op}_paired_median']:>7.3f}")
     hook = statistics.median(r["on"]["hook_us_per_tier_call"] for r in results.values())
     sync = statistics.median(r["on"]["sync_ms"] for r in results.values())
     lines.append(f"metrics on: the latency hook costs {hook:.1f} us per tier call (in multiprocess mode); "

@@ -100,6 +100,7 @@ def test_tier_calls_are_timed_only_with_metrics_on(tmp_path: Path) -> None:
     try:
         write(on, range(2))
         read(on, range(2))
+        exporter.sync()  # timings reach the histograms on the sync thread, not SGLang's
         families = {f.name: f for f in text_string_to_metric_families(scrape_registry(registry))}
         count = {(s.labels["tier"], f): s.value for f in ("mooncake_sgl_tier_get_latency_seconds",
                                                          "mooncake_sgl_tier_put_latency_seconds")
