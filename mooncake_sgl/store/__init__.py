@@ -3,6 +3,7 @@
 - ``core``       ``TieredStore``: request paths (lookup, cascade read, write with admission) and stats.
 - ``placement``  ``Placement``: the one owner of residency, the lookup buffer, every policy call,
                  two-phase eviction (prepare → commit/abort).
+- ``moves``      the placement I/O: two-phase eviction with demotion, promotion, headroom.
 - ``mover``      where placement I/O runs: a bounded background thread, or inline.
 - ``staging``    reusable buffers for pages the store moves between tiers itself.
 - ``counters``   thread-safe counters, one set per source.

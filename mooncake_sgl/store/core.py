@@ -1,8 +1,9 @@
 """``TieredStore``: pages across tiers, fastest first, placed by a ``PlacementPolicy``.
 
 Who owns what: each tier its bytes; ``Placement`` (``placement.py``) the residency of the managed
-tiers and every call into the policy; the mover (``mover.py``) the placement I/O; this class the
-request paths and its counters (``Counters``, one set per source, nested by ``stats``).
+tiers and every call into the policy; ``moves.PlacementWork`` the placement I/O, run by the mover
+(``mover.py``); this class the request paths and its counters (``Counters``, one set per source,
+nested by ``stats``).
 
 Request paths (SGLang's threads) do only their own pages' I/O:
 
@@ -19,7 +20,7 @@ Request paths (SGLang's threads) do only their own pages' I/O:
   tier that takes it (admission saves writes; it must not lose pages).
 
 Room in a managed tier is made by eviction with demotion, on the mover: after each write the mover
-keeps ``HEADROOM`` of each managed tier free, so a write rarely waits; when one does need room, it
+keeps ``moves.HEADROOM`` of each managed tier free, so a write rarely waits; when one does need room, it
 asks the mover and waits (back-pressure) up to ``room_wait`` seconds, then writes what fits.
 Eviction is two-phase (``Placement.prepare_evict`` → demote and remove → commit or abort): a victim
 whose removal fails stays resident and evictable.
@@ -40,6 +41,7 @@ from typing import Any, Literal
 from ..api import PageKey, PageView, PlacementPolicy, Tier, page_nbytes
 from .counters import Counters
 from .mover import BackgroundMover, InlineMover
+from .moves import ROOM_WAIT, PlacementWork
 from .placement import DRAIN_AT, Placement
 from .staging import Staging
 
@@ -48,11 +50,6 @@ logger = logging.getLogger(__name__)
 # Arbitrary: how many times a tier's put is retried after making more room, when its real
 # footprint turned out larger than estimated (LMDB page overhead, fragmentation).
 _MAX_ROOM_ROUNDS = 3
-# Arbitrary: share of each managed tier the mover keeps free after writes (at least the largest
-# batch written there so far, at most a quarter of the tier), so writes rarely wait for eviction.
-HEADROOM = 0.05
-# Arbitrary: how long a write waits for the mover to make room before it writes what fits.
-ROOM_WAIT = 5.0
 
 TIER_COUNTERS = ("hits", "misses", "bytes_read", "lookup_hits", "writes", "bytes_written",
                  "write_failures", "admission_refused", "promotions", "demotions", "demotion_failures",
@@ -70,7 +67,7 @@ def _unique_names(tiers: Sequence[Tier]) -> list[str]:
     return out
 
 
-class TieredStore:
+class TieredStore(PlacementWork):
     """Thread-safe page store over ``tiers`` (fastest first).
 
     Args:
@@ -363,180 +360,6 @@ class TieredStore:
                 break
         counters.add(write_failures=len(todo))
         return ok
-
-    # ------------------------------------------------------------------ placement work
-
-    def _ensure_room(self, t: int, need: int, protected: frozenset[PageKey]) -> bool:
-        if need <= 0:
-            return True
-        if not self._mover.background:
-            return self._free(t) >= need or self._make_room(t, need, protected)
-        if self._mover.on_mover_thread():
-            # The mover's own writes (promotions, demotions) keep the headroom free, so they do
-            # not take the room SGLang's next backup is about to need.
-            need += self._headroom(t)
-            return self._free(t) >= need or self._make_room(t, need, protected)
-        # A request thread that outran the mover: choosing victims is bookkeeping, and removing
-        # victims that a slower tier already holds (or that are dropped) is part of this write;
-        # only copying victims down is another page's I/O, left to the mover.
-        free = self._free(t)
-        if free >= need:
-            return True
-        if free < 0:
-            return False
-        victims = self._placement.prepare_evict(t, need - free, protected)
-        if not victims:
-            self._tier_counters[t].add(room_refused=1)
-            return False
-        if self._needs_copy(t, victims):
-            return self._mover.call(self._evict, t, victims, protected, default=False,
-                                    timeout=self._room_wait)
-        return self._evict(t, victims, protected)
-
-    def _needs_copy(self, t: int, victims: list[tuple[PageKey, int]]) -> bool:
-        """Would evicting ``victims`` copy any of them down (a target tier not known to hold it)."""
-        keys = [k for k, _ in victims]
-        for k, target in zip(keys, self._placement.demotion_targets(t, keys)):
-            if target is not None and target > t and not (
-                    self._managed[target] and self._placement.holds(target, k)):
-                return True
-        return False
-
-    def _free(self, t: int) -> int:
-        tier = self.tiers[t]
-        try:
-            return tier.usage().free_bytes
-        except Exception as e:
-            logger.warning("tier %s: usage failed: %s", tier.name, e)
-            return -1
-
-    def _make_room(self, t: int, need: int, protected: frozenset[PageKey]) -> bool:
-        """Evict (with demotion) until ``need`` bytes are free in tier ``t``; ``False`` when nothing
-        could be freed."""
-        free = self._free(t)
-        if free < 0:
-            return False
-        if free >= need:
-            return True
-        victims = self._placement.prepare_evict(t, need - free, protected)
-        if not victims:
-            self._tier_counters[t].add(room_refused=1)
-            return False
-        return self._evict(t, victims, protected)
-
-    def _evict(self, t: int, victims: list[tuple[PageKey, int]], protected: frozenset[PageKey]) -> bool:
-        """Demote and remove prepared victims, then commit the removed and abort the rest."""
-        self._demote(t, victims, protected)
-        gone, kept = self._remove_victims(t, victims)
-        self._placement.commit_evict(t, gone)
-        self._placement.abort_evict(t, kept)
-        self._tier_counters[t].add(evictions=len(gone), eviction_aborts=len(kept))
-        return bool(gone)
-
-    def _remove_victims(self, t: int, victims: list[tuple[PageKey, int]]
-                        ) -> tuple[list[PageKey], list[tuple[PageKey, int]]]:
-        """(removed keys, victims still in the tier)."""
-        keys = [k for k, _ in victims]
-        tier = self.tiers[t]
-        if self._guarded(tier, "remove", tier.remove, keys) is not None:
-            return keys, []
-        gone = set(self._gone(t, keys, False))
-        return [k for k in keys if k in gone], [v for v in victims if v[0] not in gone]
-
-    def _gone(self, t: int, keys: list[PageKey], removed: bool) -> list[PageKey]:
-        """Which ``keys`` are no longer in tier ``t``: all of them after a removal that worked;
-        after one that failed, those the tier says it lacks (none if it cannot say)."""
-        if removed or not keys:
-            return keys
-        tier = self.tiers[t]
-        try:
-            still = tier.contains(keys)
-        except Exception as e:
-            logger.warning("tier %s: contains after a failed remove failed: %s", tier.name, e)
-            return []
-        return [k for k, s in zip(keys, still) if not s]
-
-    def _demote(self, t: int, victims: list[tuple[PageKey, int]], protected: frozenset[PageKey]) -> None:
-        keys = [k for k, _ in victims]
-        footprints = dict(victims)
-        by_target: dict[int, list[PageKey]] = {}
-        for k, target in zip(keys, self._placement.demotion_targets(t, keys)):
-            if target is not None and target > t:
-                by_target.setdefault(target, []).append(k)
-        source = self.tiers[t]
-        for target, group in by_target.items():
-            have = self._guarded(self.tiers[target], "contains", self.tiers[target].contains, group)
-            move = [k for k, h in zip(group, have) if not h]
-            sizes = [source.page_size_of(k) or footprints[k] for k in move]
-            for batch in self._staging.batches(sizes):
-                bk = [move[i] for i in batch]
-                staged = self._staging.pages(("demote", t), [sizes[i] for i in batch])
-                got = self._guarded(source, "get", source.get_into, bk, staged)
-                moved = [k for k, g in zip(bk, got) if g]
-                pages = [p for p, g in zip(staged, got) if g]
-                ok = self._write(target, moved, pages, protected | frozenset(moved), None) if moved else []
-                self._tier_counters[target].add(demotions=sum(ok))
-                self._tier_counters[t].add(demotion_failures=len(bk) - sum(ok))
-
-    def _promote(self, keys: list[PageKey], found: list[int], pages: list[PageView] | None,
-                 protected: frozenset[PageKey]) -> None:
-        """Copy pages found in slower tiers into the tier the policy names. ``pages`` holds their
-        bytes already (inline); ``None`` means read them again from where they were found."""
-        by_target: dict[int, list[int]] = {}
-        for i, target in enumerate(self._placement.promotion_targets(keys, found)):
-            if target is not None and target < found[i]:
-                by_target.setdefault(target, []).append(i)
-        for target, idx in by_target.items():
-            if pages is not None:
-                self._promote_into(target, [keys[i] for i in idx], [pages[i] for i in idx], protected)
-                continue
-            by_source: dict[int, list[int]] = {}
-            for i in idx:
-                by_source.setdefault(found[i], []).append(i)
-            for source, sidx in by_source.items():
-                self._reread_and_promote(source, target, [keys[i] for i in sidx], protected)
-
-    def _reread_and_promote(self, source: int, target: int, keys: list[PageKey],
-                            protected: frozenset[PageKey]) -> None:
-        tier = self.tiers[source]
-        sizes = [tier.page_size_of(k) or 0 for k in keys]
-        present = [i for i, n in enumerate(sizes) if n]
-        for batch in self._staging.batches([sizes[i] for i in present]):
-            bk = [keys[present[j]] for j in batch]
-            staged = self._staging.pages(("promote", source), [sizes[present[j]] for j in batch])
-            got = self._guarded(tier, "get", tier.get_into, bk, staged)
-            self._promote_into(target, [k for k, g in zip(bk, got) if g],
-                               [p for p, g in zip(staged, got) if g], protected)
-
-    def _promote_into(self, target: int, keys: list[PageKey], pages: list[PageView],
-                      protected: frozenset[PageKey]) -> None:
-        if keys:
-            ok = self._write(target, keys, pages, protected, None)
-            self._tier_counters[target].add(promotions=sum(ok))
-
-    def _maintain(self) -> None:
-        self._maintenance_queued = False
-        self._placement.maintain()
-
-    def _keep_headroom_later(self, tiers: set[int]) -> None:
-        if not self._mover.background:
-            return
-        for t in tiers:
-            if self._managed[t] and not self._headroom_queued[t] and self._free(t) < self._headroom(t):
-                self._headroom_queued[t] = True
-                if not self._mover.submit(self._keep_headroom, t, urgent=True):
-                    self._headroom_queued[t] = False
-
-    def _headroom(self, t: int) -> int:
-        try:
-            cap = self.tiers[t].usage().capacity_bytes
-        except Exception:
-            return 0
-        return min(cap // 4, max(int(cap * HEADROOM), self._largest_write[t]))
-
-    def _keep_headroom(self, t: int) -> None:
-        self._headroom_queued[t] = False
-        self._make_room(t, self._headroom(t), frozenset())
 
     # ------------------------------------------------------------------ internals
 
