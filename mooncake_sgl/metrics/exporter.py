@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 # Arbitrary: counters reach /metrics within a second, and a sync costs one store.stats().
 DEFAULT_INTERVAL_S = 1.0
 _LABELS = ("tier", *RANK_LABELS)
+# Counters that are the placement policy's decisions carry its name too.
+_PER_POLICY = frozenset({"admission_refusals"})
 
 
 class _Families:
@@ -50,7 +52,8 @@ class _Families:
     def __init__(self, registry: Any) -> None:
         from prometheus_client import Counter, Gauge, Histogram
 
-        self.counters = {f: Counter(name, _help(f), _LABELS, registry=registry)
+        self.counters = {f: Counter(name, _help(f), (*_LABELS, "policy") if f in _PER_POLICY else _LABELS,
+                                    registry=registry)
                          for f, name in COUNTERS.items()}
         self.store = {f: Counter(name, _help(f), RANK_LABELS, registry=registry)
                       for f, name in STORE_COUNTERS.items()}
@@ -86,12 +89,14 @@ class StoreExporter:
         shared_tiers: names of tiers other processes see too (their gauges only from rank 0).
         registry: prometheus_client registry; default: the process's global one, which is what
             SGLang's multiprocess collector reads.
+        policy: the placement policy's name, a label of its decisions' counters.
 
     Thread-safety: ``sync`` and ``observe`` may be called from any thread.
     """
 
     def __init__(self, stats: Callable[[], Mapping[str, Any]], labels: Mapping[str, object],
-                 shared_tiers: frozenset[str] = frozenset(), registry: Any = None) -> None:
+                 shared_tiers: frozenset[str] = frozenset(), registry: Any = None,
+                 policy: str = "") -> None:
         if registry is None:
             from prometheus_client import REGISTRY
 
@@ -100,6 +105,7 @@ class StoreExporter:
         self._labels = {k: str(labels.get(k, 0)) for k in RANK_LABELS}
         self._rank0 = all(v == "0" for v in self._labels.values())
         self._shared = shared_tiers
+        self._policy = policy
         self._fam = _families(registry)
         self._last: Snapshot = Snapshot()
         self._lock = threading.Lock()
@@ -152,7 +158,9 @@ class StoreExporter:
     def _push(self, tier: str, before: TierSample, now: TierSample) -> None:
         labels = {"tier": tier, **self._labels}
         for f, counter in self._fam.counters.items():
-            child = counter.labels(**labels)  # exists at 0 from the first sync: rate() works
+            # Exists at 0 from the first sync, so rate() works from the start.
+            child = counter.labels(**labels, policy=self._policy) if f in _PER_POLICY \
+                else counter.labels(**labels)
             delta = getattr(now, f) - getattr(before, f)
             if delta > 0:  # a cleared store counts from zero again: nothing to add
                 child.inc(delta)

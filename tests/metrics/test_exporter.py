@@ -110,3 +110,28 @@ def test_tier_calls_are_timed_only_with_metrics_on(tmp_path: Path) -> None:
         assert count[("lmdb", "mooncake_sgl_tier_put_latency_seconds")] >= 2
     finally:
         on.close()
+
+
+def test_admission_refusals_are_counted_per_policy_and_tier(tmp_path: Path) -> None:
+    # A heat policy that admits nothing cold to the slower tier: 5 fresh pages, 5 refusals there.
+    from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, PolicyConfig, StoreConfig
+    from mooncake_sgl.metrics.attach import policy_name
+    from mooncake_sgl.store import build_store
+
+    cfg = StoreConfig(tiers=[HostTierConfig(capacity=8 * PAGE, slot_size=PAGE, pin_memory=False),
+                             LmdbTierConfig(path=str(tmp_path / "db"), capacity="64MiB")],
+                      policy=PolicyConfig(name="heat", admission_min_hits=3, admission_min_reuse=1.0))
+    store = build_store(cfg)
+    try:
+        registry = CollectorRegistry()
+        exporter = StoreExporter(store.stats, RANK, registry=registry, policy=policy_name(store.policy))
+        write(store, range(5))
+        exporter.sync()
+        text = scrape_registry(registry)
+    finally:
+        store.close()
+    refusals = {s.labels["tier"]: (s.labels["policy"], s.value)
+                for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == "mooncake_sgl_policy_admission_refusals_total"}
+    assert refusals == {"host": ("heat", 0.0), "lmdb": ("heat", 5.0)}
+    assert parse(text).by_tier()["lmdb"].admission_refusals == 5
