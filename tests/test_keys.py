@@ -42,3 +42,38 @@ def test_distinct_hashes_distinct_keys_and_text_hashes_do_not_collide_with_hex()
     assert page_key(NS, HASH) != page_key(NS, "8f" + HASH[2:])
     assert page_key(NS, "abc") != page_key(NS, "abd")
     assert page_key(NS, HASH) != page_key(NS, HASH.upper() + "x")
+
+
+def test_kv_keys_are_unchanged_by_the_sidecar_fields() -> None:
+    # Pages stored before hybrid support (LMDB survives upgrades) must keep their keys.
+    assert NS.describe() == ("v1|tag=|model=meta-llama/Llama-3-8B|dtype=bfloat16|layout=page_first"
+                             "|page=64|tp1/2|pp0/1|cp0/1")
+
+
+SIDE = dataclasses.replace(NS, pool="mamba", dtype="float32", page_size=1, segments=(6144, 576),
+                           chunk=4096)
+
+
+@pytest.mark.parametrize("change", [
+    {"pool": "swa"}, {"segments": (6144, 577)}, {"chunk": 8192}, {"dtype": "bfloat16"},
+    {"tp_rank": 0}, {"page_size": 2},
+])
+def test_any_sidecar_namespace_change_changes_the_key(change: dict) -> None:
+    assert page_key(dataclasses.replace(SIDE, **change), HASH, 0) != page_key(SIDE, HASH, 0)
+
+
+def test_sidecar_parts_are_distinct_keys_apart_from_the_kv_page() -> None:
+    parts = {page_key(SIDE, HASH, i) for i in range(3)}
+    assert len(parts) == 3
+    assert page_key(NS, HASH) not in parts
+
+
+def test_replicated_sidecars_are_shared_by_tp_ranks() -> None:
+    indexer = dataclasses.replace(SIDE, pool="indexer", rank_replicated=True)
+    assert page_key(indexer, HASH, 0) == page_key(dataclasses.replace(indexer, tp_rank=0), HASH, 0)
+
+
+@pytest.mark.parametrize(("namespace", "part"), [(NS, 0), (SIDE, -1)])
+def test_a_part_of_a_kv_page_or_a_negative_part_is_refused(namespace: KeyNamespace, part: int) -> None:
+    with pytest.raises(ValueError, match="part"):
+        page_key(namespace, HASH, part)
