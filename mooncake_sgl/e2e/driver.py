@@ -233,9 +233,9 @@ def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, dict[str,
     keys = ("hits", "bytes_read", "writes", "bytes_written", "promotions", "demotions", "evictions")
     out = {}
     for name, stats in after["tiers"].items():
-        prev = before["tiers"].get(name, {})
-        out[name] = {k: int(stats.get(k, 0)) - int(prev.get(k, 0)) for k in keys}
-        out[name]["pages_now"] = int(stats.get("pages", 0))
+        now, prev = stats["store"], before["tiers"].get(name, {}).get("store", {})
+        out[name] = {k: int(now.get(k, 0)) - int(prev.get(k, 0)) for k in keys}
+        out[name]["pages_now"] = int(stats["usage"].get("pages", 0))
     return out
 
 
