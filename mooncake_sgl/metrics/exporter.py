@@ -4,8 +4,8 @@ How it fits SGLang's multiprocess mode: SGLang sets ``PROMETHEUS_MULTIPROC_DIR``
 its scheduler processes (one per TP/PP/DP rank) and its HTTP process serves ``/metrics`` through
 ``MultiProcessCollector``, which reads every process's value files. Each scheduler process here
 creates our metric objects once, in prometheus_client's default registry, so their values land in
-those files, labelled by the same ``tp_rank``/``pp_rank``/``dp_rank`` labels SGLang's own storage
-collector uses. Counters and histograms are summed per label set by the collector, and every rank
+those files, labelled by the ``tp_rank``/``pp_rank``/``dp_rank``/``attn_cp_rank`` labels SGLang's
+own storage collector uses. Counters and histograms are summed per label set by the collector, and every rank
 has its own label set, so nothing is counted twice; gauges use ``mostrecent`` (a restarted rank's
 value replaces the dead one's). A shared tier (pool, Mooncake Store) reports the same usage to every
 rank, so only rank 0 exports its gauges; the pool's own ``/metrics`` is the authority on its fill.
@@ -85,7 +85,8 @@ class StoreExporter:
 
     Args:
         stats: returns the store's ``stats()`` (called on the exporter's thread only).
-        labels: SGLang's rank labels, ``{"tp_rank": 0, "pp_rank": 0, "dp_rank": 0}``.
+        labels: SGLang's rank labels, ``{"tp_rank": 0, "pp_rank": 0, "dp_rank": 0, "attn_cp_rank": 0}``
+            (a missing one is 0).
         shared_tiers: names of tiers other processes see too (their gauges only from rank 0).
         registry: prometheus_client registry; default: the process's global one, which is what
             SGLang's multiprocess collector reads.

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 
 PREFIX = "mooncake_sgl_"
 TIER_NAMES = ("hbm", "host", "pool", "mooncake_store", "lmdb")
-# SGLang's own storage and radix-cache collectors label by these, so our series join theirs.
-RANK_LABELS = ("tp_rank", "pp_rank", "dp_rank")
+# SGLang's own storage collector labels by these (and more), so our series join its series.
+RANK_LABELS = ("tp_rank", "pp_rank", "dp_rank", "attn_cp_rank")
+_RANK_SHORT = {"tp_rank": "tp", "pp_rank": "pp", "dp_rank": "dp", "attn_cp_rank": "cp"}
 
 # Counter fields of a tier sample -> exported name (prometheus_client appends ``_total``).
 COUNTERS: dict[str, str] = {
@@ -95,7 +96,7 @@ class TierSample:
         return TierSample(**sums)
 
 
-# (rank, tier): rank is "tp0_pp0_dp0" style, "" when unknown (a single process).
+# (rank, tier): rank is "tp0_pp0_dp0_cp0" style (``rank_name``).
 SampleKey = tuple[str, str]
 
 
@@ -125,8 +126,8 @@ def _name_order(tier: str) -> int:
 
 
 def rank_name(labels: Mapping[str, object]) -> str:
-    """``tp0_pp0_dp0`` from SGLang's rank labels."""
-    return "_".join(f"{k[:2]}{labels.get(k, 0)}" for k in RANK_LABELS)
+    """``tp0_pp0_dp0_cp0`` from SGLang's rank labels."""
+    return "_".join(f"{_RANK_SHORT[k]}{labels.get(k, 0)}" for k in RANK_LABELS)
 
 
 def _increase(now: float, then: float) -> float:

@@ -7,10 +7,11 @@ small JSON, replaced atomically (temp file + ``os.replace``) every ``interval`` 
 so a reader sees the last complete snapshot, at most ``interval`` seconds old while SGLang runs and
 the final one after it stops.
 
-Layout: ``<lmdb path>/<rank dir>/mooncake_sgl-counters.json`` (the tier's own directory, one per rank,
-see ``hicache.layout.rank_suffix``)::
+Layout: ``<lmdb path>/<rank dir>/mooncake_sgl-counters.<rank>.json`` in the tier's own directory
+(one per rank, see ``hicache.layout.rank_suffix``; the TP ranks of an MLA model share the writer's
+directory, hence the rank in the file name)::
 
-    {"version": 1, "written_at": <unix time>, "pid": 1234, "rank": "tp0_pp0_dp0", "stats": {...}}
+    {"version": 1, "written_at": <unix time>, "pid": 1234, "rank": "tp0_pp0_dp0_cp0", "stats": {...}}
 
 where ``stats`` is ``TieredStore.stats()``.
 """
@@ -31,7 +32,7 @@ from .source import snapshot_of
 
 logger = logging.getLogger(__name__)
 
-FILE_NAME = "mooncake_sgl-counters.json"
+FILE_PREFIX = "mooncake_sgl-counters."
 VERSION = 1
 # Arbitrary: stale by at most this much while running; one small file write per interval.
 DEFAULT_INTERVAL_S = 5.0
@@ -41,12 +42,16 @@ class CounterFileError(ValueError):
     """A counter file that cannot be read; the message names the file and what is wrong."""
 
 
+def counter_file_name(rank: str) -> str:
+    return f"{FILE_PREFIX}{rank}.json"
+
+
 def write_counter_file(directory: str, stats: Mapping[str, Any], rank: str) -> str:
     """Write ``stats`` atomically into ``directory``; returns the file's path."""
-    path = os.path.join(directory, FILE_NAME)
+    path = os.path.join(directory, counter_file_name(rank))
     body = json.dumps({"version": VERSION, "written_at": time.time(), "pid": os.getpid(),
                        "rank": rank, "stats": stats}, default=float)
-    fd, tmp = tempfile.mkstemp(prefix=FILE_NAME, suffix=".tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=counter_file_name(rank), suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(body)
@@ -80,8 +85,10 @@ def find_counter_files(lmdb_paths: Iterable[str]) -> list[str]:
         candidates = [base]
         if os.path.isdir(base):
             candidates += [os.path.join(base, d) for d in sorted(os.listdir(base))]
-        found += [os.path.join(c, FILE_NAME) for c in candidates
-                  if os.path.isfile(os.path.join(c, FILE_NAME))]
+        for c in candidates:
+            if os.path.isdir(c):
+                found += [os.path.join(c, f) for f in sorted(os.listdir(c))
+                          if f.startswith(FILE_PREFIX) and f.endswith(".json")]
     return found
 
 

@@ -52,7 +52,8 @@ policy: {{name: lru}}
     assert after.store_total("read_pages") >= pages
     # SGLang's own series and ours side by side, ours labelled like SGLang's storage collector.
     assert "sglang:prefetched_tokens_total" in text or "sglang:cache_hit_rate" in text
-    assert 'mooncake_sgl_tier_hits_total{dp_rank="0",pp_rank="0",tier="host",tp_rank="0"}' in text
+    assert ('mooncake_sgl_tier_hits_total{attn_cp_rank="0",dp_rank="0",pp_rank="0",tier="host",'
+            'tp_rank="0"}') in text
     assert "mooncake_sgl_tier_get_latency_seconds_bucket" in text
 
     res = stats(target, "--json")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
-from mooncake_sgl.metrics.persist import FILE_NAME, read_counter_file
+from mooncake_sgl.metrics.persist import counter_file_name, read_counter_file
 from mooncake_sgl.metrics.scrape import parse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def test_enable_metrics_puts_each_ranks_tiers_into_sglangs_metrics(tmp_path: Pat
     snap = parse(collect(prom))
     for rank, tiers in own.items():
         for tier, counts in tiers.items():
-            s = snap.tiers[(f"tp{rank}_pp0_dp0", tier)]
+            s = snap.tiers[(f"tp{rank}_pp0_dp0_cp0", tier)]
             assert (s.hits, s.misses, s.written_bytes) == (
                 counts["hits"], counts["misses"], counts["written_bytes"]), (rank, tier)
     total = snap.by_tier()
@@ -50,7 +50,7 @@ def test_enable_metrics_puts_each_ranks_tiers_into_sglangs_metrics(tmp_path: Pat
     assert snap.store_total("lookup_hit_pages") == 8
     # Each rank keeps its counters in its own LMDB directory as well.
     for rank in (0, 1):
-        f = tmp_path / "cache" / "lmdb" / f"tp{rank}_pp0" / FILE_NAME
+        f = tmp_path / "cache" / "lmdb" / f"tp{rank}_pp0" / counter_file_name(f"tp{rank}_pp0_dp0_cp0")
         assert read_counter_file(str(f)).by_tier()["host"].hits == own[rank]["host"]["hits"]
 
 
@@ -61,5 +61,5 @@ def test_without_enable_metrics_no_series_exist(tmp_path: Path) -> None:
     assert own["host"]["hits"] == 4
     assert "mooncake_sgl" not in collect(prom)
     # The counter file does not depend on --enable-metrics.
-    f = tmp_path / "cache" / "lmdb" / "tp0_pp0" / FILE_NAME
+    f = tmp_path / "cache" / "lmdb" / "tp0_pp0" / counter_file_name("tp0_pp0_dp0_cp0")
     assert read_counter_file(str(f)).by_tier()["host"].hits == 4

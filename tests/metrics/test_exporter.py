@@ -71,8 +71,8 @@ def test_series_carry_sglangs_rank_labels_and_the_tier(store) -> None:
     hits = next(f for f in text_string_to_metric_families(scrape_registry(registry))
                 if f.name == "mooncake_sgl_tier_hits")
     labels = {tuple(sorted(s.labels.items())) for s in hits.samples if s.name.endswith("_total")}
-    assert labels == {tuple(sorted({"tier": t, "tp_rank": "1", "pp_rank": "0", "dp_rank": "0"}.items()))
-                      for t in ("host", "lmdb")}
+    ranks = {"tp_rank": "1", "pp_rank": "0", "dp_rank": "0", "attn_cp_rank": "0"}
+    assert labels == {tuple(sorted({"tier": t, **ranks}.items())) for t in ("host", "lmdb")}
 
 
 def test_shared_tier_gauges_come_from_rank_zero_only(store) -> None:
@@ -80,9 +80,10 @@ def test_shared_tier_gauges_come_from_rank_zero_only(store) -> None:
     registry = CollectorRegistry()
     StoreExporter(store.stats, RANK, shared_tiers=frozenset({"lmdb"}), registry=registry).sync()
     text = scrape_registry(registry)
-    assert 'mooncake_sgl_tier_capacity_bytes{dp_rank="0",pp_rank="0",tier="host",tp_rank="1"}' in text
+    ranks = 'attn_cp_rank="0",dp_rank="0",pp_rank="0"'
+    assert f'mooncake_sgl_tier_capacity_bytes{{{ranks},tier="host",tp_rank="1"}}' in text
     assert 'tier="lmdb"' in text  # its counters are per rank and still exported
-    assert 'mooncake_sgl_tier_capacity_bytes{dp_rank="0",pp_rank="0",tier="lmdb"' not in text
+    assert f'mooncake_sgl_tier_capacity_bytes{{{ranks},tier="lmdb"' not in text
 
 
 def test_tier_calls_are_timed_only_with_metrics_on(tmp_path: Path) -> None:

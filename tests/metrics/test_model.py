@@ -8,7 +8,7 @@ from mooncake_sgl.metrics.model import Snapshot, TierSample, diff, rows
 
 
 def snap(taken: float, **tiers: TierSample) -> Snapshot:
-    return Snapshot({("tp0_pp0_dp0", name): s for name, s in tiers.items()}, taken)
+    return Snapshot({("tp0_pp0_dp0_cp0", name): s for name, s in tiers.items()}, taken)
 
 
 def test_diff_subtracts_counters_and_keeps_the_latest_gauges() -> None:
@@ -37,7 +37,7 @@ def test_hit_shares_are_of_every_page_requested_and_add_up_to_one() -> None:
 
 
 def test_ranks_are_summed_per_tier() -> None:
-    s = Snapshot({("tp0_pp0_dp0", "host"): TierSample(hits=2, resident_bytes=10),
-                  ("tp1_pp0_dp0", "host"): TierSample(hits=3, resident_bytes=20)}, 0.0)
+    s = Snapshot({("tp0_pp0_dp0_cp0", "host"): TierSample(hits=2, resident_bytes=10),
+                  ("tp1_pp0_dp0_cp0", "host"): TierSample(hits=3, resident_bytes=20)}, 0.0)
     host = s.by_tier()["host"]
     assert (host.hits, host.resident_bytes) == (5, 30)

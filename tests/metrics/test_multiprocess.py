@@ -46,7 +46,7 @@ def test_two_ranks_are_each_counted_once_and_the_shared_pool_once(tmp_path: Path
     snap = parse(text)
     for rank, tiers in own.items():
         for tier, counts in tiers.items():
-            sample = snap.tiers[(f"tp{rank}_pp0_dp0", tier)]
+            sample = snap.tiers[(f"tp{rank}_pp0_dp0_cp0", tier)]
             assert (sample.hits, sample.misses, sample.written_bytes) == (
                 counts["hits"], counts["misses"], counts["written_bytes"]), (rank, tier)
     total = snap.by_tier()

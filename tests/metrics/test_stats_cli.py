@@ -14,7 +14,7 @@ import pytest
 
 from mooncake_sgl.cli import main as cli_main
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, StoreConfig, dump_config
-from mooncake_sgl.metrics.persist import FILE_NAME, CounterPersister, read_counter_file
+from mooncake_sgl.metrics.persist import CounterPersister, counter_file_name, read_counter_file
 from mooncake_sgl.metrics.source import snapshot_of
 from mooncake_sgl.store import build_store
 
@@ -38,12 +38,13 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_the_persister_writes_what_the_store_counted(tmp_path: Path) -> None:
     store = host_lmdb_store(tmp_path / "db")
-    persister = CounterPersister(store.stats, str(tmp_path / "db"), "tp0_pp0_dp0", interval_s=0.05).start()
+    persister = CounterPersister(store.stats, str(tmp_path / "db"), "tp0_pp0_dp0_cp0",
+                                 interval_s=0.05).start()
     try:
         write(store, range(3))
         read(store, range(3))
         deadline = time.monotonic() + 10
-        path = tmp_path / "db" / FILE_NAME
+        path = tmp_path / "db" / counter_file_name("tp0_pp0_dp0_cp0")
         while time.monotonic() < deadline:
             if path.exists() and read_counter_file(str(path)).by_tier()["host"].hits == 3:
                 break
@@ -86,7 +87,7 @@ def test_stats_config_watch_refreshes_with_the_last_interval(tmp_path: Path) -> 
     rank_dir = tmp_path / "lmdb" / RANK_DIR
     rank_dir.mkdir(parents=True)
     store = host_lmdb_store(rank_dir)
-    persister = CounterPersister(store.stats, str(rank_dir), "tp0_pp0_dp0", interval_s=0.05).start()
+    persister = CounterPersister(store.stats, str(rank_dir), "tp0_pp0_dp0_cp0", interval_s=0.05).start()
     proc = subprocess.Popen([sys.executable, "-m", "mooncake_sgl.cli", "stats", "--config",
                              str(cfg_path), "--json", "--watch", "0.2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -114,10 +115,11 @@ def test_a_damaged_counter_file_is_named_in_the_error(tmp_path: Path) -> None:
     cfg_path = config_file(tmp_path)
     rank_dir = tmp_path / "lmdb" / RANK_DIR
     rank_dir.mkdir(parents=True)
-    (rank_dir / FILE_NAME).write_text('{"version": 1, "stats": ')
+    damaged = rank_dir / counter_file_name("tp0_pp0_dp0_cp0")
+    damaged.write_text('{"version": 1, "stats": ')
     res = run_cli("stats", "--config", str(cfg_path))
     assert res.returncode == 1
-    assert str(rank_dir / FILE_NAME) in res.stderr
+    assert str(damaged) in res.stderr
 
 
 def test_no_counter_file_yet_says_where_it_looked(tmp_path: Path, capsys) -> None:
