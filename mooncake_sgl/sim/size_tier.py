@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Hashable, Iterator, Sequence
 
-from ..api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage
+from ..api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
 from ..store.staging import Staging
 
 
@@ -60,7 +60,7 @@ class SizeTier(Tier):
 
     def get_into(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
         stored = self._pages
-        return [stored.get(k) == sum(s.nbytes for s in p) for k, p in zip(keys, pages)]
+        return [stored.get(k) == page_nbytes(p) for k, p in zip(keys, pages)]
 
     def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
         out = []
@@ -70,7 +70,7 @@ class SizeTier(Tier):
                 if k in stored:
                     out.append(True)
                     continue
-                n = sum(s.nbytes for s in p)
+                n = page_nbytes(p)
                 if self._used + n > self._capacity:
                     out.append(False)
                     continue
