@@ -2,11 +2,7 @@
 
 Design. One directory per rank holding an LMDB environment, the *index* (``data.mdb``,
 ``lock.mdb``), and an extent file with the page bytes (``pages.bin``, see ``ssd_extents``). The
-index maps ``PageKey -> record``; a record is 32 bytes:
-
-    magic "MSGX" | version u8 | flags u8 | reserved u16 | offset u64 | length u64 | xxh3_64 u64
-
-(the checksum is of the page bytes, seeded with the key).
+index maps ``PageKey -> record`` (offset, length, checksum; 32 bytes, see ``ssd_records``).
 
 Why each choice:
 
@@ -47,27 +43,31 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import lmdb
-import xxhash
 
 from ..api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
 from ..config import LmdbTierConfig, default_cache_dir
 from ..errors import TierClosed, TierError, TierFull
 from .lmdb_probe import damage_of
 from .ssd_extents import ExtentAllocator, ExtentFile, aligned
+from .ssd_records import (
+    RECORD_BYTES,
+    IndexFull,
+    checksum,
+    oldest_reader,
+    pack_record,
+    parse_record,
+)
+
+__all__ = ["RECORD_BYTES", "LmdbTier", "default_lmdb_path", "parse_record"]
 
 logger = logging.getLogger(__name__)
 
-_RECORD = struct.Struct("<4sBBHQQQ")
-RECORD_BYTES = _RECORD.size
-MAGIC = b"MSGX"
-VERSION = 2
 FORMAT = b"mooncake_sgl index+extents v2"
 _DBS = (b"meta", b"pages")
 # Keys per read transaction while scanning: short transactions let writers reuse freed space.
@@ -81,39 +81,6 @@ _MIN_INDEX_MAP = 64 << 20
 def default_lmdb_path() -> str:
     return str(default_cache_dir() / "lmdb")
 
-
-def _checksum(key: PageKey, page: Sequence[memoryview]) -> int:
-    """xxh3 of the page bytes, seeded by the key: bytes that reach the wrong key (a flipped key or
-    offset in the index) fail the check too."""
-    seed = xxhash.xxh3_64_intdigest(key)
-    if len(page) == 1:
-        return xxhash.xxh3_64_intdigest(page[0], seed)
-    h = xxhash.xxh3_64(seed=seed)
-    for seg in page:
-        h.update(seg)
-    return h.intdigest()
-
-
-def parse_record(value: bytes | memoryview) -> tuple[int, int, int] | None:
-    """``(offset, length, checksum)`` of an index record, or ``None`` if it is not ours/intact."""
-    if len(value) != RECORD_BYTES:
-        return None
-    magic, version, _, _, offset, length, digest = _RECORD.unpack_from(value)
-    if magic != MAGIC or version != VERSION:
-        return None
-    return offset, length, digest
-
-
-def _oldest_reader(env: lmdb.Environment) -> int | None:
-    """Oldest snapshot any live reader of the environment holds, in any process. LMDB keeps this
-    in its reader table; its text listing is the one way py-lmdb shows it."""
-    oldest = None
-    for line in env.readers().splitlines()[1:]:
-        parts = line.split()
-        if len(parts) == 3 and parts[2].isdigit():
-            txn = int(parts[2])
-            oldest = txn if oldest is None else min(oldest, txn)
-    return oldest
 
 
 class LmdbTier(Tier):
@@ -312,7 +279,7 @@ class LmdbTier(Tier):
                 except OSError:
                     io_errors += 1
                     continue
-                if not whole or _checksum(key, pages[i]) != digest:
+                if not whole or checksum(key, pages[i]) != digest:
                     corrupt.append((key, value))
                     continue
                 results[i] = True
@@ -379,7 +346,7 @@ class LmdbTier(Tier):
         replaced: list[tuple[int, int]] = []
         txn, tid = self._begin_write()
         try:
-            oldest = _oldest_reader(self._env) if self._alloc.free_extents() else None
+            oldest = oldest_reader(self._env) if self._alloc.free_extents() else None
             for n_done, i in enumerate(todo):
                 nbytes = page_nbytes(pages[i])
                 old = txn.get(keys[i])
@@ -401,10 +368,9 @@ class LmdbTier(Tier):
                     continue
                 allocated.append((offset, nbytes))
                 try:
-                    txn.put(keys[i], _RECORD.pack(MAGIC, VERSION, 0, 0, offset, nbytes,
-                                                  _checksum(keys[i], pages[i])))
+                    txn.put(keys[i], pack_record(offset, nbytes, checksum(keys[i], pages[i])))
                 except lmdb.MapFullError:
-                    raise _IndexFull(n_done) from None
+                    raise IndexFull(n_done) from None
                 if old_rec is not None:
                     replaced.append(old_rec[:2])
                 written.append(i)
@@ -413,8 +379,8 @@ class LmdbTier(Tier):
             try:
                 txn.commit()
             except lmdb.MapFullError:
-                raise _IndexFull(len(todo)) from None
-        except _IndexFull as full:
+                raise IndexFull(len(todo)) from None
+        except IndexFull as full:
             txn.abort()
             for off, n in reversed(allocated):
                 self._alloc.free(off, n, 0)  # never named by a committed record
@@ -534,11 +500,3 @@ class LmdbTier(Tier):
             self._state.wait_for(lambda: self._active == 0)
         self._env.close()
         self._file.close()
-
-
-class _IndexFull(Exception):
-    """The index map filled at item ``at`` of a write batch."""
-
-    def __init__(self, at: int) -> None:
-        super().__init__(at)
-        self.at = at
