@@ -43,19 +43,39 @@ class StoreWatch:
             p.close()
 
 
+def usage_reported_elsewhere(store: TieredStore, storage_config: Any) -> frozenset[str]:
+    """Tiers whose usage another rank of the deployment reports, so that sums over ranks count each
+    byte once: a shared tier (pool, Mooncake Store) is reported by the all-zero rank; the LMDB
+    directory the TP ranks of an MLA model share (``hicache.layout.rank_suffix``) by TP rank 0."""
+    labels = rank_labels(storage_config)
+    first = all(v == 0 for v in labels.values())
+    mla_follower = bool(getattr(storage_config, "is_mla_model", False)) and labels["tp_rank"] != 0
+    return frozenset(n for t, n in zip(store.tiers, store.names)
+                     if (t.capabilities.shared and not first) or (isinstance(t, LmdbTier) and mla_follower))
+
+
+def _without_usage(stats: dict[str, Any], tiers: frozenset[str]) -> dict[str, Any]:
+    if tiers:
+        stats["tiers"] = {n: {k: v for k, v in e.items() if k != "usage"} if n in tiers else e
+                          for n, e in stats.get("tiers", {}).items()}
+    return stats
+
+
 def observe_store(store: TieredStore, storage_config: Any, enabled: bool) -> StoreWatch:
     """Start exporting ``store``'s counters (when ``enabled``) and persisting them (always, when the
     store has an LMDB tier). Never raises: observability must not stop a backend from attaching."""
     labels = rank_labels(storage_config)
+    elsewhere = usage_reported_elsewhere(store, storage_config)
     exporter = None
     if enabled:
         try:
-            shared = frozenset(n for t, n in zip(store.tiers, store.names) if t.capabilities.shared)
-            exporter = StoreExporter(store.stats, labels, shared, policy=policy_name(store.policy)).start()
+            exporter = StoreExporter(store.stats, labels, elsewhere,
+                                     policy=policy_name(store.policy)).start()
             store.observe_latency = exporter.observe_tier(store)
         except Exception:
             logger.exception("mooncake_sgl: metrics export is off")
             exporter = None
-    persisters = [CounterPersister(store.stats, t.path, rank_name(labels)).start()
+    persisters = [CounterPersister(lambda: _without_usage(store.stats(), elsewhere), t.path,
+                                   rank_name(labels)).start()
                   for t in store.tiers if isinstance(t, LmdbTier)]
     return StoreWatch(exporter, persisters)

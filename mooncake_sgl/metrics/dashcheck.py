@@ -98,8 +98,8 @@ def check(prometheus: str, dashboard_path: Path, seconds: float) -> int:
                    LmdbTierConfig(path=f"{tmp}/lmdb", capacity="256MiB")],
             policy=PolicyConfig(name="lru")))
         registry = CollectorRegistry()
-        exporter = StoreExporter(store.stats, {"tp_rank": 0, "pp_rank": 0, "dp_rank": 0},
-                                 frozenset({"pool"}), registry, policy_name(store.policy)).start()
+        exporter = StoreExporter(store.stats, {"tp_rank": 0}, frozenset(), registry,
+                                 policy_name(store.policy)).start()
         store.observe_latency = exporter.observe_tier(store)
         sglang_port = free_port()
         http, _ = start_http_server(sglang_port, addr="127.0.0.1", registry=registry)

@@ -7,8 +7,9 @@ creates our metric objects once, in prometheus_client's default registry, so the
 those files, labelled by the ``tp_rank``/``pp_rank``/``dp_rank``/``attn_cp_rank`` labels SGLang's
 own storage collector uses. Counters and histograms are summed per label set by the collector, and every rank
 has its own label set, so nothing is counted twice; gauges use ``mostrecent`` (a restarted rank's
-value replaces the dead one's). A shared tier (pool, Mooncake Store) reports the same usage to every
-rank, so only rank 0 exports its gauges; the pool's own ``/metrics`` is the authority on its fill.
+value replaces the dead one's). A tier several ranks see (a pool, the Mooncake Store, an MLA model's
+LMDB shared by its TP ranks) reports the same usage to each, so only one of them exports its gauges
+(``observe_store`` decides which); the pool's own ``/metrics`` is the authority on its fill.
 
 Cost: nothing exists unless SGLang passes ``enable_storage_metrics`` (its ``--enable-metrics``).
 Then a daemon thread turns the store's cumulative counters into counter increments every
@@ -87,7 +88,7 @@ class StoreExporter:
         stats: returns the store's ``stats()`` (called on the exporter's thread only).
         labels: SGLang's rank labels, ``{"tp_rank": 0, "pp_rank": 0, "dp_rank": 0, "attn_cp_rank": 0}``
             (a missing one is 0).
-        shared_tiers: names of tiers other processes see too (their gauges only from rank 0).
+        skip_gauges: tiers whose usage another rank exports (their counters are still this rank's).
         registry: prometheus_client registry; default: the process's global one, which is what
             SGLang's multiprocess collector reads.
         policy: the placement policy's name, a label of its decisions' counters.
@@ -96,7 +97,7 @@ class StoreExporter:
     """
 
     def __init__(self, stats: Callable[[], Mapping[str, Any]], labels: Mapping[str, object],
-                 shared_tiers: frozenset[str] = frozenset(), registry: Any = None,
+                 skip_gauges: frozenset[str] = frozenset(), registry: Any = None,
                  policy: str = "") -> None:
         if registry is None:
             from prometheus_client import REGISTRY
@@ -104,8 +105,7 @@ class StoreExporter:
             registry = REGISTRY
         self._stats = stats
         self._labels = {k: str(labels.get(k, 0)) for k in RANK_LABELS}
-        self._rank0 = all(v == "0" for v in self._labels.values())
-        self._shared = shared_tiers
+        self._skip_gauges = skip_gauges
         self._policy = policy
         self._fam = _families(registry)
         self._last: Snapshot = Snapshot()
@@ -165,7 +165,7 @@ class StoreExporter:
             delta = getattr(now, f) - getattr(before, f)
             if delta > 0:  # a cleared store counts from zero again: nothing to add
                 child.inc(delta)
-        if tier in self._shared and not self._rank0:
+        if tier in self._skip_gauges:
             return
         for f, gauge in self._fam.gauges.items():
             gauge.labels(**labels).set(getattr(now, f))

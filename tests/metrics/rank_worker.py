@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import sys
+from types import SimpleNamespace
 
 from mooncake_sgl.config import HostTierConfig, PoolTierConfig
+from mooncake_sgl.metrics.attach import usage_reported_elsewhere
 from mooncake_sgl.metrics.exporter import StoreExporter
 from mooncake_sgl.metrics.source import snapshot_of
 from mooncake_sgl.policy.lru import LruPolicy
@@ -27,8 +29,9 @@ def main() -> None:
     tiers = [HostTier(HostTierConfig(capacity=4 * PAGE, slot_size=PAGE, pin_memory=False)),
              PoolTier(PoolTierConfig(endpoints=[endpoint], transport="tcp"))]
     store = TieredStore(tiers, LruPolicy(2), placement="inline")
-    exporter = StoreExporter(store.stats, {"tp_rank": tp_rank, "pp_rank": 0, "dp_rank": 0},
-                             shared_tiers=frozenset({"pool"}))
+    ranks = {"tp_rank": tp_rank, "pp_rank": 0, "dp_rank": 0, "attn_cp_rank": 0}
+    elsewhere = usage_reported_elsewhere(store, SimpleNamespace(**ranks, is_mla_model=False))
+    exporter = StoreExporter(store.stats, ranks, skip_gauges=elsewhere)
     store.observe_latency = exporter.observe_tier(store)
     # Each rank writes its own pages (TP ranks hold different heads of the same tokens).
     ids = range(tp_rank * 1000, tp_rank * 1000 + pages)

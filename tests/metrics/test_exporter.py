@@ -75,10 +75,10 @@ def test_series_carry_sglangs_rank_labels_and_the_tier(store) -> None:
     assert labels == {tuple(sorted({"tier": t, **ranks}.items())) for t in ("host", "lmdb")}
 
 
-def test_shared_tier_gauges_come_from_rank_zero_only(store) -> None:
+def test_a_tier_another_rank_reports_has_no_gauges_here(store) -> None:
     # Every rank sees the same pool: its fill reported by each would be summed N times.
     registry = CollectorRegistry()
-    StoreExporter(store.stats, RANK, shared_tiers=frozenset({"lmdb"}), registry=registry).sync()
+    StoreExporter(store.stats, RANK, skip_gauges=frozenset({"lmdb"}), registry=registry).sync()
     text = scrape_registry(registry)
     ranks = 'attn_cp_rank="0",dp_rank="0",pp_rank="0"'
     assert f'mooncake_sgl_tier_capacity_bytes{{{ranks},tier="host",tp_rank="1"}}' in text
@@ -136,3 +136,20 @@ def test_admission_refusals_are_counted_per_policy_and_tier(tmp_path: Path) -> N
                 if s.name == "mooncake_sgl_policy_admission_refusals_total"}
     assert refusals == {"host": ("heat", 0.0), "lmdb": ("heat", 5.0)}
     assert parse(text).by_tier()["lmdb"].admission_refusals == 5
+
+
+@pytest.mark.parametrize(("ranks", "mla", "elsewhere"), [
+    ({"tp_rank": 0}, False, set()),
+    ({"tp_rank": 1}, False, set()),  # its own LMDB directory
+    ({"tp_rank": 0}, True, set()),  # the MLA storage writer reports the shared directory
+    ({"tp_rank": 1}, True, {"lmdb"}),
+    ({"tp_rank": 0, "dp_rank": 1}, True, set()),  # another DP group: its own directory
+])
+def test_each_byte_of_usage_is_reported_by_one_rank(store, ranks, mla, elsewhere) -> None:
+    from types import SimpleNamespace
+
+    from mooncake_sgl.metrics.attach import usage_reported_elsewhere
+
+    cfg = SimpleNamespace(**{"tp_rank": 0, "pp_rank": 0, "dp_rank": 0, "attn_cp_rank": 0, **ranks},
+                          is_mla_model=mla)
+    assert usage_reported_elsewhere(store, cfg) == elsewhere

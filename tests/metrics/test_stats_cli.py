@@ -150,3 +150,26 @@ def test_an_unreachable_url_is_exit_1_naming_it(capsys) -> None:
         port = s.getsockname()[1]  # bound, never listening: connection refused
         assert cli_main(["stats", f"127.0.0.1:{port}", "--timeout", "2"]) == 1
     assert f"http://127.0.0.1:{port}/metrics" in capsys.readouterr().err
+
+
+def test_an_mla_lmdb_shared_by_tp_ranks_is_counted_once(tmp_path: Path) -> None:
+    # The TP ranks of an MLA model share the storage writer's LMDB directory: each rank writes its
+    # own counter file there, and only TP rank 0 reports the directory's usage.
+    from types import SimpleNamespace
+
+    from mooncake_sgl.metrics.attach import observe_store
+    from mooncake_sgl.metrics.persist import read_counters
+
+    store = host_lmdb_store(tmp_path / "mla_pp0")
+    ranks = [SimpleNamespace(tp_rank=r, pp_rank=0, dp_rank=0, attn_cp_rank=0, is_mla_model=True)
+             for r in (0, 1)]
+    watches = [observe_store(store, cfg, enabled=False) for cfg in ranks]
+    write(store, range(3))
+    for w in watches:
+        w.close()
+    store_pages = snapshot_of(store.stats()).by_tier()["lmdb"].resident_pages
+    store.close()
+    snap = read_counters([str(tmp_path)])
+    assert {rank for rank, _ in snap.tiers} == {"tp0_pp0_dp0_cp0", "tp1_pp0_dp0_cp0"}
+    assert store_pages == 3
+    assert snap.by_tier()["lmdb"].resident_pages == 3
