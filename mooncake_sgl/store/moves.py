@@ -21,8 +21,9 @@ from .staging import Staging
 
 logger = logging.getLogger(__name__)
 
-# Arbitrary: share of each managed tier the mover keeps free after writes (at least the largest
-# batch written there so far, at most a quarter of the tier), so writes rarely wait for eviction.
+# Arbitrary: share of each managed tier the mover keeps free after writes (at least two of the
+# largest batches written there so far, at most a quarter of the tier), so writes rarely wait for
+# eviction.
 HEADROOM = 0.05
 # Arbitrary: how long a write waits for the mover to make room before it writes what fits.
 ROOM_WAIT = 5.0
@@ -210,7 +211,7 @@ class PlacementWork:
             cap = self.tiers[t].usage().capacity_bytes
         except Exception:
             return 0
-        return min(cap // 4, max(int(cap * HEADROOM), self._largest_write[t]))
+        return min(cap // 4, max(int(cap * HEADROOM), 2 * self._largest_write[t]))
 
     def _keep_headroom(self, t: int) -> None:
         self._headroom_queued[t] = False
