@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from mooncake_sgl.api import STATS_SHAPE
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, StoreConfig
 from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.store import TieredStore, build_store
@@ -175,6 +176,7 @@ def test_build_store_from_config(tmp_path: Path) -> None:
         pages = put(s, range(2))
         assert read(s, pages) == [True, True]
         stats = s.stats()
+        assert tuple(stats) == STATS_SHAPE
         assert set(stats["tiers"]) == {"host", "lmdb"}
         # One namespace per source: the store's and the tier's own ``bytes_written`` both survive.
         host_stats = stats["tiers"]["host"]

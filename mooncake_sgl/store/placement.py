@@ -101,9 +101,6 @@ class Placement:
         """Does the store know ``key`` to be in managed tier ``t``."""
         return key in self._resident[t]
 
-    def footprint_of(self, t: int, key: PageKey) -> int | None:
-        return self._resident[t].get(key)
-
     def keys_in(self, t: int) -> set[PageKey]:
         """A snapshot of tier ``t``'s resident pages (consistency checks, ``clear``)."""
         with self._lock:
