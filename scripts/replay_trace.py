@@ -15,7 +15,7 @@ blocks found cached, as SGLang counts it) and the ratio to LRU; for ``--tiers`` 
 per tier (share of hits served by the fastest tier) and bytes written / promoted / demoted per tier.
 
 Examples:
-    python scripts/replay_trace.py /work/shared/traces/synthetic_trace.jsonl \\
+    python scripts/replay_trace.py synthetic_trace.jsonl \\
         --capacity-blocks 2%,9%,36% --policy lru,arc,lirs,lfuda,heat,belady --tiers 2%:36% \\
         --plot docs/replay_hit_ratio.png --json /tmp/replay.json
     python scripts/replay_trace.py TRACE --capacity-blocks 500 --policy heat --limit 300   # smoke run
