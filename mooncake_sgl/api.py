@@ -161,6 +161,13 @@ class PlacementPolicy(ABC):
     moves bytes, reads no clock (time arrives through ``tick``) and takes no tier lock. The store
     serialises calls, so implementations need no lock of their own.
 
+    Lookups reach the policy in batches: the store buffers them and replays them, with their own
+    ``tick`` times and in arrival order, before any decision (``admit``, ``victims``,
+    ``promotion_target``); under a flood of lookups the oldest buffered ones may be dropped.
+    Inserts and removals arrive when they are committed, so the policy's view of a tier is the
+    store's. ``victims`` starts an eviction: the store then reports ``on_remove`` for the victims
+    it removed and ``on_evict_aborted`` for those it could not.
+
     A *chain* is a run of keys in prefix order: ``keys[i]`` is only useful when ``keys[:i]`` are.
     ``parent`` is the key before ``keys[0]`` in its chain, or ``None`` at the root.
     """
