@@ -86,3 +86,31 @@ def test_pages_written_by_another_process_are_never_overwritten(tmp_path: Path) 
     assert all(bytes(o[0]) == page_bytes(k, 65536) for k, o in zip(live, out))
     assert tier.contains([b"parent-0"]) == [False]
     tier.close()
+
+
+def test_an_environment_of_the_older_inline_layout_is_moved_aside(tmp_path: Path) -> None:
+    import lmdb
+
+    db = tmp_path / "db"
+    env = lmdb.open(str(db), map_size=64 << 20)
+    with env.begin(write=True) as txn:  # the old layout: header || page bytes in the main DB
+        txn.put(b"old-page", b"MSGP" + bytes(4096))
+    env.close()
+    tier = tier_at(db)
+    try:
+        assert tier.contains([b"old-page"]) == [False]
+        assert [p.name.startswith("db.damaged-") for p in tmp_path.iterdir()].count(True) == 1
+        assert tier.put_from([b"new"], [[memoryview(page_bytes(b"new", 4096))]]) == [True]
+    finally:
+        tier.close()
+
+
+def test_a_probe_that_cannot_start_opens_the_index_unchecked(tmp_path: Path, monkeypatch) -> None:
+    from mooncake_sgl.tiers import lmdb_probe
+
+    tier_at(tmp_path).close()
+    monkeypatch.setattr(lmdb_probe.sys, "executable", str(tmp_path / "no-such-python"))
+    assert lmdb_probe.damage_of(str(tmp_path), 2, 64 << 20, True) is None
+    tier = tier_at(tmp_path)
+    assert tier.put_from([b"k"], [[memoryview(b"x" * 4096)]]) == [True]
+    tier.close()
