@@ -41,6 +41,22 @@ say "installing sglang 0.5.23 (no-deps) and the dependencies its HiCache path im
 "${PIP[@]}" -c <(echo torch==2.14.1) numpy psutil requests msgspec orjson pybase64 packaging pillow \
   starlette pydantic pyzmq tqdm IPython aiohttp transformers==5.19.0 dill apache-tvm-ffi==0.1.11 \
   sentencepiece compressed-tensors gguf
+say "installing the pure-Python requirements sglang's server imports (not its GPU kernels)"
+# A live CPU server imports much more than the HiCache path: fastapi, uvicorn, xgrammar, outlines,
+# openai, setproctitle, soundfile... Taken from sglang's own metadata, less what needs CUDA or is
+# pinned above, so the list follows the installed sglang.
+"$VENV/bin/python" - >"$VENV/sglang-server-requirements.txt" <<'PY'
+import importlib.metadata as md, re
+from packaging.requirements import Requirement
+gpu_or_pinned = re.compile(r"^(cuda-python|flash-attn|flashinfer|humming-kernels|kernels|nvidia-|nvshmem|"
+                           r"quack-kernels|sgl-|sglang-kernel|tilelang|torch|deepseek-recipe|tml-renderers|"
+                           r"py-spy)", re.I)
+for line in md.requires("sglang") or []:
+    req = Requirement(line)
+    if (req.marker is None or req.marker.evaluate({"extra": ""})) and not gpu_or_pinned.match(req.name):
+        print(str(req).split(";")[0])
+PY
+"${PIP[@]}" -c <(printf 'torch==2.14.1\ntorchvision==0.29.1\n') -r "$VENV/sglang-server-requirements.txt"
 say "installing the real Mooncake Store wheel (mooncake_master, MooncakeDistributedStore)"
 "${PIP[@]}" --no-deps mooncake-transfer-engine-non-cuda==0.3.13.post1
 say "installing mooncake-sgl (editable) with its dev and bench extras"

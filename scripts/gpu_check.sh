@@ -2,7 +2,7 @@
 # GPU host check, prepared on a CPU-only machine and not yet run on a GPU.
 #
 #   1. the HBM tier's tests on the CUDA device (the conformance suite runs on cuda as well as cpu);
-#   2. a short live-server long-context benchmark, dummy weights and a small Llama config:
+#   2. a short live-server long-context benchmark with a tiny random-weight Llama:
 #      no HiCache vs our backend (HBM + host + LMDB tiers), SGLang caches flushed between rounds;
 #      it fails unless our variant served prompt tokens from storage in the reuse rounds.
 #
@@ -21,7 +21,7 @@ import sys
 import torch
 if not torch.cuda.is_available():
     sys.exit("gpu_check.sh: no CUDA device is visible; this check is for GPU hosts "
-             "(on a CPU-only machine run: python scripts/run_e2e_cpu.py)")
+             "(on a CPU-only machine run: bash scripts/main.sh)")
 from importlib.metadata import entry_points
 names = [e.value for e in entry_points(group="sglang.srt.plugins")]
 if "mooncake_sgl.hicache.plugin:register" not in names:
@@ -45,7 +45,7 @@ EOF
 SERVER_ARGS=(--server-arg=--page-size=64 --server-arg=--mem-fraction-static=0.3
              --server-arg=--hicache-size=8 --server-arg=--disable-cuda-graph)
 
-echo "== 2/2 long-context benchmark: no-hicache vs ours (dummy weights)"
+echo "== 2/2 long-context benchmark: no-hicache vs ours (tiny random-weight Llama)"
 rm -rf "$OUT/lmdb"
 "$PY" scripts/bench_long_context.py --launch \
     --variant no-hicache --variant "ours=ours:$OUT/tiers_hbm_host_lmdb.yaml" \

@@ -47,6 +47,21 @@ class TinyLlama:
         if self.dtype not in ("bfloat16", "float16", "float32"):
             raise ValueError(f"tiny model: dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
 
+    def parameters(self) -> int:
+        head_dim = self.hidden // self.heads
+        attention = self.hidden * head_dim * (2 * self.heads + 2 * self.kv_heads)
+        per_layer = attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
+        return self.layers * per_layer + 2 * self.vocab * self.hidden + self.hidden
+
+    def kv_bytes_per_token(self) -> int:
+        itemsize = 4 if self.dtype == "float32" else 2
+        return self.layers * 2 * self.kv_heads * (self.hidden // self.heads) * itemsize
+
+    def describe(self) -> str:
+        return (f"tiny random-weight Llama: {self.layers} layers, hidden {self.hidden}, {self.heads} heads "
+                f"({self.kv_heads} KV), {self.parameters() / 1e6:.1f}M parameters, "
+                f"{self.kv_bytes_per_token() * 64 // 1024} KiB of KV per 64-token page")
+
     def hf_config(self) -> dict[str, object]:
         """The ``config.json`` of a ``LlamaForCausalLM``."""
         return {
