@@ -135,3 +135,28 @@ def recompute_summary(variants: Sequence[dict[str, Any]], base_label: str = "no-
             f"TTFT {reuse['ttft_mean_s'] * 1e3:,.0f} ms vs {base_label} "
             f"{base_reuse.get('ttft_mean_s', 0) * 1e3:,.0f} ms ({ratio})")
     return lines
+
+
+def tier_table(variants: Sequence[dict[str, Any]]) -> str:
+    """Per variant, round and tier of ours: pages found there (share of pages asked for), bytes read
+    and written. Empty when no variant exported our series."""
+    header = ["variant", "round", "tier", "pages hit", "hit share", "read", "written", "evictions"]
+    out = []
+    for v in variants:
+        for r in v["rounds"]:
+            for t in r.get("tiers", []):
+                out.append([v["label"], str(r["round"]), t["tier"], f"{t['hits']:,.0f}",
+                            f"{t['hit_share']:.0%}", _fmt_bytes(t["read_bytes"]),
+                            _fmt_bytes(t["written_bytes"]), f"{t['evictions']:,.0f}"])
+    if not out:
+        return ""
+    widths = [max(len(h), *(len(row[i]) for row in out)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    return "\n".join(lines + ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in out])
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:,.1f} {unit}"
+    return f"{n:,.0f} B"

@@ -17,13 +17,16 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..metrics import Snapshot, diff, rows, scrape
+from ..metrics.scrape import ScrapeError
 from ..testing.tiny_model import TinyLlama, write_tiny_llama
 from .client import RequestResult, SglangClient
 from .console import log as log_line
-from .results import plot_side_by_side, recompute_summary, side_by_side_table, variant_result
+from .results import plot_side_by_side, recompute_summary, side_by_side_table, tier_table, variant_result
 from .server import LaunchedServer, Variant, free_port, has_gpu, launch_command, parse_variant, server_env
 from .workloads import BenchRequest, LongContextSpec, MultiTurnSpec, long_context, multiturn
 
@@ -87,6 +90,23 @@ def run_round(client: SglangClient, batch: list[BenchRequest], max_parallel: int
     return results, time.perf_counter() - start
 
 
+def tier_snapshot(client: SglangClient) -> Snapshot | None:
+    """Our per-tier counters from the server's ``/metrics`` (``None``: no series there, e.g. a
+    server without our backend or without ``--enable-metrics``)."""
+    try:
+        snap = scrape(f"{client.host}:{client.port}")
+    except ScrapeError:
+        return None
+    return snap if snap.tiers else None
+
+
+def tier_sources(before: Snapshot | None, after: Snapshot | None) -> list[dict[str, Any]]:
+    """Per tier of ours: pages found there, bytes read and written, over one round."""
+    if before is None or after is None:
+        return []
+    return [asdict(r) for r in rows(diff(before, after))]
+
+
 def run_variant(client: SglangClient, label: str, rounds: list[list[BenchRequest]], *,
                 max_parallel: int, flush: bool, show_progress: bool) -> dict[str, Any]:
     # One short request first: a server's first request with HiCache storage loads SGLang's page-hash
@@ -94,6 +114,7 @@ def run_variant(client: SglangClient, label: str, rounds: list[list[BenchRequest
     client.generate(BenchRequest("warm-up", -1, list(range(10, 10 + 3 * WARMUP_PAGE_TOKENS)), 1, 0))
     cleared = client.clear_storage()  # a fresh start for our tiers (False: no storage backend)
     recorded = []
+    sources = []
     bar = None
     if show_progress:
         from tqdm import tqdm
@@ -105,11 +126,15 @@ def run_variant(client: SglangClient, label: str, rounds: list[list[BenchRequest
                 client.flush_cache()
             if bar is not None:
                 bar.set_postfix(round=i)
+            before = tier_snapshot(client)
             recorded.append(run_round(client, batch, max_parallel, bar))
+            sources.append(tier_sources(before, tier_snapshot(client)))
     finally:
         if bar is not None:
             bar.close()
     out = variant_result(label, recorded)
+    for r, tiers in zip(out["rounds"], sources):
+        r["tiers"] = tiers
     out["storage_cleared_at_start"] = cleared
     return out
 
@@ -132,7 +157,8 @@ def run(args: argparse.Namespace, workload: str, rounds: list[list[BenchRequest]
             env = server_env(cpu, {"XDG_CACHE_HOME": str(Path(tmp) / "cache")})
             for v in variants:
                 port = free_port()
-                cmd = launch_command(model, port, v.args, cpu=cpu, extra=extra)
+                metrics = ("--enable-metrics",) if "--hicache-storage-backend" in v.args else ()
+                cmd = launch_command(model, port, v.args, cpu=cpu, extra=metrics + extra)
                 log = Path(args.log_dir) / f"server-{workload}-{v.label.replace(':', '_')}.log"
                 log_line(f"[{v.label}] starting: {' '.join(cmd)}  (log: {log})")
                 with LaunchedServer(cmd, port, log, args.health_timeout, env=env) as server:
@@ -145,6 +171,10 @@ def run(args: argparse.Namespace, workload: str, rounds: list[list[BenchRequest]
     print(side_by_side_table(results))
     for line in recompute_summary(results):
         print(line)
+    tiers = tier_table(results)
+    if tiers:
+        print("where our pages came from, per round (the backend's own series on /metrics):")
+        print(tiers)
     plot = args.plot or (f"bench_{workload}.png" if len(results) > 1 else None)
     if plot:
         plot_side_by_side(results, Path(plot), title)

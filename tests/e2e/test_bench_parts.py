@@ -138,3 +138,16 @@ def test_client_rejects_bad_urls_and_sees_no_server() -> None:
     with pytest.raises(ValueError):
         SglangClient("https://example.com")
     assert SglangClient("127.0.0.1:9").healthy() is False  # nothing listens on the discard port
+
+
+def test_tier_table_lists_each_round_and_tier_and_stays_empty_without_series() -> None:
+    from mooncake_sgl.bench.results import tier_table
+
+    tiers = [{"tier": "host", "hits": 31.0, "hit_share": 0.5, "read_bytes": 31 * 65536.0,
+              "written_bytes": 0.0, "evictions": 2.0},
+             {"tier": "lmdb", "hits": 31.0, "hit_share": 0.5, "read_bytes": 2 * 2**30,
+              "written_bytes": 4096.0, "evictions": 0.0}]
+    table = tier_table([{"label": "ours", "rounds": [{"round": 1, "tiers": tiers}]}])
+    lines = table.splitlines()
+    assert len(lines) == 4 and "1.9 MiB" in lines[2] and "2.0 GiB" in lines[3] and "4.0 KiB" in lines[3]
+    assert tier_table([{"label": "no-hicache", "rounds": [{"round": 0, "tiers": []}]}]) == ""
