@@ -10,6 +10,7 @@ another page's I/O and waits for the mover (back-pressure, up to ``room_wait``).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,13 @@ logger = logging.getLogger(__name__)
 HEADROOM = 0.05
 # Arbitrary: how long a write waits for the mover to make room before it writes what fits.
 ROOM_WAIT = 5.0
+
+
+def _yield_gil() -> None:
+    """Let a request thread waiting for the GIL have it now, between the steps of a move, rather
+    than after the interpreter's switch interval (5 ms): that wait is what a busy mover adds to
+    SGLang's calls."""
+    time.sleep(0)
 
 
 class PlacementWork:
@@ -151,6 +159,7 @@ class PlacementWork:
                 bk = [move[i] for i in batch]
                 staged = self._staging.pages(("demote", t), [sizes[i] for i in batch])
                 got = self._guarded(source, "get", source.get_into, bk, staged)
+                _yield_gil()
                 moved = [k for k, g in zip(bk, got) if g]
                 pages = [p for p, g in zip(staged, got) if g]
                 ok = self._write(target, moved, pages, protected | frozenset(moved), None) if moved else []
@@ -184,6 +193,7 @@ class PlacementWork:
             bk = [keys[present[j]] for j in batch]
             staged = self._staging.pages(("promote", source), [sizes[present[j]] for j in batch])
             got = self._guarded(tier, "get", tier.get_into, bk, staged)
+            _yield_gil()
             self._promote_into(target, [k for k, g in zip(bk, got) if g],
                                [p for p, g in zip(staged, got) if g], protected)
 
@@ -191,6 +201,7 @@ class PlacementWork:
                       protected: frozenset[PageKey]) -> None:
         if keys:
             ok = self._write(target, keys, pages, protected, None)
+            _yield_gil()
             self._tier_counters[target].add(promotions=sum(ok))
 
     def _maintain(self) -> None:
