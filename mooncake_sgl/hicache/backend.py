@@ -35,7 +35,6 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
     HiCacheStorageConfig,
-    PoolHitPolicy,
     PoolTransfer,
     PoolTransferResult,
 )
@@ -354,41 +353,13 @@ class MooncakeSglStorage(HiCacheStorage):
         kv = self._objects(KV_POOL)
         prior = layout.parent_hash(extra_info)
         kv_pages = len(keys) if kv.logical else int(
-            self._store.exists_prefix(kv.keys(keys), self._part_key(kv, prior)))
-        transfers = list(pool_transfers or ()) if kv_pages else []
-        evidence = [self._evidence(t, keys, kv_pages, prior) for t in transfers]
+            self._store.exists_prefix(kv.keys(keys), sidecars.part_key(kv, prior)))
+        looked_up = [(self._objects(t.name), t) for t in pool_transfers or ()] if kv_pages else []
+        evidence = [sidecars.evidence(self._store, objects, t, keys, kv_pages, prior)
+                    for objects, t in looked_up]
         result = sidecars.resolve(kv_pages, evidence)
-        self._heat_trailing(transfers, evidence, keys, result.kv_hit_pages)
+        sidecars.heat_trailing(self._store, looked_up, evidence, keys, result.kv_hit_pages)
         return result
-
-    def _evidence(self, transfer: PoolTransfer, keys: list[str], kv_pages: int,
-                  prior: str | None) -> sidecars.PoolEvidence:
-        objects = self._objects(transfer.name)
-        policy = PoolHitPolicy(transfer.hit_policy)
-        if policy == PoolHitPolicy.TRAILING_PAGES:
-            # Holes are allowed, so every page of the span is asked, not just a leading run.
-            present = objects.present_pages(self._store.contains(objects.keys(keys[:kv_pages])))
-        else:
-            span = list(transfer.keys or keys) if policy == PoolHitPolicy.BLOCK_GROUPS else keys[:kv_pages]
-            run = int(self._store.exists_prefix(objects.keys(span), self._part_key(objects, prior)))
-            present = [i < run // objects.parts for i in range(len(span))]
-        return sidecars.PoolEvidence(
-            name=transfer.name, policy=policy, present=present,
-            window=sidecars.trailing_window(transfer.keys),
-            block_pages=int(transfer.block_pages), group_pages=int(transfer.group_pages))
-
-    def _heat_trailing(self, transfers: list[PoolTransfer], evidence: list[sidecars.PoolEvidence],
-                       keys: list[str], hit: int) -> None:
-        # A prefetch of ``hit`` pages loads the trailing window ending there: those objects are
-        # looked up as an access (``contains`` alone teaches the policy nothing).
-        for transfer, ev in zip(transfers, evidence):
-            if ev.policy == PoolHitPolicy.TRAILING_PAGES and hit:
-                objects = self._objects(transfer.name)
-                self._store.exists_prefix(objects.keys(keys[max(0, hit - ev.window):hit]))
-
-    def _part_key(self, objects: sidecars.PoolObjects, prior: str | None) -> PageKey | None:
-        """The last stored object of the page before a chain (the policy's parent)."""
-        return objects.keys([prior])[-1] if prior is not None and not objects.logical else None
 
     @_boundary(_each_pool_false)
     def batch_get_v2(self, transfers: list[PoolTransfer], extra_info: Any = None
@@ -415,17 +386,8 @@ class MooncakeSglStorage(HiCacheStorage):
         if not hashes:
             return []
         try:
-            objects = self._objects(transfer.name)
-            if objects.logical:
-                return [True] * len(hashes)
-            keys = objects.keys(hashes)
-            views = objects.views(transfer.host_indices, len(hashes))
-            if write:
-                parent = self._part_key(objects, layout.parent_hash(extra_info))
-                ok = self._store.put_from(keys, views, parent)
-            else:
-                ok = self._store.get_into(keys, views)
-            return objects.present_pages(_normalise(ok, len(keys)))
+            return sidecars.move(self._store, self._objects(transfer.name), hashes,
+                                 transfer.host_indices, layout.parent_hash(extra_info), write)
         except Exception as e:
             self._errors.report(f"batch_{'set' if write else 'get'}_v2[{transfer.name}]", e)
             return [False] * len(hashes)

@@ -31,7 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransferResult
+from sglang.srt.mem_cache.hicache_storage import (
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+    PoolTransferResult,
+)
 
 from ..api import PageKey, PageView
 from ..keys import KV_POOL, KeyNamespace, page_key
@@ -216,3 +221,58 @@ def resolve(kv_pages: int, pools: Sequence[PoolEvidence]) -> PoolTransferResult:
         restorable &= keep
     ordered = sorted(restorable)
     return PoolTransferResult(ordered[-1] if ordered else 0, hit_count, ordered)
+
+
+# ---------------------------------------------------------------------------------- store calls
+# ``store`` is the backend's ``TieredStore``; these raise on a broken call and the backend turns
+# that into the pool's miss.
+
+def part_key(objects: PoolObjects, prior: str | None) -> PageKey | None:
+    """The last stored object of the page before a chain (the policy's parent), if any."""
+    return objects.keys([prior])[-1] if prior is not None and not objects.logical else None
+
+
+def evidence(store: Any, objects: PoolObjects, transfer: PoolTransfer, keys: Sequence[str],
+             kv_pages: int, prior: str | None) -> PoolEvidence:
+    """What the store holds of one transfer's pool over the KV hit (``batch_exists_v2``).
+
+    All-pages and block-groups pools are asked as a chain (``exists_prefix``: the access event
+    the policy learns heat from); a trailing-pages pool may have holes, so every page is asked.
+    """
+    policy = PoolHitPolicy(transfer.hit_policy)
+    if policy == PoolHitPolicy.TRAILING_PAGES:
+        present = objects.present_pages(store.contains(objects.keys(keys[:kv_pages])))
+    else:
+        span = list(transfer.keys or keys) if policy == PoolHitPolicy.BLOCK_GROUPS else list(keys[:kv_pages])
+        run = int(store.exists_prefix(objects.keys(span), part_key(objects, prior)))
+        present = [i < run // objects.parts for i in range(len(span))]
+    return PoolEvidence(name=transfer.name, policy=policy, present=present,
+                        window=trailing_window(transfer.keys), block_pages=int(transfer.block_pages),
+                        group_pages=int(transfer.group_pages))
+
+
+def heat_trailing(store: Any, looked_up: Sequence[tuple[PoolObjects, PoolTransfer]],
+                  found: Sequence[PoolEvidence], keys: Sequence[str], hit: int) -> None:
+    """A prefetch of ``hit`` pages loads each trailing pool's window ending there: look those
+    objects up as an access, so they heat with their KV pages (``contains`` teaches nothing)."""
+    for (objects, _), ev in zip(looked_up, found):
+        if ev.policy == PoolHitPolicy.TRAILING_PAGES and hit:
+            store.exists_prefix(objects.keys(keys[max(0, hit - ev.window):hit]))
+
+
+def move(store: Any, objects: PoolObjects, hashes: list[str], host_indices: Any, prior: str | None,
+         write: bool) -> list[bool]:
+    """Store (``write``) or load one pool's pages at ``host_indices``; one bool per page.
+
+    Raises: ``ValueError`` for indices outside the pool or not one page per hash.
+    """
+    if objects.logical:
+        return [True] * len(hashes)
+    keys = objects.keys(hashes)
+    views = objects.views(host_indices, len(hashes))
+    if write:
+        ok = store.put_from(keys, views, part_key(objects, prior))
+    else:
+        ok = store.get_into(keys, views)
+    ok = [bool(x) for x in (ok or [])][:len(keys)]
+    return objects.present_pages(ok + [False] * (len(keys) - len(ok)))
