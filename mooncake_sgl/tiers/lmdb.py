@@ -255,7 +255,7 @@ class LmdbTier(Tier):
             raise ValueError(f"{len(keys)} keys but {len(pages)} destination pages")
         results = [False] * len(keys)
         corrupt: list[tuple[PageKey, bytes]] = []
-        misses = mismatched = hits = nread = io_errors = 0
+        misses = mismatched = hits = nread = 0
         # The whole read runs inside the read transaction: its snapshot keeps the extents it
         # reads from being reused by a writer until it ends.
         with self._lmdb_errors("get"), self._env.begin(db=self._pages, buffers=True) as txn:
@@ -272,21 +272,16 @@ class LmdbTier(Tier):
                     mismatched += 1
                 else:
                     plan.append((i, key, rec, bytes(value)))
-            self._file.prefetch((rec[0], rec[1]) for _, _, rec, _ in plan)
-            for i, key, (offset, length, digest), value in plan:
-                try:
-                    whole = self._file.read(offset, pages[i])
-                except OSError:
-                    io_errors += 1
-                    continue
-                if not whole or checksum(key, pages[i]) != digest:
+            whole = self._file.read_many([(rec[0], pages[i]) for i, _, rec, _ in plan])
+            for (i, key, (_, length, digest), value), ok in zip(plan, whole):
+                if not ok or checksum(key, pages[i]) != digest:
                     corrupt.append((key, value))
                     continue
                 results[i] = True
                 hits += 1
                 nread += length
-        self._count(get_hits=hits, get_misses=misses + len(corrupt) + io_errors,
-                    get_size_mismatch=mismatched, bytes_read=nread, io_errors=io_errors)
+        self._count(get_hits=hits, get_misses=misses + len(corrupt), get_size_mismatch=mismatched,
+                    bytes_read=nread)
         if corrupt:
             self._drop_corrupt(corrupt)
         return results
@@ -347,30 +342,37 @@ class LmdbTier(Tier):
         txn, tid = self._begin_write()
         try:
             oldest = oldest_reader(self._env) if self._alloc.free_extents() else None
-            for n_done, i in enumerate(todo):
+            # Allocate every page first, so pages in fresh extents go to disk in one pwritev.
+            planned: list[tuple[int, int, int, tuple[int, int, int] | None]] = []
+            seen: set[PageKey] = set()
+            for pos, i in enumerate(todo):
                 nbytes = page_nbytes(pages[i])
                 old = txn.get(keys[i])
                 old_rec = parse_record(old) if old is not None else None
                 if old_rec is not None and old_rec[1] == nbytes:
                     existing.append(i)
                     continue
+                if keys[i] in seen:
+                    continue  # the same key twice in one batch: the first one is written
                 offset = self._alloc.allocate(nbytes, oldest)
                 if offset is None:
                     continue
-                try:
-                    if not self._file.reserve(offset + aligned(nbytes), self._alloc.capacity):
-                        self._alloc.free(offset, nbytes, 0)  # the file system is full
-                        continue
-                    self._file.write(offset, pages[i])
-                except OSError:
-                    self._count(io_errors=1)
-                    self._alloc.free(offset, nbytes, 0)  # nothing names it
+                if not self._file.reserve(offset + aligned(nbytes), self._alloc.capacity):
+                    self._alloc.free(offset, nbytes, 0)  # the file system is full
                     continue
+                seen.add(keys[i])
                 allocated.append((offset, nbytes))
+                planned.append((pos, i, offset, old_rec))
+            stored = self._file.write_many([(offset, pages[i]) for _, i, offset, _ in planned])
+            for (pos, i, offset, old_rec), ok in zip(planned, stored):
+                nbytes = page_nbytes(pages[i])
+                if not ok:
+                    self._count(io_errors=1)
+                    continue
                 try:
                     txn.put(keys[i], pack_record(offset, nbytes, checksum(keys[i], pages[i])))
                 except lmdb.MapFullError:
-                    raise IndexFull(n_done) from None
+                    raise IndexFull(pos) from None
                 if old_rec is not None:
                     replaced.append(old_rec[:2])
                 written.append(i)
@@ -391,6 +393,9 @@ class LmdbTier(Tier):
                 self._alloc.free(off, n, 0)
             raise
         self._committed(tid)
+        for (_, i, off, _), ok in zip(planned, stored):
+            if not ok:  # allocated, but its write failed: nothing names it
+                self._alloc.free(off, page_nbytes(pages[i]), 0)
         for off, n in replaced:
             self._alloc.free(off, n, tid)
         return written, existing, len(replaced)

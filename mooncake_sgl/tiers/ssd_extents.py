@@ -36,6 +36,8 @@ import bisect
 import os
 from collections.abc import Iterable, Sequence
 
+from ..api import PageView, page_nbytes
+
 ALIGN = 4096
 # How far ahead of the high-water mark the file is preallocated; arbitrary, a few batches of pages.
 _GROW_STEP = 256 << 20
@@ -148,6 +150,42 @@ class ExtentAllocator:
         return length, txn
 
 
+# Largest run of adjacent extents moved by one call (arbitrary: big enough for the disk, small
+# enough that a failed run costs little).
+_RUN_BYTES = 64 << 20
+_PAD = memoryview(bytearray(ALIGN))  # fills the gap after a page whose size is not 4 KiB-aligned
+
+
+def _end(items: Sequence[tuple[int, PageView]], run: list[int]) -> int:
+    offset, page = items[run[-1]]
+    return offset + page_nbytes(page)
+
+
+def _runs(items: Sequence[tuple[int, PageView]]) -> list[list[int]]:
+    """Indices of ``items`` grouped into runs of extents that follow each other in the file."""
+    runs: list[list[int]] = []
+    end = -1
+    for j in sorted(range(len(items)), key=lambda j: items[j][0]):
+        offset, page = items[j]
+        if runs and offset == end and end - items[runs[-1][0]][0] < _RUN_BYTES:
+            runs[-1].append(j)
+        else:
+            runs.append([j])
+        end = offset + aligned(page_nbytes(page))
+    return runs
+
+
+def _iovecs(items: Sequence[tuple[int, PageView]], run: list[int]) -> list[memoryview]:
+    out: list[memoryview] = []
+    for n, j in enumerate(run):
+        page = items[j][1]
+        out.extend(page)
+        gap = aligned(page_nbytes(page)) - page_nbytes(page)
+        if gap and n + 1 < len(run):
+            out.append(_PAD[:gap])
+    return out
+
+
 class ExtentFile:
     """``pages.bin``: page bytes at offsets the index names. ``OSError``s propagate; the tier turns
     them into per-key misses or refusals."""
@@ -174,6 +212,37 @@ class ExtentFile:
         self._allocated = target
         return True
 
+    def write_many(self, items: Sequence[tuple[int, PageView]]) -> list[bool]:
+        """Each ``(offset, segments)`` written; per item ``False`` where its write failed. Items
+        that are adjacent in the file (a batch of fresh extents is) go in one ``pwritev``."""
+        done = [False] * len(items)
+        for run in _runs(items):
+            try:
+                self.write(items[run[0]][0], _iovecs(items, run))
+            except OSError:
+                continue
+            for j in run:
+                done[j] = True
+        return done
+
+    def read_many(self, items: Sequence[tuple[int, PageView]]) -> list[bool]:
+        """Each ``(offset, segments)`` filled from the file, adjacent ones in one ``preadv``; per
+        item ``False`` where the file ended (it was truncated) or the read failed. Readahead for
+        every run is started before the first read, so the whole batch is in flight."""
+        runs = _runs(items)
+        self.prefetch((items[r[0]][0], _end(items, r) - items[r[0]][0]) for r in runs)
+        done = [False] * len(items)
+        for run in runs:
+            start = items[run[0]][0]
+            try:
+                got = self.read(start, _iovecs(items, run))
+            except OSError:
+                continue
+            for j in run:
+                offset, page = items[j]
+                done[j] = offset + page_nbytes(page) <= start + got
+        return done
+
     def write(self, offset: int, segments: Sequence[memoryview]) -> None:
         """All of ``segments`` at ``offset`` (short writes are continued)."""
         pending = [s.cast("B") if s.format != "B" or s.ndim != 1 else s for s in segments]
@@ -188,22 +257,24 @@ class ExtentFile:
             if done:
                 pending[0] = pending[0][done:]
 
-    def read(self, offset: int, segments: Sequence[memoryview]) -> bool:
-        """Fill ``segments`` from ``offset``; ``False`` on a short read (a truncated file)."""
+    def read(self, offset: int, segments: Sequence[memoryview]) -> int:
+        """Fill ``segments`` from ``offset``; the bytes read, fewer at the end of the file."""
         pending = [s.cast("B") if s.format != "B" or s.ndim != 1 else s for s in segments]
+        total = 0
         while pending:
             batch = pending[:_IOV_MAX]
             got = os.preadv(self._fd, batch, offset)
             if got <= 0:
-                return False
+                return total
             offset += got
+            total += got
             while batch and got >= batch[0].nbytes:
                 got -= batch[0].nbytes
                 batch.pop(0)
                 pending.pop(0)
             if got:
                 pending[0] = pending[0][got:]
-        return True
+        return total
 
     def prefetch(self, extents: Iterable[tuple[int, int]]) -> None:
         """Start reading these ``(offset, length)`` extents now (readahead; never fails)."""
