@@ -104,7 +104,11 @@ class LmdbTier(Tier):
             self._move_aside(damage)
         self._env, self._meta, self._pages = self._open_index()
         self._max_key = self._env.max_key_size()
-        self._file = ExtentFile(os.path.join(self.path, "pages.bin"))
+        try:
+            self._file = ExtentFile(os.path.join(self.path, "pages.bin"))
+        except OSError as e:
+            self._env.close()
+            raise TierError(f"cannot open the page file of the LMDB tier at {self.path}: {e}") from None
         self._alloc = ExtentAllocator(self._capacity)
         self._write_lock = threading.Lock()
         self._stats_lock = threading.Lock()
@@ -178,7 +182,7 @@ class LmdbTier(Tier):
         past the end of ``pages.bin`` (truncated), then rebuild the allocator from the rest."""
         size = os.path.getsize(self._file.path)
         bad: list[bytes] = []
-        extents: list[tuple[int, int]] = []
+        named: list[tuple[int, int, bytes]] = []
         with self._env.begin(db=self._pages, buffers=True) as txn:
             for k, v in txn.cursor():
                 rec = parse_record(v)
@@ -186,7 +190,17 @@ class LmdbTier(Tier):
                         rec[0] + rec[1] > size:
                     bad.append(bytes(k))
                 else:
-                    extents.append(rec[:2])
+                    named.append((rec[0], rec[1], bytes(k)))
+        # Two records naming overlapping bytes (a damaged offset): keep the first, whose checksum
+        # still decides whether it is readable; freeing the other later must not free live bytes.
+        extents: list[tuple[int, int]] = []
+        end = 0
+        for offset, length, key in sorted(named):
+            if offset < end:
+                bad.append(key)
+            else:
+                extents.append((offset, length))
+                end = offset + aligned(length)
         if bad:
             logger.warning("LMDB tier at %s: dropping %d pages whose bytes are gone or out of "
                            "bounds", self.path, len(bad))

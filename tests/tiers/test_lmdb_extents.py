@@ -114,3 +114,25 @@ def test_a_probe_that_cannot_start_opens_the_index_unchecked(tmp_path: Path, mon
     tier = tier_at(tmp_path)
     assert tier.put_from([b"k"], [[memoryview(b"x" * 4096)]]) == [True]
     tier.close()
+
+
+def test_records_naming_overlapping_bytes_keep_only_the_first(tmp_path: Path) -> None:
+    from mooncake_sgl.tiers import ssd_records
+
+    tier = tier_at(tmp_path)
+    names = [b"a", b"b", b"c"]
+    assert tier.put_from(names, [[memoryview(page_bytes(k, 8192))] for k in names]) == [True] * 3
+    with tier._env.begin(write=True, db=tier._pages) as txn:  # white-box: damage b's offset
+        off_a, length, digest = ssd_records.parse_record(txn.get(b"a"))
+        b_digest = ssd_records.parse_record(txn.get(b"b"))[2]
+        txn.put(b"b", ssd_records.pack_record(off_a + 4096, length, b_digest))
+    tier.close()
+    tier = tier_at(tmp_path)
+    assert tier.stats()["dropped_at_open"] == 1 and tier.contains(names) == [True, False, True]
+    more = [b"d", b"e", b"f"]  # reuse must not land on a's bytes
+    assert tier.put_from(more, [[memoryview(page_bytes(k, 8192))] for k in more]) == [True] * 3
+    live = [b"a", b"c"] + more
+    out = [[memoryview(bytearray(8192))] for _ in live]
+    assert tier.get_into(live, out) == [True] * 5
+    assert all(bytes(o[0]) == page_bytes(k, 8192) for k, o in zip(live, out))
+    tier.close()
