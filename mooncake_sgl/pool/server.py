@@ -34,7 +34,16 @@ import uuid
 
 from ..errors import AuthError, ConfigError, ProtocolError
 from ..transfer import protocol as P
-from ..transfer.tcp import discard, read_frame, recv_exact_into, send_buffers, tune
+from ..transfer.tcp import (
+    discard,
+    kernel_timeouts,
+    read_frame,
+    recv_exact,
+    recv_exact_into,
+    send_buffers,
+    tune,
+    wait_readable,
+)
 from .config import PoolServerConfig
 from .conn import Conn, Hold, HoldLedger
 from .counters import Counters
@@ -256,6 +265,7 @@ class PoolServer:
     def _handshake(self, c: Conn) -> None:
         cfg = self.config
         deadline = time.monotonic() + cfg.handshake_timeout
+        c.sock.settimeout(cfg.handshake_timeout)  # a Python timeout: the deadline can cut a call
         nonce = os.urandom(16)
         send_buffers(c.sock, [P.frame(P.Op.SERVER_HELLO, P.ServerHello(
             P.PROTOCOL_VERSION, self.server_id, nonce, self.unix_name,
@@ -283,24 +293,36 @@ class PoolServer:
         log.debug("client %s (%s, tenant %r) connected from %s", hello.client,
                   "shm" if shm else "stream", tenant.name, c.peer)
 
-    def _next_frame(self, c: Conn) -> bool:
-        """Wait for the next request's first byte: False on a clean close or idle timeout."""
+    def _next_header(self, c: Conn) -> bytearray | None:
+        """The next request's header, once it starts arriving (then within request_timeout);
+        ``None`` on a clean close or after ``idle_timeout``; ``_Expired`` when a hold runs out.
+
+        Waiting costs nothing per request: the receive itself waits, up to the socket's kernel
+        timeout, and only a connection holding a reservation or lease polls first (its wait is
+        bounded by the hold's age)."""
         cfg = self.config
+        header = bytearray(P.HEADER_SIZE)
+        idle_since = time.monotonic()
         while True:
-            wait = cfg.idle_timeout
             oldest = c.oldest_hold()
             if oldest is not None:
-                wait = min(wait, oldest + cfg.hold_timeout - time.monotonic())
+                wait = oldest + cfg.hold_timeout - time.monotonic()
                 if wait <= 0:
                     raise _Expired
-            c.sock.settimeout(wait)
+                if not wait_readable(c.sock, wait):
+                    continue
             try:
-                return bool(c.sock.recv(1, socket.MSG_PEEK))
-            except TimeoutError:
-                if c.oldest_hold() is None:
+                n = c.sock.recv_into(header)
+                break
+            except BlockingIOError:  # the kernel timeout passed with nothing received
+                if c.oldest_hold() is None and time.monotonic() - idle_since >= cfg.idle_timeout:
                     self.counters.add("idle_closed")
                     log.debug("closing %s: idle for %.0fs", c.peer, cfg.idle_timeout)
-                    return False
+                    return None
+        if n == 0:
+            return None  # clean close between requests
+        recv_exact_into(c.sock, memoryview(header)[n:], time.monotonic() + cfg.request_timeout)
+        return header
 
     def _serve(self, c: Conn) -> None:
         cfg = self.config
@@ -308,11 +330,18 @@ class PoolServer:
             if not c.unix:
                 tune(c.sock)
             self._handshake(c)
-            while not self._stop.is_set() and self._next_frame(c):
+            # Blocking from here on, with kernel timeouts: a request costs the system calls it
+            # needs, with no poll before each (deadlines are still checked between calls).
+            kernel_timeouts(c.sock, min(cfg.request_timeout, cfg.idle_timeout))
+            while not self._stop.is_set():
+                raw = self._next_header(c)
+                if raw is None:
+                    break
                 deadline = time.monotonic() + cfg.request_timeout
                 started = time.perf_counter()
-                header, meta = read_frame(c.sock, max_meta=cfg.max_meta_bytes,
-                                          max_data=cfg.max_frame_bytes, deadline=deadline)
+                header = P.parse_header(raw, max_meta=cfg.max_meta_bytes,
+                                        max_data=cfg.max_frame_bytes)
+                meta = recv_exact(c.sock, header.meta_len, deadline)
                 self._dispatch(c, header, meta, deadline + header.data_len / MIN_RATE)
                 if self.metrics is not None:
                     self.metrics.observe_op(header.op, time.perf_counter() - started)
