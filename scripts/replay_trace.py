@@ -1,23 +1,29 @@
 #!/usr/bin/env python3
 """Replay a Mooncake-format request trace through placement policies and report prefix hit ratios.
 
-What runs: the policy objects themselves (``mooncake_sgl.policy``: ``heat`` and ``lru``, built by the
-same factory the store uses, from the same ``PolicyConfig``), driven by ``mooncake_sgl.sim.Simulator``,
-which issues the events ``TieredStore`` issues (lookup, promotion, write-back with admission, victims,
-demotion, removal). The store itself is not in the loop: it moves real bytes through real tiers and
-replaying 100k+ page accesses through it would take hours, so the simulator stands in for it with
-byte-sized tiers that hold no data. ``arc``, ``lirs`` and ``lfuda`` (per tier) are simulator-only
-reference policies;
-``belady`` is the offline optimum for page hits (MIN with bypass), single tier only.
+What runs: the policy objects themselves (``mooncake_sgl.policy``: ``adaptive``, ``heat`` and
+``lru``, built by the same factory the store uses, from the same ``PolicyConfig``; ``default`` is
+whichever of them the product's default ``policy.name`` is, so a benchmark measures what users get),
+driven by ``mooncake_sgl.sim.Simulator``, which issues the events ``TieredStore`` issues (lookup,
+promotion, write-back with admission, victims, demotion, removal). The store itself is not in the
+loop: it moves real bytes through real tiers and replaying 100k+ page accesses through it would take
+hours, so the simulator stands in for it with byte-sized tiers that hold no data. ``arc``, ``lirs``
+and ``lfuda`` (per tier) are simulator-only reference policies (the experts ``adaptive`` chooses
+among, each alone); ``belady`` is the offline optimum for page hits (MIN with bypass), single tier
+only.
 
 Reports, per capacity (single tier) and per policy: prefix hit ratio (the leading run of a request's
 blocks found cached, as SGLang counts it) and the ratio to LRU; for ``--tiers`` runs also the hits
 per tier (share of hits served by the fastest tier) and bytes written / promoted / demoted per tier.
 
+The trace is a Mooncake-format JSONL file, or ``gen:chat``, ``gen:agent``, ``gen:rag`` for a seeded
+generated workload (``mooncake_sgl.sim.gen_suite``; ``--seed``).
+
 Examples:
     python scripts/replay_trace.py synthetic_trace.jsonl \\
-        --capacity-blocks 2%,9%,36% --policy lru,arc,lirs,lfuda,heat,belady --tiers 2%:36% \\
+        --capacity-blocks 0.5%,2%,9% --policy lru,arc,lirs,lfuda,heat,default,belady --tiers 2%:36% \\
         --plot docs/replay_hit_ratio.png --json /tmp/replay.json
+    python scripts/replay_trace.py gen:agent --capacity-blocks 0.5%,2%,9% --policy lru,default
     python scripts/replay_trace.py TRACE --capacity-blocks 500 --policy heat --limit 300   # smoke run
 """
 
@@ -35,12 +41,13 @@ from tqdm import tqdm  # noqa: E402
 
 from mooncake_sgl.config import PolicyConfig, load_config_file, parse_size  # noqa: E402
 from mooncake_sgl.policy import policy_for_capacities  # noqa: E402
+from mooncake_sgl.sim.gen_suite import GENERATORS, generate_requests  # noqa: E402
 from mooncake_sgl.sim.reference import ArcPolicy, LfuDaPolicy, LirsPolicy, belady_prefix_hits  # noqa: E402
 from mooncake_sgl.sim.simulator import SimResult, Simulator  # noqa: E402
 from mooncake_sgl.sim.trace import Request, distinct_blocks, load_trace  # noqa: E402
 
 REFERENCES = {"arc": ArcPolicy, "lirs": LirsPolicy, "lfuda": LfuDaPolicy}  # simulator-only
-POLICIES = ("lru", "arc", "lirs", "lfuda", "heat", "belady")
+POLICIES = ("lru", "arc", "lirs", "lfuda", "heat", "adaptive", "default", "belady")
 # Arbitrary default page size: one 512-token block of a Llama-3-8B-like model in bf16
 # (32 layers x 8 KV heads x 128 dims x 2 (K, V) x 2 bytes x 512 tokens).
 DEFAULT_PAGE_BYTES = 64 << 20
@@ -69,12 +76,24 @@ def run_one(policy: str, requests: list[Request], blocks: list[int], page_bytes:
     if policy in REFERENCES:
         pol = REFERENCES[policy](caps)
     else:
-        pol = policy_for_capacities(PolicyConfig(**{**_fields(config), "name": policy}), caps)
+        name = PolicyConfig().name if policy == "default" else policy
+        pol = policy_for_capacities(PolicyConfig(**{**_fields(config), "name": name}), caps)
     sim = Simulator(pol, caps, page_bytes, policy)
     label = f"{policy:>6} {'+'.join(map(str, blocks))} blocks"
     with tqdm(total=len(requests), desc=label, unit="req", disable=quiet, leave=False,
               mininterval=0.5) as bar:
         return sim.run(requests, bar.update)
+
+
+def load_requests(trace: str, seed: int | None, limit: int | None) -> list[Request]:
+    """A trace file's requests, or a generated workload's (``gen:NAME``)."""
+    if trace.startswith("gen:"):
+        name = trace[len("gen:"):]
+        if name not in GENERATORS:
+            raise SystemExit(f"unknown generated workload {name!r}; expected one of gen:"
+                             + ", gen:".join(GENERATORS))
+        return generate_requests(name, seed)[:limit]
+    return load_trace(trace, limit)
 
 
 def _fields(config: PolicyConfig) -> dict:
@@ -88,7 +107,8 @@ def plot(results: dict[str, dict[int, float]], distinct: int, path: Path, title:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    styles = {"lru": "o-", "arc": "s-", "lirs": "^-", "lfuda": "v-", "heat": "D-", "belady": "k--"}
+    styles = {"lru": "o-", "arc": "s-", "lirs": "^-", "lfuda": "v-", "heat": "D-", "adaptive": "*-",
+              "default": "*-", "belady": "k--"}
     for policy, by_cap in results.items():
         caps = sorted(by_cap)
         ax.plot([100.0 * c / distinct for c in caps], [100.0 * by_cap[c] for c in caps],
@@ -111,7 +131,8 @@ def plot(results: dict[str, dict[int, float]], distinct: int, path: Path, title:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Replay a Mooncake trace through placement policies.",
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("trace", type=Path)
+    ap.add_argument("trace", type=Path, help="Mooncake-format JSONL file, or gen:" + "|gen:".join(GENERATORS))
+    ap.add_argument("--seed", type=int, help="seed of a gen: workload (default: the documented one)")
     ap.add_argument("--capacity-blocks", default="2%,9%,36%",
                     help="single-tier capacities: block counts or shares of distinct blocks (2%%,9%%,36%%)")
     ap.add_argument("--policy", default=",".join(POLICIES), help="comma list of " + ", ".join(POLICIES))
@@ -143,18 +164,18 @@ def main(argv: list[str] | None = None) -> int:
         config = PolicyConfig(**{**_fields(config), **overrides})
     page_bytes = parse_size(args.page_bytes)
 
-    requests = load_trace(args.trace, args.limit)
+    requests = load_requests(str(args.trace), args.seed, args.limit)
     if not requests:
         ap.error(f"{args.trace}: no requests")
     distinct = distinct_blocks(requests)  # capacities are shares of the whole trace, halves included
-    if args.half == "first":
+    if args.half == "first":  # halves split by request count
         requests = requests[: len(requests) // 2]
     elif args.half == "second":
         requests = requests[len(requests) // 2:]
     pages = sum(len(r.keys) for r in requests)
     print(f"{args.trace}: {len(requests)} requests, {pages} block lookups, {distinct} distinct blocks"
           f"{' (' + args.half + ' half)' if args.half else ''}; page {page_bytes} bytes; "
-          f"heat sketch={config.sketch}")
+          f"heat sketch={config.sketch}; default policy={PolicyConfig().name}")
 
     started = time.monotonic()
     single: dict[str, dict[int, SimResult]] = {p: {} for p in policies}

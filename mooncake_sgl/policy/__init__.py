@@ -3,6 +3,8 @@
 - ``lru.LruPolicy``   the baseline: per-tier recency, write-through, promote to tier 0, demote one down.
 - ``heat.HeatPolicy`` decayed-frequency heat, prefix-aware eviction, adaptive probation, admission
                       filters for slower tiers, pins with TTL.
+- ``adaptive.AdaptivePolicy`` per tier, evicts as the best of LRU/ARC/LIRS/LFU-DA on sampled shadow
+                      caches (``experts``, ``shadow``).
 - ``sketch``          the bounded frequency estimators heat is built on.
 """
 
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 
 from ..api import PlacementPolicy, Tier
 from ..config import PolicyConfig
+from .adaptive import AdaptivePolicy
 from .heat import HeatPolicy
 from .lru import LruPolicy
 
@@ -31,4 +34,6 @@ def policy_for_capacities(config: PolicyConfig, capacities: Sequence[int | None]
         return LruPolicy(len(capacities))
     if config.name == "heat":
         return HeatPolicy(capacities, config)
-    raise ValueError(f"unknown policy {config.name!r}; expected 'heat' or 'lru'")
+    if config.name == "adaptive":
+        return AdaptivePolicy(capacities, config)
+    raise ValueError(f"unknown policy {config.name!r}; expected 'adaptive', 'heat' or 'lru'")

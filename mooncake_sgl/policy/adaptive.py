@@ -1,0 +1,318 @@
+"""AdaptivePolicy: every tier evicts as the textbook policy that would be doing best on this workload
+right now, chosen online by miniature simulations.
+
+Why: no fixed policy wins everywhere. On the Mooncake trace LIRS wins at small capacities of the
+first half and loses to LRU at large ones; LFU-DA wins at 2 % and loses at 9 %; on chat sessions LRU
+is near optimal (docs/replay_hit_ratio.md). An operator cannot know in advance which one fits.
+
+Design
+------
+Per bounded tier:
+
+- **Experts over the real pages** (``experts.py``): LRU, ARC, LIRS and LFU-DA each keep their own
+  ranking of the tier's resident pages and see every event (reference, arrival, departure, whoever
+  chose it), so each one's ghosts and aging stay current while another leads.
+- **Shadows** (``shadow.py``): one miniature cache per expert, SHARDS-sampled, replays every lookup's
+  sampled pages alone; its prefix hits over a decayed window rate the expert. The tier's victims are
+  chosen by the leader, the expert whose shadow leads (with a margin, so near-equal experts do not
+  take turns). Cost per page access: O(experts) for the real rankings plus O(experts) for the sampled
+  fraction in the shadows; memory: four rankings of the resident pages plus ``4 * R`` of one for the
+  shadows (``R`` = sample rate, 1/16 for large tiers).
+
+Prefix awareness: only a lookup's leading run of hits is referenced (pages past the first miss are
+not used by SGLang); chains are referenced and inserted tail first, so at equal standing a chain's
+head outlives its tail; and victims are leaves first: a page with a resident child in the tier is
+skipped while anything else can be freed, so no tail is left without its head. Chain links come from
+lookups (a write may be a filtered or demoted batch, not a chain).
+
+Across tiers: every tier runs its own experts and shadows (a slower tier's shadows model a cache of
+its size on the whole stream: the tiers are inclusive, as every write reaches them). A page is written
+to every tier (write-through), a page found in a slower tier is promoted to tier 0, and a victim of a
+tier moves one tier down. Pinned prefixes (``policy.pins``) are never victims until ``ttl`` after their
+last lookup.
+
+Pure, like every policy here: events in, decisions out, no clock (``tick``), no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+
+from ..api import PageKey, PlacementPolicy
+from ..config import PolicyConfig
+from ..keys import NAMESPACE_DIGEST_BYTES, page_hash_part
+from .experts import EXPERTS, Expert, LruExpert
+from .shadow import Tournament, key_hash, sample_rate
+
+# Chain links of looked-up pages not yet resident, kept until their write arrives (pages). Arbitrary.
+PENDING_LINKS = 1 << 14
+# Expert followed until the shadows have evidence: LRU, the baseline the policy must never fall below.
+FIRST_LEADER = next(i for i, e in enumerate(EXPERTS) if e is LruExpert)
+# Byte offset in a page key where its kind byte and page hash start (see ``keys.page_key``).
+_HASH_OFFSET = NAMESPACE_DIGEST_BYTES
+
+
+class _Tier:
+    """One bounded tier: its resident pages, their experts, their shadows."""
+
+    __slots__ = ("capacity", "size", "used", "experts", "tournament", "kids", "evictions")
+
+    def __init__(self, capacity: int | None):
+        self.capacity = capacity
+        self.size: dict[PageKey, int] = {}  # resident pages and their bytes
+        self.used = 0
+        self.experts: list[Expert] = []  # built once the page size is known
+        self.tournament: Tournament | None = None
+        self.kids: dict[PageKey, int] = {}  # resident children in this tier, by parent
+        self.evictions = 0
+
+    def start(self, page_bytes: int) -> None:
+        pages = max(1, self.capacity // page_bytes)
+        rate = sample_rate(pages)
+        self.experts = [cls(pages) for cls in EXPERTS]
+        self.tournament = Tournament([cls(max(1, round(pages * rate))) for cls in EXPERTS], rate,
+                                     FIRST_LEADER, self.size)
+
+    @property
+    def leader(self) -> Expert:
+        return self.experts[self.tournament.leader]
+
+
+def _eviction_order(state: _Tier) -> Iterator[PageKey]:
+    """The leader's order: first the sampled pages its shadow would not hold, then its ranking."""
+    yield from state.tournament.outcasts()
+    yield from state.leader.candidates()
+
+
+class AdaptivePolicy(PlacementPolicy):
+    """Shadow-rated choice among LRU, ARC, LIRS and LFU-DA, per tier, over ``len(capacities)`` tiers.
+
+    Args:
+        capacities: per tier (fastest first), its capacity in bytes, or ``None`` for a tier that
+            makes room on its own (the store never asks for its victims; nothing is tracked there).
+        config: the ``policy`` section of the store config (``pins`` is used).
+    """
+
+    def __init__(self, capacities: Sequence[int | None], config: PolicyConfig | None = None):
+        if not capacities:
+            raise ValueError("AdaptivePolicy needs at least one tier")
+        self.config = config = config or PolicyConfig()
+        self._tiers = [_Tier(c) for c in capacities]
+        self._page_bytes = 0  # learnt from the first insert; sizes experts and shadows in pages
+        self._where: dict[PageKey, int] = {}  # bitmask of tracked tiers holding a page
+        self._parent: dict[PageKey, PageKey | None] = {}  # chain links of resident pages
+        self._pending: OrderedDict[PageKey, PageKey | None] = OrderedDict()
+        self._pin_roots = {page_hash_part(p.prefix_hash): p.ttl for p in config.pins}
+        self._pinned: dict[PageKey, float] = {}  # page -> time its pin expires
+        self._now = 0.0
+        self._next_pin_sweep = 0.0
+
+    # ------------------------------------------------------------------ events
+
+    def tick(self, now: float) -> None:
+        if now <= self._now:
+            return
+        self._now = now
+        if self._pinned and now >= self._next_pin_sweep:
+            self._pinned = {k: t for k, t in self._pinned.items() if t > now}
+            ttl = min(self._pin_roots.values(), default=60.0)
+            self._next_pin_sweep = now + ttl / 4  # a stale pin is harmless: is_pinned checks time
+
+    def is_pinned(self, key: PageKey) -> bool:
+        return self._pinned.get(key, -1.0) > self._now
+
+    def on_lookup(self, keys: Sequence[PageKey], tiers: Sequence[int | None],
+                  parent: PageKey | None = None) -> None:
+        run = next((i for i, t in enumerate(tiers) if t is None), len(tiers))
+        self._learn_links(keys, parent)
+        for i in range(run - 1, -1, -1):  # tail first, so a chain's head ends most recent
+            tier = self._tiers[tiers[i]]
+            if keys[i] in tier.size:
+                for expert in tier.experts:
+                    expert.hit(keys[i])
+        hashes: list[int] | None = None
+        for tier in self._tiers:
+            if tier.tournament is not None and keys:
+                if hashes is None:
+                    hashes = [key_hash(k) for k in keys]
+                tier.tournament.observe(tier.tournament.sampled(keys, hashes))
+        if self._pin_roots and keys:
+            # A pinned chain: its first page matches a pin, or it continues a pinned page.
+            root = keys[0][_HASH_OFFSET:] if parent is None else None
+            ttl = self._pin_roots.get(root) if root is not None else self._pin_ttl_of(parent)
+            if ttl is not None:
+                for key in keys:
+                    self._pinned[key] = self._now + ttl
+
+    def on_insert(self, keys: Sequence[PageKey], tier: int, nbytes: Sequence[int],
+                  parent: PageKey | None = None) -> None:
+        if not keys:
+            return
+        if not self._page_bytes:
+            self._page_bytes = max(1, max(nbytes))
+            for t in self._tiers:
+                if t.capacity is not None:
+                    t.start(self._page_bytes)
+        state = self._tiers[tier]
+        if state.capacity is None:
+            # A self-evicting tier drops pages without telling anyone: tracking them would grow
+            # without bound, and no victims are ever asked of it.
+            return
+        bit = 1 << tier
+        for key, n in zip(reversed(keys), reversed(nbytes)):  # tail first: tails leave first
+            if key in state.size:
+                continue
+            state.size[key] = n
+            state.used += n
+            for expert in state.experts:
+                expert.add(key)
+            if state.tournament.is_sampled(key):
+                state.tournament.real_added(key)
+            where = self._where.get(key, 0)
+            if not where and key in self._pending:
+                self._parent[key] = self._pending.pop(key)
+            self._where[key] = where | bit
+            p = self._parent.get(key)
+            if p is not None:
+                state.kids[p] = state.kids.get(p, 0) + 1
+
+    def on_remove(self, keys: Sequence[PageKey], tier: int) -> None:
+        state = self._tiers[tier]
+        for key in keys:
+            if key in state.size:
+                self._leave(state, key, 1 << tier)
+
+    # ------------------------------------------------------------------ decisions
+
+    def admit(self, keys: Sequence[PageKey], tier: int) -> list[bool]:
+        return [True] * len(keys)
+
+    def promotion_target(self, key: PageKey, found_tier: int) -> int | None:
+        return 0 if found_tier > 0 else None
+
+    def demotion_target(self, key: PageKey, from_tier: int) -> int | None:
+        return from_tier + 1 if from_tier + 1 < len(self._tiers) else None
+
+    def victims(self, tier: int, nbytes: int, protected: frozenset[PageKey] = frozenset()
+                ) -> list[PageKey] | None:
+        state = self._tiers[tier]
+        if nbytes <= 0:
+            return []
+        if state.capacity is None or not state.experts or self._evictable(state, protected) < nbytes:
+            return None
+        chosen: dict[PageKey, None] = {}
+        freed = self._pick(state, nbytes, protected, chosen, leaves_only=True)
+        if freed < nbytes:  # only parents of resident children are left: take them too
+            self._pick(state, nbytes - freed, protected, chosen, leaves_only=False)
+        bit = 1 << tier
+        for key in chosen:
+            self._leave(state, key, bit)
+        state.evictions += len(chosen)
+        return list(chosen)
+
+    def stats(self) -> dict[str, float]:
+        out: dict[str, float] = {"tracked_pages": float(len(self._where)),
+                                 "pinned_pages": float(len(self._pinned))}
+        for i, t in enumerate(self._tiers):
+            out[f"tier{i}_pages"] = float(len(t.size))
+            if t.tournament is None:
+                continue
+            tour = t.tournament
+            out[f"tier{i}_leader"] = float(tour.leader)
+            out[f"tier{i}_leader_switches"] = float(tour.switches)
+            out[f"tier{i}_sample_rate"] = tour.rate
+            out[f"tier{i}_expert_entries"] = float(sum(e.entries() for e in t.experts))
+            out[f"tier{i}_shadow_entries"] = float(tour.entries())
+            for s in tour.shadows:
+                ratio = s.hits / s.lookups if s.lookups else 0.0
+                out[f"tier{i}_shadow_{s.expert.name}_hit_ratio"] = ratio
+        return out
+
+    def leader(self, tier: int) -> str | None:
+        """Name of the expert choosing ``tier``'s victims now (``None`` before the first write)."""
+        t = self._tiers[tier]
+        return t.leader.name if t.experts else None
+
+    # ------------------------------------------------------------------ internals
+
+    def _pick(self, state: _Tier, nbytes: int, protected: frozenset[PageKey],
+              chosen: dict[PageKey, None], leaves_only: bool) -> int:
+        freed = 0
+        kids, size, parent = state.kids, state.size, self._parent
+        # Children chosen in this call: their parent is a leaf once they are all chosen, and comes
+        # right after them in an order that inserts and references chains tail first.
+        gone: dict[PageKey, int] = {}
+        it = _eviction_order(state)
+        try:
+            for key in it:
+                if key in chosen or key in protected or self.is_pinned(key):
+                    continue
+                if leaves_only and kids.get(key, 0) > gone.get(key, 0):
+                    continue
+                chosen[key] = None
+                freed += size[key]
+                if freed >= nbytes:
+                    break
+                p = parent.get(key)
+                if p is not None:
+                    gone[p] = gone.get(p, 0) + 1
+        finally:
+            it.close()
+        return freed
+
+    def _evictable(self, state: _Tier, protected: frozenset[PageKey]) -> int:
+        """Bytes of the tier that are neither protected nor pinned (O(protected + pinned))."""
+        held = 0
+        for key in protected | self._pinned.keys() if self._pinned else protected:
+            n = state.size.get(key)
+            if n is not None and (key in protected or self.is_pinned(key)):
+                held += n
+        return state.used - held
+
+    def _leave(self, state: _Tier, key: PageKey, bit: int) -> None:
+        state.used -= state.size.pop(key)
+        for expert in state.experts:
+            expert.drop(key)
+        state.tournament.real_removed(key)
+        p = self._parent.get(key)
+        if p is not None:
+            left = state.kids.get(p, 0) - 1
+            if left > 0:
+                state.kids[p] = left
+            else:
+                state.kids.pop(p, None)
+        where = self._where.get(key, 0) & ~bit
+        if where:
+            self._where[key] = where
+        else:
+            self._where.pop(key, None)
+            self._parent.pop(key, None)
+            self._pinned.pop(key, None)
+
+    def _learn_links(self, keys: Sequence[PageKey], parent: PageKey | None) -> None:
+        prev = parent
+        for key in keys:
+            if key not in self._parent:
+                if key in self._where:
+                    self._link_resident(key, prev)
+                else:
+                    self._pending[key] = prev
+            prev = key
+        while len(self._pending) > PENDING_LINKS:
+            self._pending.popitem(last=False)
+
+    def _link_resident(self, key: PageKey, parent: PageKey | None) -> None:
+        """A resident page's link became known after it was written: count it as a child."""
+        self._parent[key] = parent
+        if parent is None:
+            return
+        where = self._where[key]
+        for t, state in enumerate(self._tiers):
+            if where >> t & 1:
+                state.kids[parent] = state.kids.get(parent, 0) + 1
+
+    def _pin_ttl_of(self, parent: PageKey | None) -> float | None:
+        if parent is None or not self.is_pinned(parent):
+            return None
+        return self._pinned[parent] - self._now

@@ -1,0 +1,191 @@
+"""Miniature simulations that rate eviction experts online (SHARDS: Waldspurger et al., "Cache Modeling
+and Optimization using Miniature Simulations", USENIX ATC 2017).
+
+A tier of ``C`` pages is modelled by caches of ``R * C`` pages that see only the pages whose key hash
+falls in a fraction ``R`` of the hash space (spatial sampling: a sampled page is seen on every one of
+its accesses, so reuse distances shrink by ``R`` along with the cache). One ``ShadowCache`` per expert
+runs that expert alone on the sampled stream; ``Tournament`` keeps each one's recent prefix hits and
+names the leader the real tier follows.
+
+Prefix hits in a shadow: a request's sampled pages keep their chain order, and a sampled page counts
+as a hit when it and every sampled page before it in the request are resident, as SGLang counts the
+leading run. Pages past the first miss are written back, as the store does.
+
+Memory: each shadow holds ``R * C`` pages (plus its expert's ghosts), so four shadows cost
+``4 * R`` of one expert's metadata; ``R`` is ``SAMPLE_RATE`` for large tiers and rises for small ones
+until a shadow holds ``MIN_SHADOW_PAGES`` (a miniature of a few dozen pages says little).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import xxhash
+
+from ..api import PageKey
+from .experts import Expert
+
+# Fraction of the key space the shadows of a large tier sample. SHARDS reports accurate miss ratio
+# curves at 0.1-1 % on traces of millions of keys; 1/16 keeps enough samples for tiers of thousands of
+# pages while the four shadows together cost a quarter of one expert's memory. Arbitrary.
+SAMPLE_RATE = 1 / 16
+# Smallest shadow, in pages: below it the sample rate rises (up to 1: a full-size shadow). Arbitrary.
+MIN_SHADOW_PAGES = 4096
+# Prefix hits are compared over an exponentially decayed window of this many cache turnovers
+# (sampled page lookups / shadow pages): long enough to average out noise, short enough to follow a
+# workload that changes. Arbitrary.
+WINDOW_TURNOVERS = 32
+# The leader changes only when another expert's decayed hits exceed its own by this many standard
+# deviations of their difference (hits counted as Poisson events: variance = count), so that
+# sampling noise does not make equally good experts take turns; a lead that holds over the window
+# passes it. Two standard deviations: the customary 95 % one-sided test, not fitted.
+SWITCH_SIGMAS = 2.0
+# ... and only once the challenger has this many (decayed) hits: the normal approximation of that
+# test needs a few dozen events (the customary 30).
+MIN_EVIDENCE = 30.0
+
+
+def key_hash(key: PageKey) -> int:
+    """Uniform 64-bit hash of a page key, stable across processes (sampling must be reproducible)."""
+    return xxhash.xxh3_64_intdigest(key)
+
+
+def sample_rate(capacity_pages: int) -> float:
+    """Fraction of the key space sampled for a tier of ``capacity_pages`` pages."""
+    return min(1.0, max(SAMPLE_RATE, MIN_SHADOW_PAGES / max(1, capacity_pages)))
+
+
+class ShadowCache:
+    """One expert alone on a miniature cache of ``capacity_pages`` pages; keeps no data.
+
+    ``real`` is the resident set of the tier it models: ``outcast`` keeps, oldest first, the sampled
+    pages the real tier holds and this shadow does not (it evicted them, or never took them). They are
+    the first victims when this shadow's expert leads, so the real tier converges to what the expert
+    alone would hold, including pages the expert keeps for a long time and another leader dropped.
+    """
+
+    __slots__ = ("expert", "capacity", "resident", "hits", "lookups", "real", "outcast")
+
+    def __init__(self, expert: Expert, real: dict[PageKey, int] | None = None):
+        self.expert = expert
+        self.capacity = expert.capacity
+        self.resident: set[PageKey] = set()
+        self.hits = 0
+        self.lookups = 0
+        self.real: dict[PageKey, int] = {} if real is None else real
+        self.outcast: OrderedDict[PageKey, None] = OrderedDict()
+
+    def access(self, keys: Sequence[PageKey]) -> int:
+        """A request's sampled pages, in chain order; returns its prefix hits in this shadow."""
+        resident, expert = self.resident, self.expert
+        run = 0
+        while run < len(keys) and keys[run] in resident:
+            run += 1
+        for i in range(run - 1, -1, -1):  # tail first: a chain's head ends most recent
+            expert.hit(keys[i])
+        fresh = [k for k in keys[run:] if k not in resident]
+        if fresh:
+            over = len(resident) + len(fresh) - self.capacity
+            if over > 0:
+                self._evict(over, frozenset(keys))
+            fits = max(0, self.capacity - len(resident))
+            outcast = self.outcast
+            for key in reversed(fresh[:fits]):  # the store writes a batch in order: its tail is lost
+                resident.add(key)
+                expert.add(key)
+                outcast.pop(key, None)
+        self.hits += run
+        self.lookups += len(keys)
+        return run
+
+    def _evict(self, count: int, protected: frozenset[PageKey]) -> None:
+        chosen: list[PageKey] = []
+        it = self.expert.candidates()
+        try:
+            for key in it:
+                if key not in protected:
+                    chosen.append(key)
+                    if len(chosen) == count:
+                        break
+        finally:
+            it.close()
+        real = self.real
+        for key in chosen:
+            self.resident.discard(key)
+            self.expert.drop(key)
+            if key in real:
+                self.outcast[key] = None
+
+    def real_added(self, key: PageKey) -> None:
+        """A sampled page became resident in the real tier."""
+        if key not in self.resident:
+            self.outcast[key] = None
+
+    def real_removed(self, key: PageKey) -> None:
+        self.outcast.pop(key, None)
+
+    def entries(self) -> int:
+        return len(self.resident) + self.expert.entries() + len(self.outcast)
+
+
+class Tournament:
+    """Shadows of every expert class for one tier, and which of them leads.
+
+    Args:
+        experts: one fresh expert per candidate, sized for the shadow (``sample_rate`` of the tier).
+        rate: the sampled fraction of the key space.
+        leader: index of the expert followed before there is evidence.
+        real: the modelled tier's resident pages (key -> bytes), read only.
+    """
+
+    def __init__(self, experts: Sequence[Expert], rate: float, leader: int = 0,
+                 real: dict[PageKey, int] | None = None):
+        if not experts:
+            raise ValueError("a tournament needs at least one expert")
+        self.shadows = [ShadowCache(e, real) for e in experts]
+        self.threshold = int(rate * (1 << 64))
+        self.rate = rate
+        self.score = [0.0] * len(experts)
+        self.leader = leader
+        self.switches = 0
+        window = WINDOW_TURNOVERS * max(s.capacity for s in self.shadows)
+        self._log_keep = math.log1p(-1.0 / window)  # decay per sampled page looked up
+
+    def sampled(self, keys: Sequence[PageKey], hashes: Sequence[int]) -> list[PageKey]:
+        threshold = self.threshold
+        return [k for k, h in zip(keys, hashes) if h < threshold]
+
+    def observe(self, keys: Sequence[PageKey]) -> None:
+        """A request's sampled pages: every shadow replays them; the leader may change."""
+        if not keys:
+            return
+        keep = math.exp(self._log_keep * len(keys))
+        score = self.score
+        for i, shadow in enumerate(self.shadows):
+            score[i] = score[i] * keep + shadow.access(keys)
+        best = max(range(len(score)), key=score.__getitem__)
+        lead = score[self.leader]
+        if (best != self.leader and score[best] >= MIN_EVIDENCE
+                and score[best] - lead > SWITCH_SIGMAS * math.sqrt(score[best] + lead)):
+            self.leader = best
+            self.switches += 1
+
+    def is_sampled(self, key: PageKey) -> bool:
+        return key_hash(key) < self.threshold
+
+    def real_added(self, key: PageKey) -> None:
+        for shadow in self.shadows:
+            shadow.real_added(key)
+
+    def real_removed(self, key: PageKey) -> None:
+        for shadow in self.shadows:
+            shadow.real_removed(key)
+
+    def outcasts(self) -> OrderedDict[PageKey, None]:
+        """Sampled pages of the real tier the leader's shadow does not hold, oldest first."""
+        return self.shadows[self.leader].outcast
+
+    def entries(self) -> int:
+        return sum(s.entries() for s in self.shadows)
