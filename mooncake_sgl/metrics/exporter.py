@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -69,15 +70,16 @@ def _help(field: str) -> str:
     return f"mooncake_sgl per-tier {field.replace('_', ' ')} (see docs/observability.md)"
 
 
-_FAMILIES: dict[int, _Families] = {}
+# Per registry, for as long as it lives (a re-attached backend reuses the process's families).
+_FAMILIES: weakref.WeakKeyDictionary[Any, _Families] = weakref.WeakKeyDictionary()
 _FAMILIES_LOCK = threading.Lock()
 
 
 def _families(registry: Any) -> _Families:
     with _FAMILIES_LOCK:
-        fam = _FAMILIES.get(id(registry))
+        fam = _FAMILIES.get(registry)
         if fam is None:
-            fam = _FAMILIES[id(registry)] = _Families(registry)
+            fam = _FAMILIES[registry] = _Families(registry)
         return fam
 
 

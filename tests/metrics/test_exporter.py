@@ -153,3 +153,17 @@ def test_each_byte_of_usage_is_reported_by_one_rank(store, ranks, mla, elsewhere
     cfg = SimpleNamespace(**{"tp_rank": 0, "pp_rank": 0, "dp_rank": 0, "attn_cp_rank": 0, **ranks},
                           is_mla_model=mla)
     assert usage_reported_elsewhere(store, cfg) == elsewhere
+
+
+def test_a_reattached_backend_keeps_counting_in_the_same_process(tmp_path: Path) -> None:
+    # SGLang can detach and attach the storage backend at runtime (PUT /hicache/storage-backend):
+    # the new store counts from zero, the process's series must keep growing, not fail or reset.
+    registry = CollectorRegistry()
+    for i, pages in enumerate((3, 2)):
+        s = host_lmdb_store(tmp_path / f"db{i}")
+        exporter = StoreExporter(s.stats, RANK, registry=registry)
+        write(s, range(pages))
+        read(s, range(pages))
+        exporter.close()
+        s.close()
+    assert parse(scrape_registry(registry)).by_tier()["host"].hits == 5
