@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from mooncake_sgl.config import PolicyConfig
+
 ROOT = Path(__file__).resolve().parents[2]
+ONLINE = ("lru", "arc", "lirs", "lfuda", "heat", "adaptive", "default")
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +51,36 @@ def test_replay_reports_table_tiers_json_and_plot(tmp_path: Path, capsys, TRACE:
     assert data["requests"] == 400 and len(data["single_tier"]) == 2
     for row in data["single_tier"]:
         bound = row["belady"]["hit_ratio"]
-        assert all(row[p]["hit_ratio"] <= bound for p in ("lru", "arc", "lirs", "lfuda", "heat"))
+        assert all(row[p]["hit_ratio"] <= bound for p in ONLINE)
     tiers = data["multi_tier"][0]["results"]
-    assert set(tiers) == {"lru", "arc", "lirs", "lfuda", "heat"}
+    assert set(tiers) == set(ONLINE)
     # Heat keeps one-hit wonders off the slow tier: fewer bytes written there than write-through LRU.
     assert tiers["heat"]["tiers"][1]["bytes_written"] < tiers["lru"]["tiers"][1]["bytes_written"]
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_default_is_the_product_default_policy(tmp_path: Path):
+    # ``default`` must measure what users get: the same replay as the policy ``policy.name``
+    # defaults to, whatever that is.
+    replay = load_script()
+    out = tmp_path / "d.json"
+    assert replay.main(["gen:chat", "--limit", "300", "--capacity-blocks", "3%", "--policy",
+                        f"default,{PolicyConfig().name}", "--json", str(out), "--quiet"]) == 0
+    row = json.loads(out.read_text())["single_tier"][0]
+    assert row["default"]["hit_pages"] == row[PolicyConfig().name]["hit_pages"] > 0
+
+
+@pytest.mark.parametrize("name", ["chat", "agent", "rag"])
+def test_generated_workloads_replay_without_a_file(name: str, tmp_path: Path):
+    replay = load_script()
+    out = tmp_path / "g.json"
+    assert replay.main([f"gen:{name}", "--seed", "3", "--limit", "200", "--capacity-blocks", "5%",
+                        "--policy", "lru,adaptive,belady", "--json", str(out), "--quiet"]) == 0
+    data = json.loads(out.read_text())
+    row = data["single_tier"][0]
+    assert data["requests"] == 200
+    assert 0 < row["lru"]["hit_ratio"] <= row["belady"]["hit_ratio"]
+    assert row["adaptive"]["hit_ratio"] <= row["belady"]["hit_ratio"]
 
 
 def test_replay_rejects_bad_arguments(TRACE: Path):
@@ -62,6 +89,8 @@ def test_replay_rejects_bad_arguments(TRACE: Path):
         replay.main([str(TRACE), "--policy", "fifo"])
     with pytest.raises(SystemExit, match="bad capacity"):
         replay.main([str(TRACE), "--limit", "10", "--capacity-blocks", "lots", "--quiet"])
+    with pytest.raises(SystemExit, match="gen:chat"):
+        replay.main(["gen:nope", "--quiet"])
 
 
 def test_hazard_bound_without_evictions_equals_the_unbounded_cache(tmp_path: Path):
