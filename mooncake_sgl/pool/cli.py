@@ -2,7 +2,7 @@
 
     mooncake-sgl pool --config pool.yaml                 # serve until SIGTERM / Ctrl-C
     mooncake-sgl pool --port 0 --capacity 2GiB           # flags override the file
-    mooncake-sgl pool stats 127.0.0.1:7480 [--secret S] [--json]
+    mooncake-sgl pool stats 127.0.0.1:7480 [--secret S] [--tenant T] [--json]
     mooncake-sgl pool health 127.0.0.1:7480              # exit 0 when it answers, 1 otherwise
 
 Once listening, the server prints one line ``READY <host>:<port> ...`` on stdout (scripts and
@@ -74,11 +74,13 @@ def _query(argv: list[str], what: str) -> int:
     ap = argparse.ArgumentParser(prog=f"mooncake-sgl pool {what}")
     ap.add_argument("endpoint", nargs="?", default="127.0.0.1:7480")
     ap.add_argument("--secret", default=os.environ.get("MOONCAKE_SGL_POOL_SECRET", ""))
+    ap.add_argument("--tenant", default="", help="tenant name on a multi-tenant pool (its pages' "
+                    "counters are shown; --secret is then that tenant's)")
     ap.add_argument("--timeout", type=float, default=3.0)
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     args = ap.parse_args(argv)
-    client = PoolClient(args.endpoint, transport="tcp", secret=args.secret, connections=1,
-                        timeout=args.timeout)
+    client = PoolClient(args.endpoint, transport="tcp", secret=args.secret, tenant=args.tenant,
+                        connections=1, timeout=args.timeout)
     try:
         stats = client.stats()
     except MooncakeSglError as e:

@@ -253,6 +253,7 @@ class PoolServer:
         connection and could destroy the error before the peer reads it. Bounded in time."""
         deadline = time.monotonic() + 0.5  # arbitrary: a peer that reads nothing gets no more
         try:
+            sock.settimeout(0.5)  # not the connection's kernel timeouts: this must not wait long
             send_buffers(sock, [P.frame(P.Op.ERROR, P.ErrorMsg(kind, message))], deadline)
             sock.shutdown(socket.SHUT_WR)
             sock.settimeout(0.2)

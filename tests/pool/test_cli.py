@@ -40,3 +40,15 @@ def test_bad_config_names_the_key_and_file(tmp_path) -> None:  # noqa: ANN001
     cfg.write_text("capacity: 100TiB\nport: 0\n")  # never pre-fault past the machine's memory
     r = pool_cli("--config", str(cfg))
     assert r.returncode == 2 and "exceeds the" in r.stderr and "memory" in r.stderr
+
+
+def test_stats_of_one_tenant_of_a_multi_tenant_pool() -> None:
+    with PoolProcess(capacity="4MiB", slab_size="1MiB",
+                     tenants=[{"name": "a", "secret": "sa", "capacity": "2MiB"},
+                              {"name": "b", "secret": "sb", "capacity": "2MiB"}]) as pool:
+        r = pool_cli("stats", pool.endpoint, "--tenant", "b", "--secret", "sb", "--json")
+        assert r.returncode == 0, r.stderr
+        stats = json.loads(r.stdout)
+        assert stats["capacity_bytes"] == 2 << 20 and stats["tenants"] == 2
+        r = pool_cli("health", pool.endpoint, "--tenant", "b", "--secret", "sa")
+        assert r.returncode == 1 and "wrong shared secret" in r.stderr
