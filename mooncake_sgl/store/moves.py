@@ -30,13 +30,6 @@ HEADROOM = 0.05
 ROOM_WAIT = 5.0
 
 
-def _yield_gil() -> None:
-    """Let a request thread waiting for the GIL have it now, between the steps of a move, rather
-    than after the interpreter's switch interval (5 ms): that wait is what a busy mover adds to
-    SGLang's calls."""
-    time.sleep(0)
-
-
 class PlacementWork:
     """Eviction, demotion, promotion and headroom over the store's tiers."""
 
@@ -52,6 +45,14 @@ class PlacementWork:
     _maintenance_queued: bool
     _guarded: Callable[..., Any]
     _write: Callable[..., list[bool]]
+
+    def _yield_gil(self) -> None:
+        """On the mover: let a request thread waiting for the GIL have it now, between the steps of
+        a move, rather than after the interpreter's switch interval (5 ms), the wait a busy mover
+        adds to SGLang's calls. Inline (the simulator) there is no one to yield to, and a yield on
+        a loaded machine costs milliseconds."""
+        if self._mover.background:
+            time.sleep(0)
 
     def _ensure_room(self, t: int, need: int, protected: frozenset[PageKey]) -> bool:
         if need <= 0:
@@ -159,7 +160,7 @@ class PlacementWork:
                 bk = [move[i] for i in batch]
                 staged = self._staging.pages(("demote", t), [sizes[i] for i in batch])
                 got = self._guarded(source, "get", source.get_into, bk, staged)
-                _yield_gil()
+                self._yield_gil()
                 moved = [k for k, g in zip(bk, got) if g]
                 pages = [p for p, g in zip(staged, got) if g]
                 ok = self._write(target, moved, pages, protected | frozenset(moved), None) if moved else []
@@ -193,7 +194,7 @@ class PlacementWork:
             bk = [keys[present[j]] for j in batch]
             staged = self._staging.pages(("promote", source), [sizes[present[j]] for j in batch])
             got = self._guarded(tier, "get", tier.get_into, bk, staged)
-            _yield_gil()
+            self._yield_gil()
             self._promote_into(target, [k for k, g in zip(bk, got) if g],
                                [p for p, g in zip(staged, got) if g], protected)
 
@@ -201,7 +202,7 @@ class PlacementWork:
                       protected: frozenset[PageKey]) -> None:
         if keys:
             ok = self._write(target, keys, pages, protected, None)
-            _yield_gil()
+            self._yield_gil()
             self._tier_counters[target].add(promotions=sum(ok))
 
     def _maintain(self) -> None:
