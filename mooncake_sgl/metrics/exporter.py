@@ -44,6 +44,9 @@ logger = logging.getLogger(__name__)
 # Arbitrary: counters reach /metrics within a second, and a sync costs one store.stats().
 DEFAULT_INTERVAL_S = 1.0
 _LABELS = ("tier", *RANK_LABELS)
+# Arbitrary: timings kept per (tier, op) between two syncs; past it (a stalled sync thread) they
+# are dropped rather than grow without bound.
+_MAX_PENDING_TIMINGS = 1 << 16
 # Counters that are the placement policy's decisions carry its name too.
 _PER_POLICY = frozenset({"admission_refusals"})
 
@@ -140,13 +143,14 @@ class StoreExporter:
 
     def sync(self) -> None:
         """Push what changed since the last sync (and the timings observed since)."""
+        with self._lock:
+            self._flush_timings()
         try:
             now = snapshot_of(self._stats())
         except Exception as e:  # a store being closed under us; the next sync retries
             logger.debug("mooncake_sgl metrics: stats failed: %s", e)
             return
         with self._lock:
-            self._flush_timings()
             before, self._last = self._last, now
             for key, sample in now.tiers.items():
                 self._push(key[1], before.tiers.get(key, TierSample()), sample)
@@ -188,7 +192,9 @@ class StoreExporter:
         """One tier call took ``seconds``; only ``get`` and ``put`` are kept, until the next sync."""
         if op in self._fam.latency:
             with self._timings_lock:
-                self._timings.setdefault((tier, op), []).append(seconds)
+                pending = self._timings.setdefault((tier, op), [])
+                if len(pending) < _MAX_PENDING_TIMINGS:
+                    pending.append(seconds)
 
     def _flush_timings(self) -> None:
         with self._timings_lock:
