@@ -33,12 +33,16 @@ import argparse
 import json
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tqdm import tqdm  # noqa: E402
 
+import mooncake_sgl.policy  # noqa: E402
+import mooncake_sgl.sim.reference  # noqa: E402
+from mooncake_sgl.api import PlacementPolicy  # noqa: E402
 from mooncake_sgl.config import PolicyConfig, load_config_file, parse_size  # noqa: E402
 from mooncake_sgl.policy import policy_for_capacities  # noqa: E402
 from mooncake_sgl.sim.gen_suite import GENERATORS, generate_requests  # noqa: E402
@@ -65,6 +69,13 @@ def parse_capacity(text: str, distinct: int) -> int:
                          "like 9%") from None
 
 
+def build_policy(policy: str, caps: list[int], config: PolicyConfig) -> PlacementPolicy:
+    if policy in REFERENCES:
+        return REFERENCES[policy](caps)
+    name = PolicyConfig().name if policy == "default" else policy
+    return policy_for_capacities(PolicyConfig(**{**_fields(config), "name": name}), caps)
+
+
 def run_one(policy: str, requests: list[Request], blocks: list[int], page_bytes: int,
             config: PolicyConfig, quiet: bool) -> SimResult:
     caps = [b * page_bytes for b in blocks]
@@ -73,16 +84,32 @@ def run_one(policy: str, requests: list[Request], blocks: list[int], page_bytes:
             raise ValueError("belady is a single-tier bound")
         hits, total = belady_prefix_hits(requests, blocks[0])
         return SimResult("belady", requests=len(requests), lookup_pages=total, hit_pages=hits)
-    if policy in REFERENCES:
-        pol = REFERENCES[policy](caps)
-    else:
-        name = PolicyConfig().name if policy == "default" else policy
-        pol = policy_for_capacities(PolicyConfig(**{**_fields(config), "name": name}), caps)
-    sim = Simulator(pol, caps, page_bytes, policy)
+    sim = Simulator(build_policy(policy, caps, config), caps, page_bytes, policy)
     label = f"{policy:>6} {'+'.join(map(str, blocks))} blocks"
     with tqdm(total=len(requests), desc=label, unit="req", disable=quiet, leave=False,
               mininterval=0.5) as bar:
         return sim.run(requests, bar.update)
+
+
+def measure_cost(policy: str, requests: list[Request], blocks: int, page_bytes: int,
+                 config: PolicyConfig) -> dict[str, float]:
+    """Replay speed (page lookups per second through the whole simulator loop) and the memory the
+    policy holds at the end of the replay (bytes allocated by policy code and still alive, from a
+    second replay under ``tracemalloc``, which slows it down)."""
+    started = time.perf_counter()
+    res = run_one(policy, requests, [blocks], page_bytes, config, True)
+    seconds = time.perf_counter() - started
+    code = [tracemalloc.Filter(True, str(Path(mooncake_sgl.policy.__file__).parent / "*")),
+            tracemalloc.Filter(True, mooncake_sgl.sim.reference.__file__)]
+    caps = [blocks * page_bytes]
+    tracemalloc.start()
+    try:
+        pol = build_policy(policy, caps, config)
+        Simulator(pol, caps, page_bytes, policy).run(requests)
+        held = sum(s.size for s in tracemalloc.take_snapshot().filter_traces(code).statistics("filename"))
+    finally:
+        tracemalloc.stop()
+    return {"lookups_per_s": res.lookup_pages / seconds, "seconds": seconds, "policy_bytes": held}
 
 
 def load_requests(trace: str, seed: int | None, limit: int | None) -> list[Request]:
@@ -148,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", type=Path, help="PNG of hit ratio vs capacity")
     ap.add_argument("--json", type=Path, help="write all results here")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    ap.add_argument("--cost", action="store_true",
+                    help="also measure each online policy's replay speed (page lookups/s) and the memory "
+                         "it holds at the end (tracemalloc), per single-tier capacity")
     args = ap.parse_args(argv)
 
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
@@ -202,6 +232,17 @@ def main(argv: list[str] | None = None) -> int:
             print(row)
             out["single_tier"].append({"capacity_blocks": cap, "share": cap / distinct,
                                        **{p: single[p][cap].as_dict() for p in policies}})
+
+    if args.cost and caps:
+        print("\ncost per single-tier capacity: page lookups/s through the simulator, KiB held by the policy")
+        out["cost"] = []
+        online = [p for p in policies if p != "belady"]
+        for cap in caps:
+            costs = {p: measure_cost(p, requests, cap, page_bytes, config) for p in online}
+            print(f"{cap:>7} blocks  " + "  ".join(
+                f"{p}: {c['lookups_per_s'] / 1000:6.1f}k/s {c['policy_bytes'] / 1024:8.0f} KiB"
+                for p, c in costs.items()))
+            out["cost"].append({"capacity_blocks": cap, **costs})
 
     for spec in args.tiers:
         blocks = [parse_capacity(c, distinct) for c in spec.split(":")]

@@ -75,10 +75,13 @@ def test_generated_workloads_replay_without_a_file(name: str, tmp_path: Path):
     replay = load_script()
     out = tmp_path / "g.json"
     assert replay.main([f"gen:{name}", "--seed", "3", "--limit", "200", "--capacity-blocks", "5%",
-                        "--policy", "lru,adaptive,belady", "--json", str(out), "--quiet"]) == 0
+                        "--policy", "lru,adaptive,belady", "--cost", "--json", str(out), "--quiet"]) == 0
     data = json.loads(out.read_text())
     row = data["single_tier"][0]
     assert data["requests"] == 200
+    cost = data["cost"][0]
+    assert set(cost) == {"capacity_blocks", "lru", "adaptive"}
+    assert all(cost[p]["lookups_per_s"] > 0 and cost[p]["policy_bytes"] > 0 for p in ("lru", "adaptive"))
     assert 0 < row["lru"]["hit_ratio"] <= row["belady"]["hit_ratio"]
     assert row["adaptive"]["hit_ratio"] <= row["belady"]["hit_ratio"]
 
