@@ -98,6 +98,9 @@ class PoolClient:
         self._nconn = connections
         self._split = split_bytes
         self._lock = threading.Lock()
+        # RDMA: only the connection that set up the queue pair may RESERVE and LEASE, so calls
+        # take turns on it (one RC queue pair serialises transfers anyway).
+        self._idle_back = threading.Condition(self._lock)
         self._slots = threading.BoundedSemaphore(connections)
         self._idle: list[FramedConnection] = []
         self._mode: str | None = None  # "shm" / "tcp" / "rdma" once connected
@@ -162,6 +165,7 @@ class PoolClient:
             if gen != self._gen:
                 return
             self._gen += 1
+            self._idle_back.notify_all()
             for c in self._idle:
                 c.close()
             self._idle = []
@@ -183,6 +187,10 @@ class PoolClient:
                         self._establish()
                     gen, mode, mapping, rdma = self._gen, self._mode, self._mapping, self._rdma
                     hello = self._hello
+                    while mode == "rdma" and not self._idle:
+                        if not self._idle_back.wait(self._timeout) or gen != self._gen:
+                            raise TierUnavailable(f"pool {self.endpoint}: RDMA connection busy "
+                                                  "or reset")
                     conn = self._idle.pop() if self._idle else None
                 if conn is not None and mode != "rdma" and conn.stale():
                     conn.close()  # the server closed it while idle (its idle_timeout): no failure
@@ -217,6 +225,7 @@ class PoolClient:
             with self._lock:
                 if gen == self._gen and not self._closed:
                     self._idle.append(conn)
+                    self._idle_back.notify()
                 else:
                     conn.close()
         finally:
