@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -61,6 +62,15 @@ class PoolProcess(ServerProcess):
                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=env,
                     start_new_session=True)
             assert self._proc.stdout is not None
+            # Bounded: a server that hangs before READY (stuck pre-faulting, say) is an error
+            # naming its log, not a caller that waits forever.
+            ready, _, _ = select.select([self._proc.stdout], [], [],
+                                       max(0.0, deadline - time.monotonic()))
+            if not ready:
+                self._proc.kill()
+                self._proc.wait()
+                raise PoolStartError(f"pool server printed no READY line within "
+                                     f"{self._startup_timeout:g}s:\n{self.log_tail()}")
             line = self._proc.stdout.readline().decode()
             if line.startswith("READY "):
                 hostport = line.split()[1]

@@ -52,3 +52,24 @@ def test_stats_of_one_tenant_of_a_multi_tenant_pool() -> None:
         assert stats["capacity_bytes"] == 2 << 20 and stats["tenants"] == 2
         r = pool_cli("health", pool.endpoint, "--tenant", "b", "--secret", "sa")
         assert r.returncode == 1 and "wrong shared secret" in r.stderr
+
+
+def test_a_server_that_never_gets_ready_is_an_error_not_a_hang(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    import time
+
+    import pytest
+
+    from mooncake_sgl.pool import process
+
+    # A stand-in interpreter that starts and then says nothing: what a server stuck before its
+    # READY line (pre-faulting a huge segment, say) looks like from outside.
+    mute = tmp_path / "mute-python"
+    mute.write_text("#!/bin/sh\nexec sleep 30\n")
+    mute.chmod(0o755)
+    monkeypatch.setattr(process.sys, "executable", str(mute))
+    pool = process.PoolProcess(startup_timeout=1.0, capacity="2MiB", slab_size="1MiB")
+    t0 = time.monotonic()
+    with pytest.raises(process.PoolStartError, match="no READY line within 1s"):
+        pool.start()
+    assert time.monotonic() - t0 < 5
+    pool.__exit__(None, None, None)  # its work folder
