@@ -147,11 +147,6 @@ class PoolMetrics:
             name = "UNKNOWN"
         self.latency.observe(name, seconds)
 
-    def text(self) -> str:
-        from prometheus_client import generate_latest
-
-        return generate_latest(self.registry).decode()
-
     def serve(self, host: str, port: int) -> MetricsHttp:
         """Serve ``/metrics`` on ``host:port`` (0: a free port) from a daemon thread.
 
