@@ -29,6 +29,8 @@ PageView = Sequence[memoryview]
 
 def page_nbytes(page: PageView) -> int:
     """Total size of a page given as scatter-gather segments."""
+    if len(page) == 1:  # the common page_first layout, and every page the simulator moves
+        return page[0].nbytes
     return sum([seg.nbytes for seg in page])  # a list is faster than a generator for a few segments
 
 

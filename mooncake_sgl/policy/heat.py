@@ -393,6 +393,7 @@ class HeatPolicy(PlacementPolicy):
         Skipped pages keep their place (no rotation), so a skip costs nothing on the next call."""
         over = seg.used_probation - seg.target
         freed = 0
+        pinned = self._pins.is_pinned  # bound once: this loop runs per candidate
         prob, main = iter(seg.probation.items()), iter(seg.main.items())
         prob_left = main_left = True
         while freed < nbytes and (prob_left or main_left):
@@ -405,7 +406,7 @@ class HeatPolicy(PlacementPolicy):
                 else:
                     main_left = False
                 continue
-            if key in chosen or key in protected or self.is_pinned(key):
+            if key in chosen or key in protected or pinned(key):
                 continue
             if leaves_only and seg.kids.get(key):
                 continue

@@ -30,9 +30,10 @@ class Counters:
         """Add each delta to its counter, all under one lock (a reader sees all or none)."""
         with self._lock:
             values = self._values
+            if not deltas.keys() <= values.keys():
+                unknown = ", ".join(sorted(deltas.keys() - values.keys()))
+                raise KeyError(f"no counter {unknown}; known: {', '.join(values)}")
             for name, delta in deltas.items():
-                if name not in values:
-                    raise KeyError(f"no counter {name!r}; known: {', '.join(values)}")
                 values[name] += delta
 
     def __getitem__(self, name: str) -> int:
