@@ -167,3 +167,32 @@ def test_a_reattached_backend_keeps_counting_in_the_same_process(tmp_path: Path)
         exporter.close()
         s.close()
     assert parse(scrape_registry(registry)).by_tier()["host"].hits == 5
+
+
+def test_a_page_failing_its_checksum_shows_in_the_corrupt_page_series(tmp_path: Path) -> None:
+    # A flipped bit in the LMDB tier's page file: the read is a miss and the series counts it.
+    from mooncake_sgl.config import LmdbTierConfig
+    from mooncake_sgl.policy.lru import LruPolicy
+    from mooncake_sgl.store import TieredStore
+    from mooncake_sgl.tiers.lmdb import LmdbTier
+
+    db = tmp_path / "db"
+    s = TieredStore([LmdbTier(LmdbTierConfig(path=str(db), capacity="64MiB"))], LruPolicy(1),
+                    placement="inline")
+    write(s, range(1))
+    s.close()
+    raw = bytearray((db / "pages.bin").read_bytes())
+    at = next(i for i, b in enumerate(raw) if b)  # the file is preallocated: the page is what is set
+    raw[at + PAGE // 2] ^= 0x01
+    (db / "pages.bin").write_bytes(bytes(raw))
+    s = TieredStore([LmdbTier(LmdbTierConfig(path=str(db), capacity="64MiB"))], LruPolicy(1),
+                    placement="inline")
+    try:
+        registry = CollectorRegistry()
+        exporter = StoreExporter(s.stats, RANK, registry=registry)
+        assert read(s, range(1)) == [False]
+        exporter.sync()
+        lmdb = parse(scrape_registry(registry)).by_tier()["lmdb"]
+        assert (lmdb.corrupt_pages, lmdb.hits, lmdb.misses) == (1, 0, 1)
+    finally:
+        s.close()
