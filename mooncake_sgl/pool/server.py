@@ -24,7 +24,6 @@ Limits, so that no peer can pin the server:
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import socket
@@ -45,18 +44,16 @@ from ..transfer.tcp import (
     wait_readable,
 )
 from .config import PoolServerConfig
-from .conn import Conn, Hold, HoldLedger
+from .conn import Conn, HoldLedger
 from .counters import Counters
 from .metrics import MetricsHttp, PoolMetrics
+from .onesided import OneSided
 from .refuse import Refuser
 from .store import PRESENT, Entry
 from .tenants import Tenant, authenticate, build_tenants
 
 log = logging.getLogger("mooncake_sgl.pool")
 
-# Reservations or leases one connection may hold open at once. A client keeps one of each per
-# request in flight; more means it forgot to COMMIT/RELEASE and would pin the pool. Arbitrary.
-MAX_OPEN_PER_CONNECTION = 64
 # Slowest data rate a request's deadline allows for (16 MiB/s): a 1 GiB batch gets 64 s on top
 # of request_timeout. Arbitrary, far below any link the pool is meant for.
 MIN_RATE = 16 << 20
@@ -81,7 +78,6 @@ class PoolServer:
     def __init__(self, config: PoolServerConfig):
         self.config = config
         self.server_id = uuid.uuid4().hex
-        self._ids = itertools.count(1)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._conns: set[Conn] = set()
@@ -99,6 +95,7 @@ class PoolServer:
         self.counters = Counters(("connections_total", "auth_failures", "protocol_errors",
                                   "bytes_in", "bytes_out", "refused_connections", "handshake_drops",
                                   "timeouts", "idle_closed", "holds_expired"))
+        self.one_sided = OneSided(self.holds, config.hold_timeout, self.counters)
         # With ``metrics_port``: the /metrics endpoint and its per-op latency histogram.
         self.metrics: PoolMetrics | None = None
         self.metrics_http: MetricsHttp | None = None
@@ -376,21 +373,7 @@ class PoolServer:
         if c.rdma is not None:
             c.rdma.close()  # type: ignore[attr-defined]  # no remote write can land after this
         c.sock.close()
-        if c.tenant is not None:
-            store = c.tenant.store
-            for hold in c.tickets.values():
-                entries = [e for e in hold.entries if e is not None]
-                if expired and c.unix and c.one_sided:
-                    # The client may still be copying into these slots: see conn's docstring.
-                    self.holds.quarantine(c.pid, store, entries, self.config.hold_timeout)
-                else:
-                    store.abort(entries)
-                self.holds.give_back(c.holder, hold.nbytes)
-            for hold in c.leases.values():
-                store.release(hold.entries)
-                self.holds.give_back(c.holder, hold.nbytes)
-        c.tickets.clear()
-        c.leases.clear()
+        self.one_sided.drop_all(c, expired)
         with self._lock:
             self._conns.discard(c)
             self._pending.pop(c, None)
@@ -411,17 +394,6 @@ class PoolServer:
             if bad is not None:
                 raise ProtocolError(f"page size {sizes[bad]} of key #{bad} is negative")
 
-    def _check_one_sided(self, c: Conn, op: int) -> None:
-        if not c.one_sided:
-            raise ProtocolError(f"{P.Op(op).name} is for clients that write or read the segment "
-                                "themselves (shared memory, RDMA); this connection has neither, "
-                                "use PUT and GET")
-
-    @staticmethod
-    def _check_open(table: dict, what: str) -> None:
-        if len(table) >= MAX_OPEN_PER_CONNECTION:
-            raise ProtocolError(f"more than {MAX_OPEN_PER_CONNECTION} open {what} on one connection")
-
     def _reply(self, c: Conn, op: int, msg: object, deadline: float,
                data: list[memoryview] | None = None) -> None:
         n = sum(v.nbytes for v in data) if data else 0
@@ -433,7 +405,7 @@ class PoolServer:
         op = header.op
         msg = P.decode(meta, P.request_type(op))
         assert c.tenant is not None
-        store, view = c.tenant.store, c.tenant.segment.view
+        store, view, one = c.tenant.store, c.tenant.segment.view, self.one_sided
         if header.data_len and op != P.Op.PUT:
             raise ProtocolError(f"op {P.Op(op).name} carries no data, got {header.data_len} bytes")
         if op == P.Op.PUT:
@@ -465,24 +437,19 @@ class PoolServer:
         elif op == P.Op.STATS:
             self._reply(c, op, P.Stats(self.stats(c.tenant.name)), deadline)
         elif op == P.Op.RESERVE:
-            self._check_one_sided(c, op)
+            one.check(c, op, c.tickets, "reservations (RESERVE without COMMIT)")
             self._check_batch(msg.keys, msg.sizes)
-            self._check_open(c.tickets, "reservations (RESERVE without COMMIT)")
-            self._reply(c, op, self._reserve(c, msg.keys, msg.sizes), deadline)
+            self._reply(c, op, one.reserve(c, msg.keys, msg.sizes), deadline)
         elif op == P.Op.COMMIT:
-            self._check_one_sided(c, op)
-            self._reply(c, op, P.Flags(self._commit(c, msg.ticket, msg.written)), deadline)
+            one.check(c, op)
+            self._reply(c, op, P.Flags(one.commit(c, msg.ticket, msg.written)), deadline)
         elif op == P.Op.LEASE:
-            self._check_one_sided(c, op)
+            one.check(c, op, c.leases, "leases (LEASE without RELEASE)")
             self._check_batch(msg.keys, msg.sizes)
-            self._check_open(c.leases, "leases (LEASE without RELEASE)")
-            self._reply(c, op, self._lease(c, msg.keys, msg.sizes), deadline)
+            self._reply(c, op, one.lease(c, msg.keys, msg.sizes), deadline)
         elif op == P.Op.RELEASE:
-            self._check_one_sided(c, op)
-            hold = c.leases.pop(msg.lease, None)
-            if hold is not None:
-                store.release(hold.entries)
-                self.holds.give_back(c.holder, hold.nbytes)
+            one.check(c, op)
+            one.release(c, msg.lease)
         elif op == P.Op.RDMA_CONNECT:
             side = self.rdma.get(c.tenant.name)
             if side is None:
@@ -510,47 +477,6 @@ class PoolServer:
         self.counters.add("bytes_in", sum(sizes))
         store.commit(entries, [True] * len(entries))
         return bytes(r is PRESENT or isinstance(r, Entry) for r in res)
-
-    def _reserve(self, c: Conn, keys: list[bytes], sizes: list[int]) -> P.Reservation:
-        assert c.tenant is not None
-        n = self.holds.take(c.holder, sizes, c.tenant.max_hold_bytes)
-        res: list[object] = [*c.tenant.store.reserve(keys[:n], sizes[:n]), *[None] * (len(keys) - n)]
-        status = bytes(P.RESERVE_WRITE if isinstance(r, Entry) else
-                       P.RESERVE_PRESENT if r is PRESENT else P.RESERVE_NO_ROOM for r in res)
-        ticket = next(self._ids)
-        c.tickets[ticket] = Hold([r for r in res if isinstance(r, Entry)], sum(sizes[:n]), res=res)
-        return P.Reservation(ticket, status, [r.offset if isinstance(r, Entry) else 0 for r in res])
-
-    def _commit(self, c: Conn, ticket: int, written: bytes) -> bytes:
-        assert c.tenant is not None
-        store = c.tenant.store
-        hold = c.tickets.pop(ticket, None)
-        if hold is None:
-            raise ProtocolError(f"COMMIT of unknown reservation {ticket}")
-        self.holds.give_back(c.holder, hold.nbytes)
-        res, entries = hold.res or [], [e for e in hold.entries if e is not None]
-        if len(written) != len(res):
-            store.abort(entries)
-            raise ProtocolError(f"COMMIT names {len(written)} pages, the reservation has {len(res)}")
-        if time.monotonic() - hold.since > self.config.hold_timeout:
-            store.abort(entries)  # void: the client may have been stopped mid-copy
-            return bytes(r is PRESENT for r in res)
-        ok = [bool(written[i]) for i, r in enumerate(res) if isinstance(r, Entry)]
-        store.commit(entries, ok)
-        self.counters.add("bytes_in", sum(e.size for e, w in zip(entries, ok) if w))
-        return bytes(bool(written[i]) if isinstance(r, Entry) else r is PRESENT
-                     for i, r in enumerate(res))
-
-    def _lease(self, c: Conn, keys: list[bytes], sizes: list[int]) -> P.Lease:
-        assert c.tenant is not None
-        n = self.holds.take(c.holder, sizes, c.tenant.max_hold_bytes)
-        entries = [*c.tenant.store.lease(keys[:n], sizes[:n]), *[None] * (len(keys) - n)]
-        held = sum(e.size for e in entries if e is not None)
-        self.holds.give_back(c.holder, sum(sizes[:n]) - held)  # misses hold nothing
-        lease = next(self._ids)
-        c.leases[lease] = Hold(entries, held)
-        return P.Lease(lease, [e.offset if e else 0 for e in entries],
-                       [e.size if e else -1 for e in entries])
 
     # ------------------------------------------------------------------------------------- stats
 
