@@ -15,7 +15,8 @@ from mooncake_sgl.errors import AuthError, ProtocolError
 from mooncake_sgl.pool.process import PoolProcess
 from mooncake_sgl.transfer import protocol as P
 from mooncake_sgl.transfer.client import PoolClient
-from mooncake_sgl.transfer.tcp import open_connection, read_frame, recv_exact, send_buffers
+from mooncake_sgl.transfer.tcp import read_frame, recv_exact, send_buffers
+from tests.pool.peers import error_reply, raw, raw_shm
 
 SECRET = "s3cret"
 
@@ -41,43 +42,9 @@ def still_serving(client: PoolClient, tag: bytes) -> None:
     assert client.get_batch([tag], [out]) == [True] and bytes(out[0]) == tag * 1000
 
 
-def raw(pool: PoolProcess, secret: str = SECRET) -> socket.socket:
-    """An authenticated raw connection (handshake done by hand)."""
-    s = socket.create_connection((pool.host, pool.port), timeout=5)
-    header, meta = read_frame(s, max_meta=1 << 20, max_data=0)
-    hello = P.decode(meta, P.ServerHello)
-    send_buffers(s, [P.frame(P.Op.CLIENT_HELLO, P.ClientHello(P.auth_mac(secret, hello.nonce)))])
-    header, meta = read_frame(s, max_meta=1 << 20, max_data=0)
-    if header.op == P.Op.ERROR:
-        s.close()
-        P.raise_error(P.decode(meta, P.ErrorMsg))
-    return s
-
-
-def raw_shm(pool: PoolProcess, secret: str = SECRET) -> socket.socket:
-    """An authenticated raw connection over the server's Unix socket, with the segment mapped
-    (LEASE and RESERVE are for such clients only)."""
-    s = socket.create_connection((pool.host, pool.port), timeout=5)
-    _, meta = read_frame(s, max_meta=1 << 20, max_data=0)
-    s.close()
-    conn = open_connection(P.decode(meta, P.ServerHello).unix_name, secret=secret, timeout=5,
-                           want_shm=True)
-    assert conn.segment_fd is not None
-    return conn.sock
-
-
-def error_reply(s: socket.socket) -> P.ErrorMsg:
-    header, meta = read_frame(s, max_meta=1 << 20, max_data=0)
-    assert header.op == P.Op.ERROR
-    msg = P.decode(meta, P.ErrorMsg)
-    assert s.recv(1) == b""  # and then the server closed the connection
-    s.close()
-    return msg
-
-
 def test_wrong_secret_is_refused_before_any_data_moves(pool: PoolProcess, good: PoolClient) -> None:
     with pytest.raises(AuthError, match="wrong shared secret"):
-        raw(pool, secret="guess")
+        raw(pool, "guess")
     bad = PoolClient(pool.endpoint, transport="tcp", secret="guess")
     with pytest.raises(AuthError, match="wrong shared secret"):
         bad.put_batch([b"intruder"], [[memoryview(b"x" * 100)]])
@@ -92,7 +59,7 @@ def test_wrong_secret_is_refused_before_any_data_moves(pool: PoolProcess, good: 
 
 
 def test_unknown_protocol_version_gets_a_clear_error(pool: PoolProcess, good: PoolClient) -> None:
-    s = raw(pool)
+    s = raw(pool, SECRET)
     meta = P.encode(P.Keys([b"a"]))
     send_buffers(s, [P.pack_header(P.Op.EXISTS, len(meta), version=99), meta])
     msg = error_reply(s)
@@ -101,21 +68,21 @@ def test_unknown_protocol_version_gets_a_clear_error(pool: PoolProcess, good: Po
 
 
 def test_bad_magic_is_named(pool: PoolProcess, good: PoolClient) -> None:
-    s = raw(pool)
+    s = raw(pool, SECRET)
     s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     assert "bad frame magic" in error_reply(s).message
     still_serving(good, b"after-magic")
 
 
 def test_oversized_frames_and_batches_are_refused(pool: PoolProcess, good: PoolClient) -> None:
-    s = raw(pool)
+    s = raw(pool, SECRET)
     send_buffers(s, [P.pack_header(P.Op.PUT, 10, 64 << 20)])  # 64 MiB > max_frame_bytes 4 MiB
     msg = error_reply(s)
     assert "exceeds the limit of 4194304 bytes (max_frame_bytes)" in msg.message
-    s = raw(pool)
+    s = raw(pool, SECRET)
     send_buffers(s, [P.pack_header(P.Op.EXISTS, 1 << 20)])  # meta past max_meta_bytes
     assert "max_meta_bytes" in error_reply(s).message
-    s = raw(pool)
+    s = raw(pool, SECRET)
     meta = P.encode(P.Keys([b"k%d" % i for i in range(65)]))
     send_buffers(s, [P.pack_header(P.Op.EXISTS, len(meta)), meta])
     assert "exceeds max_batch=64" in error_reply(s).message
@@ -127,7 +94,7 @@ def test_oversized_frames_and_batches_are_refused(pool: PoolProcess, good: PoolC
 
 
 def test_truncated_put_leaves_nothing_readable(pool: PoolProcess, good: PoolClient) -> None:
-    s = raw(pool)
+    s = raw(pool, SECRET)
     meta = P.encode(P.KeysSizes([b"torn-a", b"torn-b"], [100_000, 100_000]))
     # All of page a, a third of page b, then the connection drops.
     s.sendall(P.pack_header(P.Op.PUT, len(meta), 200_000) + meta + b"a" * 100_000 + b"b" * 30_000)
@@ -142,11 +109,11 @@ def test_truncated_put_leaves_nothing_readable(pool: PoolProcess, good: PoolClie
 
 
 def test_inconsistent_put_sizes_are_a_protocol_error(pool: PoolProcess, good: PoolClient) -> None:
-    s = raw(pool)
+    s = raw(pool, SECRET)
     meta = P.encode(P.KeysSizes([b"x"], [10]))
     send_buffers(s, [P.pack_header(P.Op.PUT, len(meta), 11), meta, b"y" * 11])
     assert "add up to 10 bytes but the frame carries 11" in error_reply(s).message
-    s = raw(pool)
+    s = raw(pool, SECRET)
     send_buffers(s, [P.pack_header(P.Op.GET, 3), b"\xc1\xc1\xc1"])  # not msgpack
     assert "malformed KeysSizes" in error_reply(s).message
     still_serving(good, b"after-garbage")
@@ -165,7 +132,7 @@ def test_client_side_truncation_is_a_protocol_error() -> None:
 def test_a_client_that_never_releases_is_cut_off_and_its_leases_freed(pool: PoolProcess,
                                                                       good: PoolClient) -> None:
     still_serving(good, b"lease-me")
-    s = raw_shm(pool)
+    s = raw_shm(pool, SECRET).sock
     meta = P.encode(P.KeysSizes([b"lease-me"], [8000]))
     for _ in range(64):
         send_buffers(s, [P.pack_header(P.Op.LEASE, len(meta)), meta])
