@@ -40,7 +40,7 @@ def wait_for(pred, within: float) -> bool:  # noqa: ANN001
 def pool() -> Iterator[PoolProcess]:
     with PoolProcess(capacity="8MiB", slab_size="1MiB", secret=SECRET, handshake_timeout="1s",
                      put_wait="0.5s",
-                     request_timeout="1s", hold_timeout="1s", idle_timeout="1s",
+                     request_timeout="2s", hold_timeout="1s", idle_timeout="1s",
                      max_connections=64, max_handshakes=16) as p:
         yield p
 
@@ -112,8 +112,8 @@ def test_a_put_stalled_mid_frame_is_aborted_at_its_deadline(pool: PoolProcess,
     s = raw(pool, SECRET)
     meta = P.encode(P.KeysSizes([b"stall-a", b"stall-b"], [64 * KIB, 64 * KIB]))
     s.sendall(P.pack_header(P.Op.PUT, len(meta), 128 * KIB) + meta + b"a" * 70_000)
-    assert wait_for(lambda: good.stats()["writing"] == 2, 1.0)  # reserved, being written
-    assert closed_by_server(s, 4.0)  # request_timeout (1 s) plus the data's time
+    assert wait_for(lambda: good.stats()["writing"] == 2, 1.5)  # reserved, being written
+    assert closed_by_server(s, 6.0)  # request_timeout (2 s) plus the data's time
     assert wait_for(lambda: good.stats()["writing"] == 0, 1.0)
     assert good.exists_batch([b"stall-a", b"stall-b"]) == [False, False]
     s.close()
@@ -126,8 +126,8 @@ def test_a_get_whose_reply_is_never_read_releases_its_pages(pool: PoolProcess,
     s = raw(pool, SECRET)
     # A 24 MiB reply (each key named 12 times), far past what socket buffers absorb, never read.
     request(s, P.Op.GET, P.KeysSizes(keys * 12, [512 * KIB] * 48))
-    assert wait_for(lambda: good.stats()["leased"] == 4, 1.0)
-    assert wait_for(lambda: good.stats()["leased"] == 0, 5.0), "the unread reply pins its pages"
+    assert wait_for(lambda: good.stats()["leased"] == 4, 1.5)
+    assert wait_for(lambda: good.stats()["leased"] == 0, 8.0), "the unread reply pins its pages"
     s.close()
 
 
@@ -197,7 +197,7 @@ def test_refusing_connections_over_the_limit_never_stalls_the_accept_loop() -> N
             check = PoolClient(pool.endpoint, transport="tcp", secret=SECRET, connections=1)
             with pytest.raises(TierUnavailable, match="too many connections"):
                 check.stats()
-            assert time.monotonic() - t0 < 1.0
+            assert time.monotonic() - t0 < 3.0  # it used to wait for the refused peers' bytes
             check.close()
             holders.pop().close()
             assert wait_for(lambda: _stats_ok(pool), 3.0)  # a freed slot is usable at once

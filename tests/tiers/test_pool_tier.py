@@ -146,7 +146,7 @@ def test_a_stopped_server_costs_a_read_the_short_deadlines_once_not_the_full_tim
                 t0 = time.monotonic()
                 assert tier.get_into([key(1)], [empty_like(page)]) == [False]
                 assert tier.contains([key(1)]) == [False]  # skipped: no second wait
-                assert time.monotonic() - t0 < 1.5
+                assert time.monotonic() - t0 < 3.0  # a tenth of the 10 s timeout, with slack
                 assert tier.stats()["endpoints_live"] == 0.0
         finally:
             os.kill(pool.pid, signal.SIGCONT)
