@@ -1,11 +1,12 @@
 """The pool's DRAM segment, and the same-host shared-memory path into it.
 
-The server creates the segment with ``memfd_create`` (anonymous: a killed server leaves nothing in
-/dev/shm) and pre-faults it with ``MAP_POPULATE``, so neither puts nor benchmarks pay the first-touch
-page fault (about 11 µs per 4 KiB page on our VMs). A same-host client receives the memfd over the
-Unix control socket (SCM_RIGHTS: that the descriptor arrives at all proves both ends share a
-kernel), maps it, and moves each page with one numpy copy (GIL released). The control messages
-carry only offsets; see ``protocol`` for RESERVE/COMMIT and LEASE/RELEASE.
+The server creates one segment per tenant with ``memfd_create`` (anonymous: a killed server leaves
+nothing in /dev/shm) and pre-faults it with ``MAP_POPULATE``, so neither puts nor benchmarks pay
+the first-touch page fault (about 11 µs per 4 KiB page on our VMs). A same-host client receives
+its tenant's memfd (never another's) over the Unix control socket (SCM_RIGHTS: that the descriptor
+arrives at all proves both ends share a kernel), maps it, and moves each page with one numpy copy
+(GIL released). The control messages carry only offsets; see ``protocol`` for RESERVE/COMMIT and
+LEASE/RELEASE.
 """
 
 from __future__ import annotations
