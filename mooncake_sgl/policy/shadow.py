@@ -40,8 +40,9 @@ WINDOW_TURNOVERS = 32
 # The leader changes only when another expert's decayed hits exceed its own by this many standard
 # deviations of their difference (hits counted as Poisson events: variance = count), so that
 # sampling noise does not make equally good experts take turns; a lead that holds over the window
-# passes it. Two standard deviations: the customary 95 % one-sided test, not fitted.
-SWITCH_SIGMAS = 2.0
+# passes it. Three standard deviations rather than the customary two: the test is repeated for three
+# challengers after every request, and a false change of leader costs hits. Not fitted.
+SWITCH_SIGMAS = 3.0
 # ... and only once the challenger has this many (decayed) hits: the normal approximation of that
 # test needs a few dozen events (the customary 30).
 MIN_EVIDENCE = 30.0
