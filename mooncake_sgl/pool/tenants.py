@@ -33,7 +33,8 @@ class Tenant:
 
     @property
     def max_hold_bytes(self) -> int:
-        return int(self.segment.size * HOLD_SHARE)
+        # At least one slab: the largest page the pool takes must fit a one-sided put too.
+        return max(int(self.segment.size * HOLD_SHARE), self.store.alloc.slab_size)
 
 
 def build_tenants(cfg: PoolServerConfig) -> dict[str, Tenant]:

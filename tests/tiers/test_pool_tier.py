@@ -177,3 +177,18 @@ def test_a_restarted_server_is_used_again_even_when_no_connection_was_in_use(tra
         out = empty_like(page)
         assert tier.get_into([key(3)], [out]) == [True] and same(page, out)
         tier.close()
+
+
+def test_a_page_as_large_as_a_slab_is_stored_over_shared_memory_in_a_one_slab_pool() -> None:
+    # One process may hold half the pool, but never less than the largest page it takes.
+    server = _server(256 * 1024, slab=256 * 1024)
+    try:
+        host, port = server.address
+        tier = PoolTier(PoolTierConfig(endpoints=[f"{host}:{port}"], transport="shm"))
+        page = make_page(9, 128 * 1024)  # two segments: one whole slab
+        assert tier.put_from([key(9)], [page]) == [True]
+        out = empty_like(page)
+        assert tier.get_into([key(9)], [out]) == [True] and same(page, out)
+        tier.close()
+    finally:
+        server.stop()
