@@ -10,7 +10,7 @@ Why each choice:
   caller's segments into a preallocated extent, a get one ``preadv`` into the destination's
   segments, with readahead started for the whole batch first. Measured in a new process after
   the page cache was dropped, this reads 2-4x faster than values kept in LMDB and writes fresh
-  pages 2-5x faster (``scripts/bench_tiers.py --user-view``; the options and what each gave are
+  pages 2-5x faster (``scripts/bench_tiers.py --modes user-view``; the options and what each gave are
   in ``ssd_extents``).
 - *Warm restart.* The index is LMDB's B-tree: whatever a committed transaction wrote is found by a
   new process (``scan`` yields it for the store to seed its policy). A page's bytes are written
