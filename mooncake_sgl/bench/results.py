@@ -91,7 +91,10 @@ def plot_side_by_side(variants: Sequence[dict[str, Any]], path: Path, title: str
         ax_tput.plot(rounds, [r["input_tokens_per_s"] for r in v["rounds"]], marker="o", label=v["label"])
     ax_ttft.set(xlabel="round (caches flushed between rounds)", ylabel="mean TTFT (ms)", title="TTFT")
     ax_tput.set(xlabel="round", ylabel="input tokens / s", title="Throughput")
+    from matplotlib.ticker import MaxNLocator
+
     for ax in (ax_ttft, ax_tput):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title)
