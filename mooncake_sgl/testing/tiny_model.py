@@ -36,6 +36,9 @@ class TinyLlama:
     context: int = 32768
     seed: int = 0
     dtype: str = "bfloat16"
+    # > 0: a hybrid sliding-window model instead (SGLang's Mellum architecture with dense MLPs:
+    # every layer but the last attends over this many tokens), so HiCache runs a SWA sidecar pool.
+    swa_window: int = 0
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "context"):
@@ -46,6 +49,9 @@ class TinyLlama:
                              f"and heads by kv_heads ({self.kv_heads})")
         if self.dtype not in ("bfloat16", "float16", "float32"):
             raise ValueError(f"tiny model: dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
+        if self.swa_window < 0 or (self.swa_window and self.layers < 2):
+            raise ValueError(f"tiny model: swa_window must be 0, or positive with at least 2 layers (one "
+                             f"full-attention layer), got {self.swa_window} with {self.layers} layers")
 
     def parameters(self) -> int:
         head_dim = self.hidden // self.heads
@@ -63,7 +69,9 @@ class TinyLlama:
                 f"{self.kv_bytes_per_token() * 64 // 1024} KiB of KV per 64-token page")
 
     def hf_config(self) -> dict[str, object]:
-        """The ``config.json`` of a ``LlamaForCausalLM``."""
+        """The ``config.json`` of a ``LlamaForCausalLM`` (or of the hybrid SWA model)."""
+        if self.swa_window > 0:
+            return self._hybrid_swa_config()
         return {
             "architectures": ["LlamaForCausalLM"], "model_type": "llama",
             "hidden_size": self.hidden, "intermediate_size": self.intermediate,
@@ -71,6 +79,26 @@ class TinyLlama:
             "num_key_value_heads": self.kv_heads, "head_dim": self.hidden // self.heads,
             "vocab_size": self.vocab, "max_position_embeddings": self.context,
             "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+            "tie_word_embeddings": False, "torch_dtype": self.dtype, "initializer_range": _INIT_STD,
+            "bos_token_id": 1, "eos_token_id": 2,
+        }
+
+
+    def _hybrid_swa_config(self) -> dict[str, object]:
+        # Mellum's config is Qwen3-MoE's plus per-layer attention/MLP types; SGLang needs at least
+        # one (unused) expert declared even when every MLP is dense.
+        kinds = ["sliding_attention"] * (self.layers - 1) + ["full_attention"]
+        rope = {"rope_type": "default", "rope_theta": 10000.0}
+        return {
+            "architectures": ["MellumForCausalLM"], "model_type": "qwen3_moe",
+            "hidden_size": self.hidden, "intermediate_size": self.intermediate,
+            "moe_intermediate_size": self.intermediate, "num_experts": 2, "num_experts_per_tok": 1,
+            "num_hidden_layers": self.layers, "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads, "head_dim": self.hidden // self.heads,
+            "vocab_size": self.vocab, "max_position_embeddings": self.context, "rms_norm_eps": 1e-6,
+            "hidden_act": "silu", "attention_bias": False, "sliding_window": self.swa_window,
+            "use_sliding_window": True, "layer_types": kinds, "mlp_layer_types": ["dense"] * self.layers,
+            "rope_parameters": {"sliding_attention": rope, "full_attention": rope},
             "tie_word_embeddings": False, "torch_dtype": self.dtype, "initializer_range": _INIT_STD,
             "bos_token_id": 1, "eos_token_id": 2,
         }
@@ -109,6 +137,9 @@ def write_tiny_llama(directory: Path, spec: TinyLlama = TinyLlama()) -> Path:
             p + "mlp.up_proj.weight": normal(spec.intermediate, spec.hidden),
             p + "mlp.down_proj.weight": normal(spec.hidden, spec.intermediate),
         }
+        if spec.swa_window > 0:  # Qwen3-style attention normalises q and k per head
+            tensors |= {p + "self_attn.q_norm.weight": torch.ones(head_dim, dtype=dtype),
+                        p + "self_attn.k_norm.weight": torch.ones(head_dim, dtype=dtype)}
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(spec.hf_config(), indent=2))
     stamp.write_text(json.dumps(asdict(spec)))
@@ -129,11 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=d.context, help="max_position_embeddings")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--dtype", default=d.dtype)
+    p.add_argument("--swa-window", type=int, default=d.swa_window,
+                   help="> 0: a hybrid sliding-window model (SWA sidecar pool in HiCache)")
     a = p.parse_args(argv)
     try:
         spec = TinyLlama(layers=a.layers, hidden=a.hidden, heads=a.heads, kv_heads=a.kv_heads,
                          intermediate=a.intermediate, vocab=a.vocab, context=a.context, seed=a.seed,
-                         dtype=a.dtype)
+                         dtype=a.dtype, swa_window=a.swa_window)
     except ValueError as e:
         p.error(str(e))
     out = write_tiny_llama(a.directory, spec)
