@@ -22,7 +22,8 @@ class RecordingStorage(MooncakeSglStorage):
     def batch_set_v2(self, transfers: list[Any], extra_info: Any = None) -> dict[Any, list[bool]]:
         return self._log_calls("set", transfers, super().batch_set_v2(transfers, extra_info))
 
-    def _log_calls(self, op: str, transfers: list[Any], results: dict[Any, list[bool]]) -> dict[Any, list[bool]]:
+    def _log_calls(self, op: str, transfers: list[Any], results: dict[Any, list[bool]]
+                   ) -> dict[Any, list[bool]]:
         for t in transfers:
             found = "".join("1" if ok else "0" for ok in results[t.name])
             logger.warning("%s %s %s %s", MARK, op, t.name, found)

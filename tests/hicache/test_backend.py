@@ -17,7 +17,7 @@ from sglang.srt.mem_cache.pool_host.common import get_allocator_from_storage
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 from sglang.srt.observability.metrics_collector import StorageMetrics
 
-from mooncake_sgl.hicache import layout, plugin
+from mooncake_sgl.hicache import hybrid_pools, layout, plugin
 from mooncake_sgl.hicache.backend import MooncakeSglStorage
 
 from . import pools
@@ -277,3 +277,50 @@ def test_wrong_index_count_is_a_miss_logged_once(make_backend, caplog) -> None:
         for _ in range(5):
             assert backend.batch_set_v1(keys, short) == [False] * 3
     assert sum("batch_set_v1 failed" in r.getMessage() for r in caplog.records) == 1
+
+
+# ---------------------------------------------------------------------------------- DCP
+
+def _dcp_pool(rank: int):
+    from sglang.srt.mem_cache.device_pool_info import MLABufferInfo
+    from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+    dim = pools.KV_LORA_RANK + pools.ROPE_DIM
+    rows = tuple(torch.zeros(pools.DEVICE_TOKENS, 1, dim, dtype=pools.DTYPE) for _ in range(pools.LAYERS))
+    ptrs = torch.tensor([t.data_ptr() for t in rows], dtype=torch.uint64)
+    info = MLABufferInfo(buffers=rows, data_ptrs=ptrs,
+                         layer_indices=tuple(range(pools.LAYERS)), device_layer_num=pools.LAYERS,
+                         page_size=PAGE, kv_lora_rank=pools.KV_LORA_RANK, qk_rope_head_dim=pools.ROPE_DIM,
+                         kv_cache_dim=dim, dtype=pools.DTYPE, device=torch.device("cpu"))
+    with host_memory_budget_scope(1 << 30):
+        return MLATokenToKVPoolHost(info, 2.0, 0, PAGE, "page_first", pin_memory=False, device="cpu",
+                                    device_capacity_tokens=pools.DEVICE_TOKENS, start_layer=0,
+                                    end_layer=pools.LAYERS, target_layer_num=pools.LAYERS, dcp_size=2,
+                                    dcp_rank=rank)
+
+
+def test_dcp_ranks_each_store_their_shard_of_a_logical_page(tmp_path) -> None:
+    # Decode context parallel: each DCP rank holds every other token of a logical page; SGLang
+    # counts host indices in logical slots (twice the physical pool) and keys whole logical pages.
+    keys = pools.page_hashes(3, seed=19)
+    namespaces = set()
+    for rank in (0, 1):
+        pool = _dcp_pool(rank)
+        cfg = pools.storage_config("mla", "page_first", tmp_path / f"dcp{rank}", tp_rank=rank, tp_size=2)
+        cfg.dcp_size, cfg.dcp_rank, cfg.logical_page_size = 2, rank, pool.logical_page_size
+        backend = MooncakeSglStorage(cfg, pool)
+        try:
+            src = pool.alloc(3 * pool.logical_page_size)
+            assert int(src.max()) < pool.logical_size
+            hybrid_pools.fill(pool, src, seed=20 + rank)
+            assert backend.batch_set_v1(keys, src) == [True] * 3
+            dst = pool.alloc(3 * pool.logical_page_size)
+            assert backend.batch_get_v1(keys, dst) == [True] * 3
+            assert hybrid_pools.read(pool, dst) == hybrid_pools.read(pool, src)
+            beyond = torch.arange(pool.logical_size, pool.logical_size + pool.logical_page_size)
+            assert backend.batch_get_v1(keys[:1], beyond) == [False]
+            namespaces.add(backend._ns.digest)
+        finally:
+            backend.close()
+    assert len(namespaces) == 2  # one shard per DCP rank, shared by the TP ranks of that shard
