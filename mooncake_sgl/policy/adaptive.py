@@ -103,6 +103,9 @@ class AdaptivePolicy(PlacementPolicy):
         self._where: dict[PageKey, int] = {}  # bitmask of tracked tiers holding a page
         self._parent: dict[PageKey, PageKey | None] = {}  # chain links of resident pages
         self._pending: OrderedDict[PageKey, PageKey | None] = OrderedDict()
+        # Lookups before the first write (the page size, hence the shadows' size, is not known yet):
+        # the shadows replay them once built, so they see the stream from its first request.
+        self._early: list[Sequence[PageKey]] = []
         self._pin_roots = {page_hash_part(p.prefix_hash): p.ttl for p in config.pins}
         self._pinned: dict[PageKey, float] = {}  # page -> time its pin expires
         self._now = 0.0
@@ -131,12 +134,11 @@ class AdaptivePolicy(PlacementPolicy):
             if keys[i] in tier.size:
                 for expert in tier.experts:
                     expert.hit(keys[i])
-        hashes: list[int] | None = None
-        for tier in self._tiers:
-            if tier.tournament is not None and keys:
-                if hashes is None:
-                    hashes = [key_hash(k) for k in keys]
-                tier.tournament.observe(tier.tournament.sampled(keys, hashes))
+        if not self._page_bytes:
+            if sum(map(len, self._early)) + len(keys) <= PENDING_LINKS:
+                self._early.append(keys)
+        else:
+            self._observe(keys)
         if self._pin_roots and keys:
             # A pinned chain: its first page matches a pin, or it continues a pinned page.
             root = keys[0][_HASH_OFFSET:] if parent is None else None
@@ -154,6 +156,9 @@ class AdaptivePolicy(PlacementPolicy):
             for t in self._tiers:
                 if t.capacity is not None:
                     t.start(self._page_bytes)
+            for early in self._early:
+                self._observe(early)
+            self._early.clear()
         state = self._tiers[tier]
         if state.capacity is None:
             # A self-evicting tier drops pages without telling anyone: tracking them would grow
@@ -235,6 +240,15 @@ class AdaptivePolicy(PlacementPolicy):
         return t.leader.name if t.experts else None
 
     # ------------------------------------------------------------------ internals
+
+    def _observe(self, keys: Sequence[PageKey]) -> None:
+        """Every tier's shadows replay a lookup's sampled pages."""
+        if not keys:
+            return
+        hashes = [key_hash(k) for k in keys]
+        for tier in self._tiers:
+            if tier.tournament is not None:
+                tier.tournament.observe(tier.tournament.sampled(keys, hashes))
 
     def _pick(self, state: _Tier, nbytes: int, protected: frozenset[PageKey],
               chosen: dict[PageKey, None], leaves_only: bool) -> int:

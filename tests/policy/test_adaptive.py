@@ -219,3 +219,16 @@ def test_shadow_memory_is_a_fixed_fraction_of_a_large_tier(monkeypatch):
     stats = policy.stats()
     assert stats["tier0_sample_rate"] == pytest.approx(1 / 16)
     assert stats["tier0_shadow_entries"] <= 0.25 * stats["tier0_expert_entries"]
+
+
+def test_shadows_replay_the_lookups_made_before_the_first_write():
+    # The shadows are sized when the first page arrives; a lookup before it (the very first request
+    # misses everything) must still reach them, or LIRS's shadow would miss the pages it makes LIR
+    # first and under-rate LIRS for the rest of the run.
+    policy = AdaptivePolicy([100 * PAGE])
+    chain = [k(i) for i in range(5)]
+    policy.on_lookup(chain, [None] * 5)
+    policy.on_insert(chain, 0, [PAGE] * 5)
+    policy.on_lookup(chain, [0] * 5)
+    shadows = policy._tiers[0].tournament.shadows
+    assert all(s.lookups == 10 and s.hits == 5 for s in shadows)
