@@ -63,6 +63,7 @@ class Shape:
     mamba_heads: int = 2
     mamba_state: int = 16  # temporal state is heads x state x state float32
     dtype: torch.dtype = torch.bfloat16
+    layout: str = "page_first"  # host layout of every pool: page_first or page_first_direct
 
 
 @dataclass
@@ -122,7 +123,8 @@ class Hybrid:
                        **fields: Any) -> HiCacheStorageConfig:
         cfg = HiCacheStorageConfig(
             tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-            is_mla_model=self.is_mla, enable_storage_metrics=False, is_page_first_layout=True,
+            is_mla_model=self.is_mla, enable_storage_metrics=False,
+            is_page_first_layout=self.kv.layout == "page_first",
             model_name=model, extra_config=extra)
         for name, value in fields.items():
             setattr(cfg, name, value)
@@ -147,7 +149,7 @@ def mha_pool(shape: Shape, layers: int) -> MHATokenToKVPoolHost:
                      layout=KVBufferLayout.NHD)
     info = MHABufferInfo(buffers=bufs, page_size=shape.page, head_num=shape.heads, head_dim=shape.head_dim,
                          v_head_dim=shape.head_dim, dtype=shape.dtype, device=torch.device("cpu"))
-    return MHATokenToKVPoolHost(info, 2.0, 0, shape.page, "page_first", pin_memory=False, device="cpu",
+    return MHATokenToKVPoolHost(info, 2.0, 0, shape.page, shape.layout, pin_memory=False, device="cpu",
                                 device_capacity_tokens=tokens, start_layer=0, end_layer=layers)
 
 
@@ -166,7 +168,7 @@ def build(name: str, shape: Shape = Shape()) -> Hybrid:
             conv = (torch.zeros(shape.mamba_layers, slots, 3, 2 * shape.mamba_state, dtype=shape.dtype),
                     torch.zeros(shape.mamba_layers, slots, 3, shape.mamba_state, dtype=shape.dtype))
             mamba = MambaPoolHost(MambaStateBufferInfo(temporal=temporal, conv=conv), 2.0, 0,
-                                  device_capacity=slots, pin_memory=False, layout="page_first")
+                                  device_capacity=slots, pin_memory=False, layout=shape.layout)
             return Hybrid(name, mha_pool(shape, shape.layers), PoolName.MAMBA, mamba, shape.page,
                           False, window=1)
         if name == "mha+swa":
@@ -180,7 +182,7 @@ def build(name: str, shape: Shape = Shape()) -> Hybrid:
             index_head_dim=DSA_INDEX_HEAD_DIM, enable_memory_saver=False, kv_cache_dim=shape.mla_dim,
             index_buf_size=tokens)
         kv = MLATokenToKVPoolHost(device.get_device_pool_infos()[0].buffer_info, 2.0, 0, DSA_PAGE,
-                                  "page_first", pin_memory=False, device="cpu", device_capacity_tokens=tokens,
+                                  shape.layout, pin_memory=False, device="cpu", device_capacity_tokens=tokens,
                                   start_layer=0, end_layer=shape.layers, target_layer_num=shape.layers)
         indexer = DSAIndexerPoolHost(decl=make_dsa_indexer_pool_decl(device), anchor_host=kv,
                                      pin_memory=False)

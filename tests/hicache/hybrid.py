@@ -18,11 +18,11 @@ from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import (
     StorageOperation,
 )
 
-from mooncake_sgl.hicache.hybrid_pools import SETUPS, Hybrid, build, fill, read
+from mooncake_sgl.hicache.hybrid_pools import SETUPS, Hybrid, Shape, build, fill, read
 
 from . import pools
 
-__all__ = ["SETUPS", "Hybrid", "attach", "backup", "build", "builtin_backend", "controller", "fill",
+__all__ = ["SETUPS", "Hybrid", "Shape", "attach", "backup", "build", "builtin_backend", "controller", "fill",
            "prefetch", "query", "read", "storage_config"]
 
 

@@ -26,6 +26,7 @@ from . import hybrid, pools
 from .hybrid import SETUPS
 
 NODE = 4  # pages per radix node
+LAYOUTS = ("page_first", "page_first_direct")  # the zero-copy host layouts SGLang offers storage
 
 
 @pytest.fixture
@@ -39,8 +40,8 @@ def master() -> Iterator[MooncakeMaster]:
 class Side:
     """One backend with its own copy of the setup's host pools and a controller over them."""
 
-    def __init__(self, name: str, backend_factory: Any) -> None:
-        self.setup = hybrid.build(name)
+    def __init__(self, name: str, backend_factory: Any, layout: str = "page_first") -> None:
+        self.setup = hybrid.build(name, hybrid.Shape(layout=layout))
         self.backend = backend_factory(self.setup)
         self.ctl = hybrid.controller(self.setup, self.backend)
 
@@ -126,11 +127,12 @@ def _restore(side: Side, tokens: list[int]) -> tuple[Any, ...]:
     return answer, (kv_pages, {str(k): v for k, v in pool_hits.items()}), kv_bytes, side_bytes
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("name", SETUPS)
 def test_same_answers_and_byte_identical_restores_as_sglangs_own_backend(
-        name: str, ours: Any, theirs: Any) -> None:
-    ours = Side(name, ours)
-    builtin = Side(name, theirs)
+        name: str, layout: str, ours: Any, theirs: Any) -> None:
+    ours = Side(name, ours, layout)
+    builtin = Side(name, theirs, layout)
     page = ours.setup.page
     tokens = ours.setup.tokens(4 * NODE, seed=7)
     nodes = [tokens[i * NODE * page:(i + 1) * NODE * page] for i in range(4)]
