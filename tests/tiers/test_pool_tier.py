@@ -3,6 +3,7 @@ real sockets), plus rendezvous placement and endpoint failure / return."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
@@ -126,12 +127,27 @@ def test_unreachable_pool_is_all_misses_not_errors() -> None:
     tier.close()
 
 
+def _wait_stopped(pid: int) -> None:
+    """Until every thread of ``pid`` is stopped: kill() only asks, and on a loaded machine a
+    server thread may still answer a request for a moment."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+            states.append(stat[stat.rfind(b")") + 2:][:1])
+        if all(s == b"T" for s in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"pool server {pid} did not stop")
+
+
 def test_a_stopped_server_costs_a_read_the_short_deadlines_once_not_the_full_timeout() -> None:
     # Story: the pool process is stopped (SIGSTOP: a debugger, a frozen VM), not dead. The kernel
     # still accepts its connections, so nothing fails fast by itself: a read used to wait out the
     # full request timeout (here 10 s). Now a fresh connection's handshake and an established
     # connection's reply each have a short deadline, and the endpoint is then skipped.
-    import os
     import signal
 
     with PoolProcess(capacity="4MiB", slab_size="1MiB") as pool:
@@ -142,6 +158,7 @@ def test_a_stopped_server_costs_a_read_the_short_deadlines_once_not_the_full_tim
         assert warm.put_from([key(1)], [page]) == [True]  # warm: connected before the stop
         os.kill(pool.pid, signal.SIGSTOP)
         try:
+            _wait_stopped(pool.pid)
             for tier in (warm, cold):
                 t0 = time.monotonic()
                 assert tier.get_into([key(1)], [empty_like(page)]) == [False]
