@@ -2,12 +2,14 @@
 """Throughput of a hybrid model's storage batch (KV pages plus their sidecar pool) through our host
 tier vs SGLang's own Mooncake Store backend, in one process and one run.
 
-For each setup of ``mooncake_sgl.hicache.hybrid_pools`` (MHA+Mamba, MLA+DSA indexer, MHA+SWA), with
+For each setup of ``mooncake_sgl.hicache.hybrid_pools`` (MHA+Mamba, MLA+DSA indexer, MHA+SWA, MHA
+with a draft model's KV), with
 real sglang host pools on CPU at the sizes given below, both backends get the calls SGLang's cache
 controller makes for one batch of ``--pages`` pages:
 
 - backup:  ``batch_set_v2`` (the sidecar: Mamba state / SWA window at the batch end, or the DSA
-           indexer of every page) then ``batch_set_v1`` (the KV pages), fresh keys every round;
+           indexer / draft KV of every page) then ``batch_set_v1`` (the KV pages), fresh keys every
+           round;
 - restore: ``batch_exists_v2`` then ``batch_get_v1`` and ``batch_get_v2`` into other host slots,
            verified byte for byte against the source.
 
@@ -50,8 +52,8 @@ QUICK = {"page": 16, "layers": 2, "heads": 2, "head_dim": 32, "swa_layers": 2, "
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--setups", default="mha+mamba,mla+dsa,mha+swa",
-                   help="comma-separated hybrid setups (default: all three)")
+    p.add_argument("--setups", default="mha+mamba,mla+dsa,mha+swa,mha+draft",
+                   help="comma-separated hybrid setups (default: all four)")
     p.add_argument("--pages", type=int, default=32, help="KV pages per batch (default 32)")
     p.add_argument("--rounds", type=int, default=10, help="timed rounds per backend (default 10)")
     p.add_argument("--quick", action="store_true", help="tiny pools, one round, 8 pages (CI smoke)")

@@ -7,7 +7,9 @@ Setups (``SETUPS``):
 - ``mla+dsa``:   ``MLATokenToKVPoolHost`` + ``DSAIndexerPoolHost`` from a CPU ``DSATokenToKVPool``
                  (KV-derived: the indexer reuses the KV host indices; all pages);
 - ``mha+swa``:   ``MHATokenToKVPoolHost`` + a second MHA host pool for the sliding-window layers
-                 (trailing window of ``Shape.swa_window`` pages).
+                 (trailing window of ``Shape.swa_window`` pages);
+- ``mha+draft``: ``MHATokenToKVPoolHost`` + the speculative draft model's MHA host pool (KV-derived:
+                 same host indices; all pages).
 
 Construction notes (sglang 0.5.23 on CPU): ``pin_memory=False`` everywhere (pinning needs CUDA);
 ``DSATokenToKVPool`` needs ``index_buf_size`` (its default reads a DCP width a CPU process never
@@ -42,7 +44,7 @@ from sglang.srt.mem_cache.utils import get_hash_str
 
 from ..buffers import view_at
 
-SETUPS = ("mha+mamba", "mla+dsa", "mha+swa")
+SETUPS = ("mha+mamba", "mla+dsa", "mha+swa", "mha+draft")
 DSA_PAGE = 64  # DSATokenToKVPool requires 64-token pages
 DSA_INDEX_HEAD_DIM = 128  # ... and this index head dim
 
@@ -88,8 +90,8 @@ class Hybrid:
 
     @property
     def kv_derived(self) -> bool:
-        """The sidecar reuses the KV host indices (DSA indexer)."""
-        return self.side_name == PoolName.INDEXER
+        """The sidecar reuses the KV host indices (DSA indexer, draft KV)."""
+        return self.side_name in (PoolName.INDEXER, PoolName.DRAFT)
 
     def tokens(self, npages: int, seed: int) -> list[int]:
         rnd = random.Random(seed)
@@ -174,6 +176,9 @@ def build(name: str, shape: Shape = Shape()) -> Hybrid:
         if name == "mha+swa":
             return Hybrid(name, mha_pool(shape, shape.layers), PoolName.SWA,
                           mha_pool(shape, shape.swa_layers), shape.page, False, window=shape.swa_window)
+        if name == "mha+draft":  # a one-layer draft model (EAGLE-style) over the target's indices
+            return Hybrid(name, mha_pool(shape, shape.layers), PoolName.DRAFT, mha_pool(shape, 1),
+                          shape.page, False, window=0)
         tokens = shape.pages * DSA_PAGE
         rope = 8
         device = DSATokenToKVPool(

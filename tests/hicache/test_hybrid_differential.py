@@ -174,7 +174,7 @@ def test_same_answers_and_byte_identical_restores_as_sglangs_own_backend(
     assert first_only["ours"][0][1] == NODE
 
 
-@pytest.mark.parametrize("name", ["mla+dsa"])
+@pytest.mark.parametrize("name", ["mla+dsa", "mha+draft"])
 def test_kv_without_its_all_pages_sidecar_is_not_offered(name: str, ours: Any, theirs: Any) -> None:
     ours = Side(name, ours)
     builtin = Side(name, theirs)
@@ -189,4 +189,5 @@ def test_kv_without_its_all_pages_sidecar_is_not_offered(name: str, ours: Any, t
         r = side.backend.batch_exists_v2(keys, [PoolTransfer(name=side.setup.side_name)])
         answers.append((r.kv_hit_pages, r.restorable_prefix_pages,
                         {str(k): v for k, v in r.extra_pool_hit_pages.items()}))
-    assert answers[0] == answers[1] == (NODE, list(range(1, NODE + 1)), {"kv": 2 * NODE, "indexer": NODE})
+    side = str(ours.setup.side_name)
+    assert answers[0] == answers[1] == (NODE, list(range(1, NODE + 1)), {"kv": 2 * NODE, side: NODE})
