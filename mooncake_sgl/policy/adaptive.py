@@ -33,26 +33,26 @@ to every tier (write-through), a page found in a slower tier is promoted to tier
 tier moves one tier down. Pinned prefixes (``policy.pins``) are never victims until ``ttl`` after their
 last lookup.
 
-Pure, like every policy here: events in, decisions out, no clock (``tick``), no I/O.
+Pure, like every policy here: events in, decisions out, no clock (``tick``), no I/O. Chain links live
+in ``chains.ChainLinks`` and pins in ``pins.Pins``, shared with the heat policy.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from ..api import PageKey, PlacementPolicy
 from ..config import PolicyConfig
-from ..keys import NAMESPACE_DIGEST_BYTES, page_hash_part
+from .chains import ChainLinks
 from .experts import EXPERTS, Expert, LruExpert
+from .pins import Pins
 from .shadow import Tournament, key_hash, sample_rate
 
-# Chain links of looked-up pages not yet resident, kept until their write arrives (pages). Arbitrary.
+# Chain links of looked-up pages not yet resident, kept until their write arrives, and lookups kept
+# for the shadows until the first write (pages). Arbitrary; tighter than ``chains.PENDING_LINKS``.
 PENDING_LINKS = 1 << 14
 # Expert followed until the shadows have evidence: LRU, the baseline the policy must never fall below.
 FIRST_LEADER = next(i for i, e in enumerate(EXPERTS) if e is LruExpert)
-# Byte offset in a page key where its kind byte and page hash start (see ``keys.page_key``).
-_HASH_OFFSET = NAMESPACE_DIGEST_BYTES
 
 
 class _Tier:
@@ -81,6 +81,20 @@ class _Tier:
         return self.experts[self.tournament.leader]
 
 
+class _Links(ChainLinks):
+    """``ChainLinks`` with this policy's own bound on pending links (``PENDING_LINKS``)."""
+
+    __slots__ = ()
+
+    def learn(self, keys: Sequence[PageKey], parent: PageKey | None,
+              resident: Callable[[PageKey], bool]) -> list[tuple[PageKey, PageKey | None]]:
+        learnt = super().learn(keys, parent, resident)
+        pending = self._pending
+        while len(pending) > PENDING_LINKS:  # oldest first, as ``ChainLinks`` trims
+            pending.popitem(last=False)
+        return learnt
+
+
 def _eviction_order(state: _Tier) -> Iterator[PageKey]:
     """The leader's order: first the sampled pages its shadow would not hold, then its ranking."""
     yield from state.tournament.outcasts()
@@ -103,15 +117,12 @@ class AdaptivePolicy(PlacementPolicy):
         self._tiers = [_Tier(c) for c in capacities]
         self._page_bytes = 0  # learnt from the first insert; sizes experts and shadows in pages
         self._where: dict[PageKey, int] = {}  # bitmask of tracked tiers holding a page
-        self._parent: dict[PageKey, PageKey | None] = {}  # chain links of resident pages
-        self._pending: OrderedDict[PageKey, PageKey | None] = OrderedDict()
+        self._links = _Links()
         # Lookups before the first write (the page size, hence the shadows' size, is not known yet):
         # the shadows replay them once built, so they see the stream from its first request.
         self._early: list[Sequence[PageKey]] = []
-        self._pin_roots = {page_hash_part(p.prefix_hash): p.ttl for p in config.pins}
-        self._pinned: dict[PageKey, float] = {}  # page -> time its pin expires
+        self._pins = Pins(config.pins)
         self._now = 0.0
-        self._next_pin_sweep = 0.0
 
     # ------------------------------------------------------------------ events
 
@@ -119,13 +130,10 @@ class AdaptivePolicy(PlacementPolicy):
         if now <= self._now:
             return
         self._now = now
-        if self._pinned and now >= self._next_pin_sweep:
-            self._pinned = {k: t for k, t in self._pinned.items() if t > now}
-            ttl = min(self._pin_roots.values(), default=60.0)
-            self._next_pin_sweep = now + ttl / 4  # a stale pin is harmless: is_pinned checks time
+        self._pins.tick(now)
 
     def is_pinned(self, key: PageKey) -> bool:
-        return self._pinned.get(key, -1.0) > self._now
+        return self._pins.is_pinned(key)
 
     def on_lookup(self, keys: Sequence[PageKey], tiers: Sequence[int | None],
                   parent: PageKey | None = None) -> None:
@@ -141,13 +149,7 @@ class AdaptivePolicy(PlacementPolicy):
                 self._early.append(keys)
         else:
             self._observe(keys)
-        if self._pin_roots and keys:
-            # A pinned chain: its first page matches a pin, or it continues a pinned page.
-            root = keys[0][_HASH_OFFSET:] if parent is None else None
-            ttl = self._pin_roots.get(root) if root is not None else self._pin_ttl_of(parent)
-            if ttl is not None:
-                for key in keys:
-                    self._pinned[key] = self._now + ttl
+        self._pins.on_lookup(keys, parent)
 
     def on_insert(self, keys: Sequence[PageKey], tier: int, nbytes: Sequence[int],
                   parent: PageKey | None = None) -> None:
@@ -177,10 +179,10 @@ class AdaptivePolicy(PlacementPolicy):
             if state.tournament.is_sampled(key):
                 state.tournament.real_added(key)
             where = self._where.get(key, 0)
-            if not where and key in self._pending:
-                self._parent[key] = self._pending.pop(key)
+            if not where:
+                self._links.adopt(key)
             self._where[key] = where | bit
-            p = self._parent.get(key)
+            p = self._links.parent_of(key)
             if p is not None:
                 state.kids[p] = state.kids.get(p, 0) + 1
 
@@ -220,7 +222,7 @@ class AdaptivePolicy(PlacementPolicy):
 
     def stats(self) -> dict[str, float]:
         out: dict[str, float] = {"tracked_pages": float(len(self._where)),
-                                 "pinned_pages": float(len(self._pinned))}
+                                 "pinned_pages": float(len(self._pins))}
         for i, t in enumerate(self._tiers):
             out[f"tier{i}_pages"] = float(len(t.size))
             if t.tournament is None:
@@ -255,14 +257,15 @@ class AdaptivePolicy(PlacementPolicy):
     def _pick(self, state: _Tier, nbytes: int, protected: frozenset[PageKey],
               chosen: dict[PageKey, None], leaves_only: bool) -> int:
         freed = 0
-        kids, size, parent = state.kids, state.size, self._parent
+        kids, size = state.kids, state.size
+        parent_of, pinned = self._links.parent_of, self._pins.is_pinned  # bound once: per candidate
         # Children chosen in this call: their parent is a leaf once they are all chosen, and comes
         # right after them in an order that inserts and references chains tail first.
         gone: dict[PageKey, int] = {}
         it = _eviction_order(state)
         try:
             for key in it:
-                if key in chosen or key in protected or self.is_pinned(key):
+                if key in chosen or key in protected or pinned(key):
                     continue
                 if leaves_only and kids.get(key, 0) > gone.get(key, 0):
                     continue
@@ -270,7 +273,7 @@ class AdaptivePolicy(PlacementPolicy):
                 freed += size[key]
                 if freed >= nbytes:
                     break
-                p = parent.get(key)
+                p = parent_of(key)
                 if p is not None:
                     gone[p] = gone.get(p, 0) + 1
         finally:
@@ -280,7 +283,7 @@ class AdaptivePolicy(PlacementPolicy):
     def _evictable(self, state: _Tier, protected: frozenset[PageKey]) -> int:
         """Bytes of the tier that are neither protected nor pinned (O(protected + pinned))."""
         held = 0
-        for key in protected | self._pinned.keys() if self._pinned else protected:
+        for key in protected.union(self._pins.keys()) if len(self._pins) else protected:
             n = state.size.get(key)
             if n is not None and (key in protected or self.is_pinned(key)):
                 held += n
@@ -291,7 +294,7 @@ class AdaptivePolicy(PlacementPolicy):
         for expert in state.experts:
             expert.drop(key)
         state.tournament.real_removed(key)
-        p = self._parent.get(key)
+        p = self._links.parent_of(key)
         if p is not None:
             left = state.kids.get(p, 0) - 1
             if left > 0:
@@ -303,32 +306,15 @@ class AdaptivePolicy(PlacementPolicy):
             self._where[key] = where
         else:
             self._where.pop(key, None)
-            self._parent.pop(key, None)
-            self._pinned.pop(key, None)
+            self._links.drop(key)
+            self._pins.forget(key)
 
     def _learn_links(self, keys: Sequence[PageKey], parent: PageKey | None) -> None:
-        prev = parent
-        for key in keys:
-            if key not in self._parent:
-                if key in self._where:
-                    self._link_resident(key, prev)
-                else:
-                    self._pending[key] = prev
-            prev = key
-        while len(self._pending) > PENDING_LINKS:
-            self._pending.popitem(last=False)
-
-    def _link_resident(self, key: PageKey, parent: PageKey | None) -> None:
-        """A resident page's link became known after it was written: count it as a child."""
-        self._parent[key] = parent
-        if parent is None:
-            return
-        where = self._where[key]
-        for t, state in enumerate(self._tiers):
-            if where >> t & 1:
-                state.kids[parent] = state.kids.get(parent, 0) + 1
-
-    def _pin_ttl_of(self, parent: PageKey | None) -> float | None:
-        if parent is None or not self.is_pinned(parent):
-            return None
-        return self._pinned[parent] - self._now
+        """Links learnt for resident pages give their parents a resident child in each tier."""
+        for key, p in self._links.learn(keys, parent, self._where.__contains__):
+            if p is None:
+                continue
+            where = self._where[key]
+            for t, state in enumerate(self._tiers):
+                if where >> t & 1:
+                    state.kids[p] = state.kids.get(p, 0) + 1
