@@ -7,11 +7,12 @@ index maps ``PageKey -> record`` (offset, length, checksum; 32 bytes, see ``ssd_
 Why each choice:
 
 - *Disk speed.* Page bytes never pass through LMDB's memory map: a put is one ``pwritev`` from the
-  caller's segments into a preallocated extent, a get one ``preadv`` into the destination's
-  segments, with readahead started for the whole batch first. Measured in a new process after
-  the page cache was dropped, this reads 2-4x faster than values kept in LMDB and writes fresh
-  pages 2-5x faster (``scripts/bench_tiers.py --modes user-view``; the options and what each gave are
-  in ``ssd_extents``).
+  caller's segments into preallocated extents (a batch of fresh pages is one call), a get one
+  ``preadv`` into the destination's segments, with readahead started for the whole batch first.
+  Measured the way a user meets the tier (writer process, page cache dropped, new reader
+  process), values kept in LMDB read 1.4-2.3x slower and were written 2-7x slower at 64 KiB and
+  8 MiB than this; ``scripts/bench_tiers.py --modes user-view`` compares it with SGLang's
+  ``HiCacheFile`` and the disk's ``O_DIRECT`` limit; ``ssd_extents`` says what each option gave.
 - *Warm restart.* The index is LMDB's B-tree: whatever a committed transaction wrote is found by a
   new process (``scan`` yields it for the store to seed its policy). A page's bytes are written
   before the transaction naming them commits (and ``fdatasync``-ed first with ``sync``), so a
