@@ -9,7 +9,10 @@ Setups (``SETUPS``):
 - ``mha+swa``:   ``MHATokenToKVPoolHost`` + a second MHA host pool for the sliding-window layers
                  (trailing window of ``Shape.swa_window`` pages);
 - ``mha+draft``: ``MHATokenToKVPoolHost`` + the speculative draft model's MHA host pool (KV-derived:
-                 same host indices; all pages).
+                 same host indices; all pages);
+- ``dsv4``:      DeepSeek V4's shape: a ``LogicalHostPool`` KV anchor (indices only, no bytes) + a
+                 ``DeepSeekV4PagedHostPool`` compressed pool (``deepseek_v4_c4``, KV-derived, all
+                 pages) that carries every byte.
 
 Construction notes (sglang 0.5.23 on CPU): ``pin_memory=False`` everywhere (pinning needs CUDA);
 ``DSATokenToKVPool`` needs ``index_buf_size`` (its default reads a DCP width a CPU process never
@@ -34,6 +37,7 @@ from sglang.srt.mem_cache.device_pool_info import (
 )
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolHitPolicy, PoolName, PoolTransfer
 from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+from sglang.srt.mem_cache.memory_pool_host import DeepSeekV4PagedHostPool, LogicalHostPool
 from sglang.srt.mem_cache.pool_host import HostPoolGroup, PoolEntry
 from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
 from sglang.srt.mem_cache.pool_host.dsa import DSAIndexerPoolHost, make_dsa_indexer_pool_decl
@@ -44,7 +48,7 @@ from sglang.srt.mem_cache.utils import get_hash_str
 
 from ..buffers import view_at
 
-SETUPS = ("mha+mamba", "mla+dsa", "mha+swa", "mha+draft")
+SETUPS = ("mha+mamba", "mla+dsa", "mha+swa", "mha+draft", "dsv4")
 DSA_PAGE = 64  # DSATokenToKVPool requires 64-token pages
 DSA_INDEX_HEAD_DIM = 128  # ... and this index head dim
 
@@ -90,8 +94,8 @@ class Hybrid:
 
     @property
     def kv_derived(self) -> bool:
-        """The sidecar reuses the KV host indices (DSA indexer, draft KV)."""
-        return self.side_name in (PoolName.INDEXER, PoolName.DRAFT)
+        """The sidecar reuses the KV host indices (DSA indexer, draft KV, V4 compressed KV)."""
+        return self.side_name in (PoolName.INDEXER, PoolName.DRAFT, PoolName.DEEPSEEK_V4_C4)
 
     def tokens(self, npages: int, seed: int) -> list[int]:
         rnd = random.Random(seed)
@@ -179,6 +183,15 @@ def build(name: str, shape: Shape = Shape()) -> Hybrid:
         if name == "mha+draft":  # a one-layer draft model (EAGLE-style) over the target's indices
             return Hybrid(name, mha_pool(shape, shape.layers), PoolName.DRAFT, mha_pool(shape, 1),
                           shape.page, False, window=0)
+        if name == "dsv4":
+            host_pages = 2 * shape.pages + 1
+            anchor = LogicalHostPool(size=(host_pages - 1) * shape.page, page_size=shape.page,
+                                     layout=shape.layout)
+            item = shape.mla_dim * shape.page * 2  # one page row per layer (arbitrary width)
+            rows = [torch.zeros(shape.pages, item, dtype=torch.uint8) for _ in range(shape.layers)]
+            c4 = DeepSeekV4PagedHostPool(str(PoolName.DEEPSEEK_V4_C4), rows, item, host_pages, shape.page,
+                                         layout=shape.layout, pin_memory=False)
+            return Hybrid(name, anchor, PoolName.DEEPSEEK_V4_C4, c4, shape.page, True, window=0)
         tokens = shape.pages * DSA_PAGE
         rope = 8
         device = DSATokenToKVPool(
@@ -195,7 +208,10 @@ def build(name: str, shape: Shape = Shape()) -> Hybrid:
 
 
 def _segments(pool: Any, idx: torch.Tensor) -> list[tuple[int, int]]:
-    ptrs, sizes = pool.get_page_buffer_meta(idx)
+    meta = pool.get_page_buffer_meta(idx)
+    if meta is None:  # a logical pool: indices only, no bytes
+        return []
+    ptrs, sizes = meta
     return list(zip((int(p) for p in ptrs), (int(n) for n in sizes), strict=True))
 
 

@@ -174,7 +174,7 @@ def test_same_answers_and_byte_identical_restores_as_sglangs_own_backend(
     assert first_only["ours"][0][1] == NODE
 
 
-@pytest.mark.parametrize("name", ["mla+dsa", "mha+draft"])
+@pytest.mark.parametrize("name", ["mla+dsa", "mha+draft", "dsv4"])
 def test_kv_without_its_all_pages_sidecar_is_not_offered(name: str, ours: Any, theirs: Any) -> None:
     ours = Side(name, ours)
     builtin = Side(name, theirs)
