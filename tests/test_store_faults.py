@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_sgl.api import PageKey, PageView, PlacementPolicy, Tier, TierUsage
+from mooncake_sgl.api import PageKey, PageView, PlacementPolicy, Tier
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, PolicyConfig
 from mooncake_sgl.errors import TierError
 from mooncake_sgl.policy import policy_for_capacities
@@ -19,19 +19,19 @@ from mooncake_sgl.store import TieredStore
 from mooncake_sgl.tiers.host import HostTier
 from mooncake_sgl.tiers.lmdb import LmdbTier
 from tests.tiers.conformance import empty_like, key, make_page, same
+from tests.wrapped_tier import WrappedTier
 
 SEG = 8 * 1024
 PAGE = 2 * SEG
 
 
-class FaultyTier(Tier):
+class FaultyTier(WrappedTier):
     """A real tier whose next calls of one kind fail: ``fail(op, times, how)`` with ``op`` one of
     ``remove``, ``put``, ``get`` and ``how`` ``raise`` (the tier is broken) or ``false`` (per-page
     refusal). ``chance`` < 1 makes each call fail with that probability while failures remain."""
 
     def __init__(self, inner: Tier, seed: int = 0) -> None:
-        self.inner = inner
-        self.name, self.kind, self.capabilities = inner.name, inner.kind, inner.capabilities
+        super().__init__(inner)
         self._left: dict[str, int] = {}
         self._how: dict[str, str] = {}
         self._chance = 1.0
@@ -53,9 +53,6 @@ class FaultyTier(Tier):
             raise TierError(f"injected {op} failure in {self.name}")
         return self._how[op]
 
-    def contains(self, keys: Sequence[PageKey]) -> list[bool]:
-        return self.inner.contains(keys)
-
     def get_into(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
         if self._failing("get"):
             return [False] * len(keys)
@@ -69,24 +66,6 @@ class FaultyTier(Tier):
     def remove(self, keys: Sequence[PageKey]) -> int:
         self._failing("remove")
         return self.inner.remove(keys)
-
-    def usage(self) -> TierUsage:
-        return self.inner.usage()
-
-    def footprint(self, nbytes: int) -> int:
-        return self.inner.footprint(nbytes)
-
-    def page_size_of(self, key: PageKey) -> int | None:
-        return self.inner.page_size_of(key)
-
-    def scan(self):
-        return self.inner.scan()
-
-    def stats(self) -> dict[str, float]:
-        return self.inner.stats()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def host(pages: int) -> HostTier:

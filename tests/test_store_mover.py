@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_sgl.api import PageKey, PageView, Tier, TierCapabilities, TierUsage
+from mooncake_sgl.api import PageKey, PageView, Tier, TierCapabilities
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig
 from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.store import TieredStore
@@ -20,6 +20,7 @@ from mooncake_sgl.store.placement import LOOKUP_BUFFER, Placement
 from mooncake_sgl.tiers.host import HostTier
 from mooncake_sgl.tiers.lmdb import LmdbTier
 from tests.tiers.conformance import empty_like, key, make_page
+from tests.wrapped_tier import WrappedTier
 
 SEG = 8 * 1024
 PAGE = 2 * SEG
@@ -104,23 +105,16 @@ def test_a_failing_task_is_counted_and_the_mover_keeps_running() -> None:
         mover.close()
 
 
-class ThreadLog(Tier):
+class ThreadLog(WrappedTier):
     """A real tier that records which thread wrote into it, and can declare itself shared."""
 
     def __init__(self, inner: Tier, shared: bool = False) -> None:
-        self.inner = inner
-        self.name, self.kind = inner.name, inner.kind
+        super().__init__(inner)
         self.capabilities = (TierCapabilities(shared=True, self_evicting=True) if shared
                              else inner.capabilities)
         self.writers: list[str] = []
         self.started = threading.Event()
         self.wait_for: threading.Event | None = None
-
-    def contains(self, keys: Sequence[PageKey]) -> list[bool]:
-        return self.inner.contains(keys)
-
-    def get_into(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
-        return self.inner.get_into(keys, pages)
 
     def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
         self.writers.append(threading.current_thread().name)
@@ -128,24 +122,6 @@ class ThreadLog(Tier):
         if self.wait_for is not None:
             self.wait_for.wait(2)
         return self.inner.put_from(keys, pages)
-
-    def remove(self, keys: Sequence[PageKey]) -> int:
-        return self.inner.remove(keys)
-
-    def usage(self) -> TierUsage:
-        return self.inner.usage()
-
-    def footprint(self, nbytes: int) -> int:
-        return self.inner.footprint(nbytes)
-
-    def page_size_of(self, key: PageKey) -> int | None:
-        return self.inner.page_size_of(key)
-
-    def scan(self):
-        return self.inner.scan()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def host(pages: int) -> HostTier:

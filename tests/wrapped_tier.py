@@ -1,0 +1,44 @@
+"""``WrappedTier``: a real tier behind a test's hooks. Every call goes to ``inner``; a test subclass
+overrides only the calls it watches or breaks (``FaultyTier``, ``ThreadLog``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mooncake_sgl.api import PageKey, PageView, Tier, TierUsage
+
+
+class WrappedTier(Tier):
+    def __init__(self, inner: Tier) -> None:
+        self.inner = inner
+        self.name, self.kind, self.capabilities = inner.name, inner.kind, inner.capabilities
+
+    def contains(self, keys: Sequence[PageKey]) -> list[bool]:
+        return self.inner.contains(keys)
+
+    def get_into(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+        return self.inner.get_into(keys, pages)
+
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+        return self.inner.put_from(keys, pages)
+
+    def remove(self, keys: Sequence[PageKey]) -> int:
+        return self.inner.remove(keys)
+
+    def usage(self) -> TierUsage:
+        return self.inner.usage()
+
+    def footprint(self, nbytes: int) -> int:
+        return self.inner.footprint(nbytes)
+
+    def page_size_of(self, key: PageKey) -> int | None:
+        return self.inner.page_size_of(key)
+
+    def scan(self):
+        return self.inner.scan()
+
+    def stats(self) -> dict[str, float]:
+        return self.inner.stats()
+
+    def close(self) -> None:
+        self.inner.close()
