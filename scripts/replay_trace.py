@@ -4,10 +4,9 @@
 What runs: the policy objects themselves (``mooncake_sgl.policy``: ``adaptive``, ``heat`` and
 ``lru``, built by the same factory the store uses, from the same ``PolicyConfig``; ``default`` is
 whichever of them the product's default ``policy.name`` is, so a benchmark measures what users get),
-driven by ``mooncake_sgl.sim.Simulator``, which issues the events ``TieredStore`` issues (lookup,
-promotion, write-back with admission, victims, demotion, removal). The store itself is not in the
-loop: it moves real bytes through real tiers and replaying 100k+ page accesses through it would take
-hours, so the simulator stands in for it with byte-sized tiers that hold no data. ``arc``, ``lirs``
+driven by ``mooncake_sgl.sim.Simulator``, which runs the real ``TieredStore`` (placement inline, on
+the trace's clock) over zero-byte tiers that keep only page sizes, so a replay exercises the store's
+own lookup, admission, eviction, demotion and promotion code without moving bytes. ``arc``, ``lirs``
 and ``lfuda`` (per tier) are simulator-only reference policies (the experts ``adaptive`` chooses
 among, each alone); ``belady`` is the offline optimum for page hits (MIN with bypass), single tier
 only.

@@ -294,27 +294,8 @@ class AdaptivePolicy(PlacementPolicy):
         for expert in state.experts:
             expert.drop(key)
         state.tournament.real_removed(key)
-        p = self._links.parent_of(key)
-        if p is not None:
-            left = state.kids.get(p, 0) - 1
-            if left > 0:
-                state.kids[p] = left
-            else:
-                state.kids.pop(p, None)
-        where = self._where.get(key, 0) & ~bit
-        if where:
-            self._where[key] = where
-        else:
-            self._where.pop(key, None)
-            self._links.drop(key)
+        if self._links.leave_tier(key, bit, self._where, state.kids):
             self._pins.forget(key)
 
     def _learn_links(self, keys: Sequence[PageKey], parent: PageKey | None) -> None:
-        """Links learnt for resident pages give their parents a resident child in each tier."""
-        for key, p in self._links.learn(keys, parent, self._where.__contains__):
-            if p is None:
-                continue
-            where = self._where[key]
-            for t, state in enumerate(self._tiers):
-                if where >> t & 1:
-                    state.kids[p] = state.kids.get(p, 0) + 1
+        self._links.link_children(keys, parent, self._where, [state.kids for state in self._tiers])

@@ -61,6 +61,37 @@ class ChainLinks:
         """``key`` is resident nowhere any more."""
         self._parent.pop(key, None)
 
+    def link_children(self, keys: Sequence[PageKey], parent: PageKey | None, where: dict[PageKey, int],
+                      kids: Sequence[dict[PageKey, int]]) -> None:
+        """Learn a looked-up chain's links: each resident page learnt gives its parent a resident child
+        in every tier holding it. ``where``: a bit per tier holding a page; ``kids[t]``: resident
+        children per page in tier ``t`` (a page with children there is not a victim before them)."""
+        for key, p in self.learn(keys, parent, where.__contains__):
+            if p is None:
+                continue
+            bits = where[key]
+            for t, tier_kids in enumerate(kids):
+                if bits >> t & 1:
+                    tier_kids[p] = tier_kids.get(p, 0) + 1
+
+    def leave_tier(self, key: PageKey, bit: int, where: dict[PageKey, int], kids: dict[PageKey, int]) -> bool:
+        """``key`` left the tier with ``bit`` (``kids``: that tier's resident children per page): its
+        parent loses a child there. True when ``key`` is resident nowhere now (its link is dropped)."""
+        p = self._parent.get(key)
+        if p is not None:
+            left = kids.get(p, 0) - 1
+            if left > 0:
+                kids[p] = left
+            else:
+                kids.pop(p, None)
+        bits = where.get(key, 0) & ~bit
+        if bits:
+            where[key] = bits
+            return False
+        where.pop(key, None)
+        self.drop(key)
+        return True
+
     def ancestors(self, key: PageKey | None) -> Iterator[PageKey]:
         """``key`` and the known pages before it, nearest first (resident or pending links)."""
         steps = len(self._parent) + len(self._pending) + 1  # guards a corrupt cycle only

@@ -437,29 +437,10 @@ class HeatPolicy(PlacementPolicy):
         seg.target = min(MAX_PROBATION * seg.capacity, max(MIN_PROBATION * seg.capacity, target))
 
     def _learn_links(self, keys: Sequence[PageKey], parent: PageKey | None) -> None:
-        """Links learnt for resident pages give their parents a resident child in each tier."""
-        for key, p in self._links.learn(keys, parent, self._where.__contains__):
-            if p is None:
-                continue
-            where = self._where[key]
-            for t, seg in enumerate(self._tiers):
-                if where >> t & 1:
-                    seg.kids[p] = seg.kids.get(p, 0) + 1
+        self._links.link_children(keys, parent, self._where, [seg.kids for seg in self._tiers])
 
     def _forget_in_tier(self, seg: _Segments, key: PageKey, bit: int) -> None:
-        p = self._links.parent_of(key)
-        if p is not None:
-            left = seg.kids.get(p, 0) - 1
-            if left > 0:
-                seg.kids[p] = left
-            else:
-                seg.kids.pop(p, None)
-        where = self._where.get(key, 0) & ~bit
-        if where:
-            self._where[key] = where
-        else:
-            self._where.pop(key, None)
-            self._links.drop(key)
+        if self._links.leave_tier(key, bit, self._where, seg.kids):
             self._pins.forget(key)
 
     def _raise_ancestors(self, key: PageKey | None, floor: float) -> None:

@@ -1,3 +1,3 @@
-"""Trace-driven simulation of placement policies (no bytes moved, no tiers): trace readers, a second
-synthetic workload, reference policies (ARC, Belady) and the simulator that drives a ``PlacementPolicy``
-exactly as ``TieredStore`` does."""
+"""Trace-driven simulation of placement policies: trace readers, seeded workload generators (chat,
+agent loops, RAG), reference policies (ARC, LIRS, LFU-DA, Belady) and the simulator, which runs the
+real ``TieredStore`` over zero-byte tiers that keep only page sizes (no bytes moved)."""
