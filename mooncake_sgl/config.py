@@ -262,9 +262,16 @@ class PinConfig(_Section):
         self._normalise(ttl=parse_duration)
 
 
+# Knobs only the heat policy reads: set with another policy they would be silently ignored.
+HEAT_ONLY = ("sketch", "half_life", "admission_min_hits", "admission_min_reuse", "demotion_min_hits",
+             "promotion_min_hits", "probation_fraction")
+
+
 class PolicyConfig(_Section):
-    """Placement policy: ``heat`` (decayed-frequency, prefix-aware, adaptive) or the ``lru`` baseline."""
-    name: Literal["adaptive", "heat", "lru"] = "heat"
+    """Placement policy: ``adaptive`` (the default: evicts as whichever of LRU/ARC/LIRS/LFU-DA its
+    shadow caches rate best, per tier), ``heat`` (decayed frequency, prefix-aware, admission filter
+    for slow tiers) or the ``lru`` baseline. docs/replay_hit_ratio.md compares them."""
+    name: Literal["adaptive", "heat", "lru"] = "adaptive"
     # Heat estimator: ``count_min`` (count-min sketch of byte counters saturating at 15, halved
     # every 10 accesses per page of capacity, so its memory horizon follows the cache size) or
     # ``decay`` (exponentially decayed counters with ``half_life``). Both are fixed-size;
@@ -287,6 +294,14 @@ class PolicyConfig(_Section):
     pins: list[PinConfig] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.name != "heat":
+            defaults = {f.name: f.default for f in msgspec.structs.fields(PolicyConfig)}
+            stray = [k for k in HEAT_ONLY if getattr(self, k) != defaults[k]]
+            if stray:
+                raise ValueError(f"{', '.join(f'`{k}`' for k in stray)}: only the heat policy uses "
+                                 f"{'this' if len(stray) == 1 else 'these'}, and the policy is "
+                                 f"`{self.name}`; add `name: heat` to the policy section, or remove "
+                                 f"{'it' if len(stray) == 1 else 'them'}")
         if self.half_life is not None and self.sketch != "decay":
             raise ValueError("`half_life`: only the decay sketch has a half-life; remove it or set "
                              "`sketch: decay`")

@@ -62,7 +62,7 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
     lmdb_cap = max(64 << 20, 4 * (args.docs + args.ops) * DOC_PAGES * nbytes)
     tiers = [HostTier(HostTierConfig(capacity=host_cap, slot_size=nbytes, pin_memory=False)),
              LmdbTier(LmdbTierConfig(path=str(workdir / mode), capacity=lmdb_cap, sync=False))]
-    config = PolicyConfig(admission_min_hits=15, admission_min_reuse=1.0, demotion_min_hits=1,
+    config = PolicyConfig(name="heat", admission_min_hits=15, admission_min_reuse=1.0, demotion_min_hits=1,
                           promotion_min_hits=1)
     store = TieredStore(tiers, policy_for_capacities(config, [host_cap, lmdb_cap]), placement=mode)
     src = [page(s, nbytes) for s in range(64)]

@@ -72,7 +72,9 @@ def build_policy(policy: str, caps: list[int], config: PolicyConfig) -> Placemen
     if policy in REFERENCES:
         return REFERENCES[policy](caps)
     name = PolicyConfig().name if policy == "default" else policy
-    return policy_for_capacities(PolicyConfig(**{**_fields(config), "name": name}), caps)
+    # ``config`` holds heat's knobs (and the pins every policy keeps); another policy rejects them.
+    chosen = config if name == "heat" else PolicyConfig(name=name, pins=config.pins)
+    return policy_for_capacities(chosen, caps)
 
 
 def run_one(policy: str, requests: list[Request], blocks: list[int], page_bytes: int,
@@ -189,8 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides["sketch"] = args.sketch
     if args.half_life:
         overrides["half_life"] = args.half_life
-    if overrides:
-        config = PolicyConfig(**{**_fields(config), **overrides})
+    config = PolicyConfig(**{**_fields(config), "name": "heat", **overrides})
     page_bytes = parse_size(args.page_bytes)
 
     requests = load_requests(str(args.trace), args.seed, args.limit)

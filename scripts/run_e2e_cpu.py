@@ -56,8 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host-pool-pages", type=int, help="SGLang host (L2) pool, in pages")
     p.add_argument("--host-tier", help="our DRAM tier capacity, e.g. 512MiB; '' to leave it out")
     p.add_argument("--lmdb-capacity", help="our LMDB tier capacity, e.g. 16GiB")
-    p.add_argument("--policy", choices=["lru", "heat"],
-                   help="our store's placement policy (default heat, as with no config)")
+    p.add_argument("--policy", choices=["lru", "heat", "adaptive"],
+                   help="our store's placement policy (default adaptive, as with no config)")
     p.add_argument("--lmdb-sync", action="store_true", help="fsync every LMDB commit")
     p.add_argument("--work-dir", help="where the temporary LMDB directory goes (default: $TMPDIR)")
     p.add_argument("--prefill-tokens-per-s", type=float,

@@ -52,6 +52,9 @@ def test_durations(text: object, expected: float) -> None:
     ({"tiers": [{"kind": "lmdb", "capacity": "1KiB"}]}, "tiers[0].capacity", "at least 1MiB"),
     ({"tiers": [{"kind": "pool", "endpoints": []}]}, "tiers[0].endpoints", "at least one endpoint"),
     ({"tiers": [{"kind": "pool", "timeout": "soon"}]}, "tiers[0].timeout", "duration"),
+    # A heat knob under another policy (the default is adaptive) would be silently ignored.
+    ({"policy": {"admission_min_hits": 3}}, "policy.admission_min_hits", "add `name: heat`"),
+    ({"policy": {"name": "lru", "sketch": "decay"}}, "policy.sketch", "only the heat policy"),
 ])
 def test_bad_values_name_the_key_and_source(data: dict, key: str, words: str) -> None:
     with pytest.raises(ConfigError) as info:

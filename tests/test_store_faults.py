@@ -126,7 +126,7 @@ FAULTS = [("remove", "raise"), ("put", "raise"), ("put", "false"), ("get", "rais
 
 
 @pytest.mark.parametrize("placement", ["inline", "background"])
-@pytest.mark.parametrize("policy", ["lru", "heat"])
+@pytest.mark.parametrize("policy", ["lru", "heat", "adaptive"])
 @pytest.mark.parametrize("position", [0, 1, 2])
 @pytest.mark.parametrize("op,how", FAULTS)
 def test_faults_in_any_tier_leave_store_policy_and_tiers_in_agreement(
@@ -134,7 +134,8 @@ def test_faults_in_any_tier_leave_store_policy_and_tiers_in_agreement(
     tiers = [FaultyTier(host(4), seed=1), FaultyTier(host(8), seed=2),
              FaultyTier(lmdb(tmp_path / "db"), seed=3)]
     # Small admission thresholds so heat writes, demotes and promotes within a short workload.
-    config = PolicyConfig(name=policy, admission_min_hits=2, demotion_min_hits=1, promotion_min_hits=1)
+    config = (PolicyConfig(name="heat", admission_min_hits=2, demotion_min_hits=1, promotion_min_hits=1)
+              if policy == "heat" else PolicyConfig(name=policy))
     pol: PlacementPolicy = policy_for_capacities(config, [4 * PAGE, 8 * PAGE, 64 << 20])
     store = TieredStore(tiers, pol, placement=placement, room_wait=2.0)
     rng = random.Random(f"{op}{how}{position}{policy}")

@@ -61,7 +61,7 @@ class E2EConfig:
     work_dir: str = ""  # LMDB lives here; default: a fresh temporary directory
     prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
     prefetch_threshold: int = 256
-    policy: str = "heat"  # our store's placement policy: heat (the product default) or lru
+    policy: str = "adaptive"  # our store's placement policy: adaptive (the product default), heat or lru
 
     def extra_config(self, work_dir: Path) -> dict[str, Any]:
         """What ``--hicache-storage-backend-extra-config`` would hold for this run."""

@@ -3,8 +3,8 @@
 - ``lru.LruPolicy``   the baseline: per-tier recency, write-through, promote to tier 0, demote one down.
 - ``heat.HeatPolicy`` decayed-frequency heat, prefix-aware eviction, adaptive probation, admission
                       filters for slower tiers, pins with TTL.
-- ``adaptive.AdaptivePolicy`` per tier, evicts as the best of LRU/ARC/LIRS/LFU-DA on sampled shadow
-                      caches (``experts``, ``shadow``).
+- ``adaptive.AdaptivePolicy`` the default: per tier, evicts as the best of LRU/ARC/LIRS/LFU-DA on
+                      sampled shadow caches (``experts``, ``shadow``).
 - ``sketch``          the bounded frequency estimators heat is built on.
 """
 

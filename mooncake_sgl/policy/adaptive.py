@@ -15,10 +15,12 @@ Per bounded tier:
 - **Shadows** (``shadow.py``): one miniature cache per expert, SHARDS-sampled, replays every lookup's
   sampled pages alone (from the first lookup on); its prefix hits over a decayed window rate the
   expert. The tier's victims are chosen by the leader, LRU until another expert's shadow leads it by
-  three standard deviations (so near-equal experts do not take turns): first the sampled pages the
-  leader's shadow would not hold (the tier converges to what that expert alone would hold), then the
-  leader's ranking. Cost per page access: O(experts) for the real rankings plus O(experts) for the
-  sampled fraction in the shadows; memory: four rankings of the resident pages plus four shadows of
+  three standard deviations under either of two noise models (so near-equal experts do not take
+  turns): once the lead has changed, first the sampled pages the leader's shadow would not hold (the
+  tier converges to what that expert alone would hold), then the leader's ranking. It is the product's
+  default policy (``PolicyConfig.name``). Cost per page access: O(experts) for the real rankings
+  plus O(experts) for the sampled fraction in the shadows, and O(experts²) per request for the
+  tests; memory: four rankings of the resident pages plus four shadows of
   ``max(R * pages, MIN_SHADOW_PAGES)`` (``R`` = 1/16), a fixed fraction above the floor.
 
 Prefix awareness: only a lookup's leading run of hits is referenced (pages past the first miss are
@@ -96,8 +98,13 @@ class _Links(ChainLinks):
 
 
 def _eviction_order(state: _Tier) -> Iterator[PageKey]:
-    """The leader's order: first the sampled pages its shadow would not hold, then its ranking."""
-    yield from state.tournament.outcasts()
+    """The leader's order: first the sampled pages its shadow would not hold, then its ranking.
+
+    The first part converges the tier to what the leader alone would hold after the lead changed.
+    A leader that has led from the start already holds exactly that, and a sampled shadow's
+    outcasts would only add its sampling error, so they are skipped until a first change."""
+    if state.tournament.switches:
+        yield from state.tournament.outcasts()
     yield from state.leader.candidates()
 
 
@@ -191,6 +198,10 @@ class AdaptivePolicy(PlacementPolicy):
         for key in keys:
             if key in state.size:
                 self._leave(state, key, 1 << tier)
+
+    def residents(self, tier: int) -> set[PageKey] | None:
+        state = self._tiers[tier]
+        return None if state.capacity is None else set(state.size)
 
     # ------------------------------------------------------------------ decisions
 

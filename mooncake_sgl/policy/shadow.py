@@ -37,14 +37,18 @@ MIN_SHADOW_PAGES = 4096
 # (sampled page lookups / shadow pages): long enough to average out noise, short enough to follow a
 # workload that changes. Arbitrary.
 WINDOW_TURNOVERS = 32
-# The leader changes only when another expert's decayed hits exceed its own by this many standard
-# deviations of their difference (hits counted as Poisson events: variance = count), so that
-# sampling noise does not make equally good experts take turns; a lead that holds over the window
-# passes it. Three standard deviations rather than the customary two: the test is repeated for three
-# challengers after every request, and a false change of leader costs hits. Not fitted.
+# The leader changes only when another expert's shadow leads it by this many standard deviations of
+# the difference, under either of two noise models, each wrong in one way: hits as independent
+# Poisson events (variance = the two counts; it ignores that a chain's pages hit together, so it
+# calls a few long chains significant early), or paired by request (variance = the sum of squared
+# per-request differences; it sees that two shadows mostly hit the same pages, so a steady small
+# lead on a busy stream becomes significant long before the Poisson test would notice it). Three
+# standard deviations rather than the customary two: the tests are repeated for three challengers
+# after every request, and a false change of leader costs hits. Not fitted.
 SWITCH_SIGMAS = 3.0
-# ... and only once the challenger has this many (decayed) hits: the normal approximation of that
-# test needs a few dozen events (the customary 30).
+# ... and only once the challenger has this many (decayed) hits, and for the paired test the two
+# differ on this many (decayed) requests: a normal approximation needs a few dozen events (the
+# customary 30).
 MIN_EVIDENCE = 30.0
 
 
@@ -148,7 +152,12 @@ class Tournament:
         self.shadows = [ShadowCache(e, real) for e in experts]
         self.threshold = int(rate * (1 << 64))
         self.rate = rate
-        self.score = [0.0] * len(experts)
+        self.score = [0.0] * len(experts)  # decayed prefix hits of each shadow
+        n = len(experts)
+        # Paired by request, decayed like ``score``: ``spread[i][j]`` sums the squares of shadow i's
+        # prefix hits minus shadow j's, ``differ[i][j]`` counts the requests where they differ.
+        self.spread = [[0.0] * n for _ in range(n)]
+        self.differ = [[0.0] * n for _ in range(n)]
         self.leader = leader
         self.switches = 0
         window = WINDOW_TURNOVERS * max(s.capacity for s in self.shadows)
@@ -163,13 +172,31 @@ class Tournament:
         if not keys:
             return
         keep = math.exp(self._log_keep * len(keys))
-        score = self.score
-        for i, shadow in enumerate(self.shadows):
-            score[i] = score[i] * keep + shadow.access(keys)
-        best = max(range(len(score)), key=score.__getitem__)
-        lead = score[self.leader]
-        if (best != self.leader and score[best] >= MIN_EVIDENCE
-                and score[best] - lead > SWITCH_SIGMAS * math.sqrt(score[best] + lead)):
+        runs = [shadow.access(keys) for shadow in self.shadows]
+        score, spread, differ = self.score, self.spread, self.differ
+        for i, run in enumerate(runs):
+            score[i] = score[i] * keep + run
+            si, di = spread[i], differ[i]
+            for j, other in enumerate(runs):
+                d = run - other
+                si[j] = si[j] * keep + d * d
+                di[j] = di[j] * keep + (d != 0)
+        self._elect()
+
+    def _elect(self) -> None:
+        """Hand the lead to the challenger ahead by most, if either noise model calls its lead real."""
+        lead, score = self.leader, self.score
+        best, margin = lead, 0.0
+        for i, s in enumerate(score):
+            gap = s - score[lead]
+            if gap <= margin or s < MIN_EVIDENCE:
+                continue
+            poisson = gap > SWITCH_SIGMAS * math.sqrt(s + score[lead])
+            paired = (self.differ[i][lead] >= MIN_EVIDENCE
+                      and gap > SWITCH_SIGMAS * math.sqrt(self.spread[i][lead]))
+            if poisson or paired:
+                best, margin = i, gap
+        if best != lead:
             self.leader = best
             self.switches += 1
 

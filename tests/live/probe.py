@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
@@ -48,9 +49,17 @@ class LiveClient:
                       int(meta.get("cached_tokens") or 0), int(details.get("storage", 0)),
                       str(details.get("storage_backend", "")))
 
-    def flush(self) -> None:
-        """Drop SGLang's device and host caches: what is reused afterwards comes from storage."""
-        body = self._post("/flush_cache")
+    def flush(self, wait: float = 60.0) -> None:
+        """Drop SGLang's device and host caches: what is reused afterwards comes from storage.
+
+        SGLang refuses a flush (400) while the scheduler is not idle, which includes the moment a
+        finished request's backup to storage is still being handed over; its ``timeout`` makes it
+        wait for idle instead, up to ``wait`` seconds."""
+        try:
+            body = self._post(f"/flush_cache?timeout={wait:g}", timeout=wait + 30.0)
+        except urllib.error.HTTPError as e:
+            raise AssertionError(f"/flush_cache refused after waiting {wait:g} s: "
+                                 f"{e.read()[:200]!r}") from None
         if b"Cache flushed" not in body:
             raise AssertionError(f"/flush_cache refused: {body[:200]!r}")
 

@@ -13,7 +13,13 @@ from mooncake_sgl.policy import policy_for_capacities, shadow
 from mooncake_sgl.policy.adaptive import AdaptivePolicy
 from mooncake_sgl.policy.experts import EXPERTS, LfuDaExpert, LirsExpert
 from mooncake_sgl.policy.lru import LruPolicy
-from mooncake_sgl.policy.shadow import MIN_SHADOW_PAGES, SAMPLE_RATE, Tournament, sample_rate
+from mooncake_sgl.policy.shadow import (
+    MIN_SHADOW_PAGES,
+    SAMPLE_RATE,
+    SWITCH_SIGMAS,
+    Tournament,
+    sample_rate,
+)
 from mooncake_sgl.sim.gen_agent import AgentShape, agent_loops
 from mooncake_sgl.sim.reference import ArcPolicy, LfuDaPolicy, LirsPolicy
 from mooncake_sgl.sim.simulator import Simulator
@@ -103,6 +109,35 @@ def test_tournament_needs_significant_evidence_to_change_leader():
     tour.score = [30.0, 70.0, 0.0, 0.0]
     tour.observe([k(10**6 + 1)])
     assert tour.leader == 1 and tour.switches == 1
+
+
+def test_a_steady_small_lead_on_shared_hits_changes_the_leader():
+    # Both shadows hit the same long chains; the challenger also keeps one page the leader drops.
+    # Independent-Poisson noise on thousands of shared hits would hide that lead for a long time;
+    # paired by request, every request differs by exactly one hit, so the lead is plain.
+    experts = [cls(4) for cls in EXPERTS]
+    tour = Tournament(experts, 1.0, leader=0)
+    shared, extra = 40.0, 1.0
+    for _ in range(40):
+        tour.score = [s * 0.999 for s in tour.score]
+        tour.score[0] += shared
+        tour.score[1] += shared + extra
+        tour.spread[1][0] = tour.spread[1][0] * 0.999 + extra * extra
+        tour.differ[1][0] = tour.differ[1][0] * 0.999 + 1
+    gap = tour.score[1] - tour.score[0]
+    assert gap < SWITCH_SIGMAS * (tour.score[1] + tour.score[0]) ** 0.5  # Poisson: not significant
+    tour._elect()
+    assert tour.leader == 1 and tour.switches == 1
+
+
+def test_few_differing_requests_do_not_change_the_leader():
+    # A big lead from three requests is no evidence under the paired test (the customary 30 events).
+    experts = [cls(4) for cls in EXPERTS]
+    tour = Tournament(experts, 1.0, leader=0)
+    tour.score = [1000.0, 1040.0, 0.0, 0.0]
+    tour.spread[1][0], tour.differ[1][0] = 3 * 13.0 ** 2, 3.0
+    tour._elect()
+    assert tour.leader == 0
 
 
 def frequency_with_scans(n: int = 6000, seed: int = 3) -> list[Request]:

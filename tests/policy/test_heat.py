@@ -10,6 +10,7 @@ import pytest
 from mooncake_sgl.config import PinConfig, PolicyConfig
 from mooncake_sgl.keys import KeyNamespace, page_key
 from mooncake_sgl.policy import build_policy, policy_for_capacities
+from mooncake_sgl.policy.adaptive import AdaptivePolicy
 from mooncake_sgl.policy.heat import HeatPolicy
 from mooncake_sgl.policy.lru import LruPolicy
 
@@ -119,14 +120,15 @@ def test_reused_pages_survive_a_scan_of_one_hit_wonders():
 
 
 def test_slow_tiers_admit_only_pages_seen_before():
-    p = HeatPolicy([PAGE * 10, PAGE * 100], PolicyConfig(admission_min_hits=2, admission_min_reuse=1.0))
+    p = HeatPolicy([PAGE * 10, PAGE * 100],
+                   PolicyConfig(name="heat", admission_min_hits=2, admission_min_reuse=1.0))
     keys = chain(1, 2)
     lookup(p, keys)
     assert p.admit(keys, 0) == [True, True]  # tier 0 takes every write
     assert p.admit(keys, 1) == [False, False]  # a one-hit wonder stays off the SSD
     lookup(p, keys)
     assert p.admit(keys, 1) == [True, True]
-    write_through = HeatPolicy([PAGE, PAGE], PolicyConfig(admission_min_hits=1))
+    write_through = HeatPolicy([PAGE, PAGE], PolicyConfig(name="heat", admission_min_hits=1))
     lookup(write_through, keys)
     assert write_through.admit(keys, 1) == [True, True]
 
@@ -146,7 +148,7 @@ def _stream(p: HeatPolicy, start: int, n: int, comeback: bool) -> list[bool]:
 def test_admission_of_cold_pages_follows_their_measured_reuse():
     # One-off pages: the watch sees none come back within the slow tier's horizon, the door closes.
     # Sessions that return: the door opens again, so cold-admission never costs those hits.
-    p = HeatPolicy([PAGE * 10, PAGE * 100], PolicyConfig(admission_min_reuse=0.1))
+    p = HeatPolicy([PAGE * 10, PAGE * 100], PolicyConfig(name="heat", admission_min_reuse=0.1))
     p.on_insert(chain("sizer"), 1, [PAGE])
     p.on_remove(chain("sizer"), 1)
     assert _stream(p, 0, 50, comeback=False)[-1]  # no evidence yet: open (prior 1 in 2)
@@ -169,7 +171,7 @@ def test_demotion_keeps_warm_pages_and_drops_cold_ones():
 
 
 def test_promotion_of_hot_pages_found_below():
-    p = HeatPolicy([PAGE * 10, PAGE * 100], PolicyConfig(promotion_min_hits=3))
+    p = HeatPolicy([PAGE * 10, PAGE * 100], PolicyConfig(name="heat", promotion_min_hits=3))
     keys = chain(1)
     lookup(p, keys)
     lookup(p, keys, {keys[0]: 1})
@@ -180,7 +182,7 @@ def test_promotion_of_hot_pages_found_below():
 
 
 def test_heat_decays_with_logical_time():
-    p = HeatPolicy([PAGE * 10], PolicyConfig(sketch="decay", half_life="1m"))
+    p = HeatPolicy([PAGE * 10], PolicyConfig(name="heat", sketch="decay", half_life="1m"))
     keys = chain(1)
     p.tick(1.0)
     for _ in range(4):
@@ -226,7 +228,8 @@ def test_self_evicting_tiers_keep_no_per_page_state():
 
 def test_pinned_prefix_is_kept_until_its_ttl_expires():
     pin_hash = "ab" * 32  # SGLang's page hashes are 64 hex digits
-    p = HeatPolicy([PAGE * 4, PAGE * 100], PolicyConfig(pins=[PinConfig(prefix_hash=pin_hash, ttl="30s")]))
+    p = HeatPolicy([PAGE * 4, PAGE * 100],
+                   PolicyConfig(name="heat", pins=[PinConfig(prefix_hash=pin_hash, ttl="30s")]))
     system = [page_key(NS, pin_hash)] + chain("s2")
     p.tick(100.0)
     lookup(p, system)
@@ -246,7 +249,7 @@ def test_pinned_prefix_is_kept_until_its_ttl_expires():
 
 def test_probation_grows_when_its_victims_come_back():
     # ARC's rule: a returning probation victim means probation was too small.
-    p = HeatPolicy([PAGE * 100], PolicyConfig(probation_fraction=0.1))
+    p = HeatPolicy([PAGE * 100], PolicyConfig(name="heat", probation_fraction=0.1))
     seg = p._tiers[0]
     start = seg.target
     keys = chain(1)
@@ -266,7 +269,9 @@ def test_factory_builds_what_the_config_names(tmp_path):
 
     tier = HostTier(HostTierConfig(capacity=4 * 4096, slot_size=4096, pin_memory=False))
     try:
-        assert isinstance(build_policy(PolicyConfig(), [tier]), HeatPolicy)
+        # The product's default: the adaptive policy (docs/replay_hit_ratio.md).
+        assert isinstance(build_policy(PolicyConfig(), [tier]), AdaptivePolicy)
+        assert isinstance(build_policy(PolicyConfig(name="heat"), [tier]), HeatPolicy)
     finally:
         tier.close()
     with pytest.raises(ValueError, match="at least one tier"):
@@ -275,11 +280,11 @@ def test_factory_builds_what_the_config_names(tmp_path):
 
 def test_policy_config_validates_heat_fields():
     with pytest.raises(ValueError, match="admission_min_hits"):
-        PolicyConfig(admission_min_hits=0)
+        PolicyConfig(name="heat", admission_min_hits=0)
     with pytest.raises(ValueError, match="probation_fraction"):
-        PolicyConfig(probation_fraction=1.5)
-    assert PolicyConfig(sketch="decay", half_life="2m").half_life == 120.0
-    assert PolicyConfig(sketch="decay").half_life == 600.0
+        PolicyConfig(name="heat", probation_fraction=1.5)
+    assert PolicyConfig(name="heat", sketch="decay", half_life="2m").half_life == 120.0
+    assert PolicyConfig(name="heat", sketch="decay").half_life == 600.0
 
 
 def test_half_life_for_the_count_min_sketch_is_an_error_naming_the_key(tmp_path):

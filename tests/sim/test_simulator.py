@@ -93,7 +93,7 @@ def _store_replay(policy, tiers: list[HostTier], requests: list[Request]) -> tup
         store.close()
 
 
-@pytest.mark.parametrize("name", ["lru", "heat"])
+@pytest.mark.parametrize("name", ["lru", "heat", "adaptive"])
 def test_zero_byte_tiers_replay_as_real_tiers_do(name: str, chat_trace: Path):
     # The same request stream through the store over two real host DRAM tiers and through the
     # simulator (the same store over zero-byte tiers), each with a fresh policy from the same
@@ -119,9 +119,10 @@ def test_zero_byte_tiers_replay_as_real_tiers_do(name: str, chat_trace: Path):
         assert c["lookup_hits"] == st.hit_pages
 
 
-def test_the_simulated_store_policy_and_tiers_agree(chat_trace: Path):
+@pytest.mark.parametrize("name", ["heat", "adaptive"])
+def test_the_simulated_store_policy_and_tiers_agree(name: str, chat_trace: Path):
     caps = [30 * PAGE, 200 * PAGE]
-    sim = Simulator(policy_for_capacities(PolicyConfig(), caps), caps, PAGE)
+    sim = Simulator(policy_for_capacities(PolicyConfig(name=name), caps), caps, PAGE)
     sim.run(load_trace(chat_trace, limit=300))
     for t, tier in enumerate(sim.store.tiers):
         held = {k for k, _ in tier.scan()}
