@@ -31,8 +31,12 @@ from .experts import Expert
 # curves at 0.1-1 % on traces of millions of keys; 1/16 keeps enough samples for tiers of thousands of
 # pages while the four shadows together cost a quarter of one expert's memory. Arbitrary.
 SAMPLE_RATE = 1 / 16
-# Smallest shadow, in pages: below it the sample rate rises (up to 1: a full-size shadow). Arbitrary.
-MIN_SHADOW_PAGES = 4096
+# Smallest shadow, in pages: below it the sample rate rises (up to 1: a full-size shadow). SHARDS
+# sizes samples to estimate a miss ratio curve; here they must decide between experts a few percent
+# apart, and every sampled-out hit is evidence lost: with 4,096 pages, tiers of 16k pages sampled at
+# 1/4 and never saw significant 3-4 % leads over 12,000 requests (docs/replay_hit_ratio.md). The price
+# is memory: four shadows of up to this many pages per tier, about 25 MiB of Python objects.
+MIN_SHADOW_PAGES = 16384
 # Prefix hits are compared over an exponentially decayed window of this many cache turnovers
 # (sampled page lookups / shadow pages): long enough to average out noise, short enough to follow a
 # workload that changes. Arbitrary.
