@@ -32,12 +32,14 @@ from .model import (
     GAUGES,
     LATENCY,
     LATENCY_BUCKETS,
+    POLICY_COUNTERS,
+    POLICY_GAUGES,
     RANK_LABELS,
     STORE_COUNTERS,
     Snapshot,
     TierSample,
 )
-from .source import snapshot_of
+from .source import policy_series, snapshot_of
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,11 @@ class _Families:
         self.latency = {op: Histogram(name, f"seconds per tier {op} batch", _LABELS,
                                       registry=registry, buckets=LATENCY_BUCKETS)
                         for op, name in LATENCY.items()}
+        self.policy_gauges = {f: Gauge(name, _help(f), (*_LABELS, "expert"), registry=registry,
+                                       multiprocess_mode="mostrecent")
+                              for f, name in POLICY_GAUGES.items()}
+        self.policy_counters = {f: Counter(name, _help(f), _LABELS, registry=registry)
+                                for f, name in POLICY_COUNTERS.items()}
 
 
 def _help(field: str) -> str:
@@ -114,6 +121,7 @@ class StoreExporter:
         self._policy = policy
         self._fam = _families(registry)
         self._last: Snapshot = Snapshot()
+        self._switches: dict[str, float] = {}  # the policy's leader changes per tier, at the last sync
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -146,11 +154,14 @@ class StoreExporter:
         with self._lock:
             self._flush_timings()
         try:
-            now = snapshot_of(self._stats())
+            stats = self._stats()
+            now = snapshot_of(stats)
+            experts, switches = policy_series(stats)
         except Exception as e:  # a store being closed under us; the next sync retries
             logger.debug("mooncake_sgl metrics: stats failed: %s", e)
             return
         with self._lock:
+            self._push_policy(experts, switches)
             before, self._last = self._last, now
             for key, sample in now.tiers.items():
                 self._push(key[1], before.tiers.get(key, TierSample()), sample)
@@ -175,6 +186,19 @@ class StoreExporter:
             return
         for f, gauge in self._fam.gauges.items():
             gauge.labels(**labels).set(getattr(now, f))
+
+    def _push_policy(self, experts: Mapping[tuple[str, str, str], float],
+                     switches: Mapping[str, float]) -> None:
+        """The adaptive policy's leader and shadow hit ratios per tier, and its changes of leader."""
+        for (f, tier, expert), value in experts.items():
+            if tier not in self._skip_gauges:
+                self._fam.policy_gauges[f].labels(tier=tier, expert=expert, **self._labels).set(value)
+        for tier, total in switches.items():
+            child = self._fam.policy_counters["leader_switches"].labels(tier=tier, **self._labels)
+            delta = total - self._switches.get(tier, 0.0)
+            if delta > 0:
+                child.inc(delta)
+            self._switches[tier] = total
 
     def observe_tier(self, store: Any) -> Callable[[Any, str, float], None]:
         """The store's latency hook: ``(tier object, op, seconds)`` under the tier's unique name

@@ -58,6 +58,15 @@ GAUGES: dict[str, str] = {
     "capacity_bytes": "mooncake_sgl_tier_capacity_bytes",
     "position": "mooncake_sgl_tier_position",
 }
+# The adaptive policy's choice per tier (``policy.name: adaptive``): which expert leads (1 for the
+# leader, 0 for the others), each expert's shadow hit ratio, and how often the lead changed.
+POLICY_GAUGES: dict[str, str] = {
+    "lead": "mooncake_sgl_policy_leader",
+    "shadow_hit_ratio": "mooncake_sgl_policy_shadow_hit_ratio",
+}
+POLICY_COUNTERS: dict[str, str] = {
+    "leader_switches": "mooncake_sgl_policy_leader_changes",
+}
 LATENCY: dict[str, str] = {
     "get": "mooncake_sgl_tier_get_latency_seconds",
     "put": "mooncake_sgl_tier_put_latency_seconds",

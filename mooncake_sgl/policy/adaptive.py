@@ -244,9 +244,10 @@ class AdaptivePolicy(PlacementPolicy):
             out[f"tier{i}_sample_rate"] = tour.rate
             out[f"tier{i}_expert_entries"] = float(sum(e.entries() for e in t.experts))
             out[f"tier{i}_shadow_entries"] = float(tour.entries())
-            for s in tour.shadows:
+            for j, s in enumerate(tour.shadows):
                 ratio = s.hits / s.lookups if s.lookups else 0.0
                 out[f"tier{i}_shadow_{s.expert.name}_hit_ratio"] = ratio
+                out[f"tier{i}_lead_{s.expert.name}"] = float(j == tour.leader)
         return out
 
     def leader(self, tier: int) -> str | None:

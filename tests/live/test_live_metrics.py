@@ -23,7 +23,6 @@ def test_a_storage_hit_shows_in_our_series_and_in_stats(servers: Servers, tmp_pa
 tiers:
   - {{kind: host, capacity: 64MiB}}
   - {{kind: lmdb, path: "{tmp_path / 'lmdb'}", capacity: 1GiB}}
-policy: {{name: lru}}
 """)
     server = servers.start("metrics", tiers, ("--enable-metrics",))
     client = LiveClient(server.url)
@@ -55,6 +54,10 @@ policy: {{name: lru}}
     assert ('mooncake_sgl_tier_hits_total{attn_cp_rank="0",dp_rank="0",pp_rank="0",tier="host",'
             'tp_rank="0"}') in text
     assert "mooncake_sgl_tier_get_latency_seconds_bucket" in text
+    # The default placement policy (adaptive) names the expert evicting from each bounded tier.
+    assert ('mooncake_sgl_policy_leader{attn_cp_rank="0",dp_rank="0",expert="lru",pp_rank="0",'
+            'tier="host",tp_rank="0"} 1.0') in text
+    assert "mooncake_sgl_policy_shadow_hit_ratio{" in text
 
     res = stats(target, "--json")
     assert res.returncode == 0, res.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mooncake_sgl.api import PlacementPolicy
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig
 from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.store import TieredStore
@@ -15,10 +16,11 @@ SEG = 8 * 1024  # two segments: 16 KiB pages
 PAGE = 2 * SEG
 
 
-def host_lmdb_store(path: Path, host_pages: int = 4) -> TieredStore:
+def host_lmdb_store(path: Path, host_pages: int = 4, policy: PlacementPolicy | None = None
+                    ) -> TieredStore:
     host = HostTier(HostTierConfig(capacity=host_pages * PAGE, slot_size=PAGE, pin_memory=False))
     lmdb = LmdbTier(LmdbTierConfig(path=str(path), capacity="64MiB", sync=False))
-    return TieredStore([host, lmdb], LruPolicy(2), placement="inline")
+    return TieredStore([host, lmdb], policy or LruPolicy(2), placement="inline")
 
 
 def write(store: TieredStore, ids: range) -> None:

@@ -196,3 +196,47 @@ def test_a_page_failing_its_checksum_shows_in_the_corrupt_page_series(tmp_path: 
         assert (lmdb.corrupt_pages, lmdb.hits, lmdb.misses) == (1, 0, 1)
     finally:
         s.close()
+
+
+def _samples(text: str, name: str) -> dict[tuple[str, ...], float]:
+    return {tuple(s.labels[k] for k in ("tier", "expert") if k in s.labels): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples if s.name == name}
+
+
+def test_the_adaptive_policy_shows_its_leader_and_shadows_per_tier(tmp_path: Path) -> None:
+    # The default policy: before any evidence LRU leads every bounded tier; each expert's shadow
+    # hit ratio is a series, so an operator sees which expert the workload favours.
+    from mooncake_sgl.config import PolicyConfig
+    from mooncake_sgl.policy import policy_for_capacities
+
+    store = host_lmdb_store(tmp_path / "db", policy=policy_for_capacities(PolicyConfig(),
+                                                                          [4 * PAGE, 64 << 20]))
+    try:
+        registry = CollectorRegistry()
+        exporter = StoreExporter(store.stats, RANK, registry=registry)
+        write(store, range(6))
+        read(store, range(6))
+        exporter.sync()
+        text = scrape_registry(registry)
+    finally:
+        store.close()
+    leaders = _samples(text, "mooncake_sgl_policy_leader")
+    assert {e for (t, e), v in leaders.items() if t == "host" and v == 1.0} == {"lru"}
+    assert {e for (t, e) in leaders if t == "host"} == {"lru", "arc", "lirs", "lfuda"}
+    ratios = _samples(text, "mooncake_sgl_policy_shadow_hit_ratio")
+    assert set(ratios) == set(leaders) and all(0.0 <= v <= 1.0 for v in ratios.values())
+    assert _samples(text, "mooncake_sgl_policy_leader_changes_total")[("host",)] == 0.0
+
+
+def test_changes_of_leader_count_once_each(tmp_path: Path) -> None:
+    stats = {"tiers": {"host": {}, "lmdb": {}},
+             "policy": {"tier0_leader_switches": 2.0, "tier0_lead_arc": 1.0, "tier0_lead_lru": 0.0}}
+    registry = CollectorRegistry()
+    exporter = StoreExporter(lambda: stats, RANK, registry=registry)
+    exporter.sync()
+    exporter.sync()  # nothing new
+    stats["policy"] = {**stats["policy"], "tier0_leader_switches": 5.0}
+    exporter.sync()
+    text = scrape_registry(registry)
+    assert _samples(text, "mooncake_sgl_policy_leader_changes_total") == {("host",): 5.0}
+    assert _samples(text, "mooncake_sgl_policy_leader") == {("host", "arc"): 1.0, ("host", "lru"): 0.0}
