@@ -80,7 +80,7 @@ def check(prometheus: str, dashboard_path: Path, seconds: float) -> int:
     from prometheus_client import CollectorRegistry, start_http_server
 
     from ..bench.server import free_port
-    from ..config import HostTierConfig, LmdbTierConfig, PolicyConfig, PoolTierConfig, StoreConfig
+    from ..config import HostTierConfig, LmdbTierConfig, PoolTierConfig, StoreConfig
     from ..pool.config import PoolServerConfig
     from ..pool.server import PoolServer
     from ..store import build_store
@@ -95,8 +95,7 @@ def check(prometheus: str, dashboard_path: Path, seconds: float) -> int:
         store = build_store(StoreConfig(
             tiers=[HostTierConfig(capacity="2MiB", pin_memory=False),
                    PoolTierConfig(endpoints=[f"{host}:{port}"], transport="tcp", secret=SECRET),
-                   LmdbTierConfig(path=f"{tmp}/lmdb", capacity="256MiB")],
-            policy=PolicyConfig(name="lru")))
+                   LmdbTierConfig(path=f"{tmp}/lmdb", capacity="256MiB")]))  # the default policy
         registry = CollectorRegistry()
         exporter = StoreExporter(store.stats, {"tp_rank": 0}, frozenset(), registry,
                                  policy_name(store.policy)).start()

@@ -11,7 +11,15 @@ from pathlib import Path
 import promql_parser
 import yaml
 
-from mooncake_sgl.metrics.model import COUNTERS, GAUGES, LATENCY, POOL_PREFIX, STORE_COUNTERS
+from mooncake_sgl.metrics.model import (
+    COUNTERS,
+    GAUGES,
+    LATENCY,
+    POLICY_COUNTERS,
+    POLICY_GAUGES,
+    POOL_PREFIX,
+    STORE_COUNTERS,
+)
 from mooncake_sgl.pool import metrics as pool_metrics
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -20,8 +28,8 @@ GRAFANA_VARS = {"$__rate_interval": "1m", "$__range": "1h", "$__interval": "15s"
 
 
 def exported_series() -> set[str]:
-    names = {n + "_total" for n in (*COUNTERS.values(), *STORE_COUNTERS.values())}
-    names |= set(GAUGES.values())
+    names = {n + "_total" for n in (*COUNTERS.values(), *STORE_COUNTERS.values(), *POLICY_COUNTERS.values())}
+    names |= set(GAUGES.values()) | set(POLICY_GAUGES.values())
     names |= {n + sfx for n in LATENCY.values() for sfx in ("_bucket", "_sum", "_count")}
     names |= {POOL_PREFIX + n for n, _ in pool_metrics.GAUGES.values()}
     names |= {POOL_PREFIX + n + "_total" for n, _ in pool_metrics.COUNTERS.values()}
