@@ -14,9 +14,10 @@ Choices, each measured (writer process, page cache dropped, reader process; 64 K
 - Buffered I/O, not ``O_DIRECT``: ``O_DIRECT`` reads and writes were 4x slower at 64 KiB and no
   faster at 8 MiB; it also needs 4 KiB-aligned destinations, which SGLang's host pool does not
   promise. Extents still start on 4 KiB boundaries so no two pages share a file-system block.
-- Preallocation (``posix_fallocate``) ahead of the high-water mark in ``_GROW_STEP`` steps: fresh
-  puts 1.2-1.7x faster than writing into a sparse file, and a full disk shows up as a refused
-  page at allocation instead of a failed write.
+- Preallocation (``posix_fallocate``) ahead of the high-water mark: fresh puts 1.2-1.7x faster
+  than writing into a sparse file, and a full disk shows up as a refused page at allocation instead
+  of a failed write. The step doubles with the file (from ``_GROW_MIN`` up to ``_GROW_MAX``), so a
+  tier that holds a few pages takes a few MiB of disk, not a quarter of a GiB.
 - Readahead hints (``POSIX_FADV_WILLNEED``) for every extent of a read batch before the first
   ``preadv``: the kernel has the whole batch in flight (1.5-3x faster cold reads of 8 MiB pages
   than without). Threads issuing reads in parallel gave nothing on top (2 vCPUs, one virtio
@@ -42,8 +43,10 @@ from collections.abc import Iterable, Sequence
 from ..api import PageView, page_nbytes
 
 ALIGN = 4096
-# How far ahead of the high-water mark the file is preallocated; arbitrary, a few batches of pages.
-_GROW_STEP = 256 << 20
+# How far ahead of the high-water mark the file is preallocated: as much again as it holds, between
+# these bounds (the upper one is a few batches of large pages).
+_GROW_MIN = 4 << 20
+_GROW_MAX = 256 << 20
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
@@ -208,7 +211,8 @@ class ExtentFile:
         ``False`` if the file system has no room."""
         if end <= self._allocated:
             return True
-        target = min(max(end, self._allocated + _GROW_STEP), max(limit, end))
+        step = min(_GROW_MAX, max(_GROW_MIN, self._allocated))
+        target = min(max(end, self._allocated + step), max(limit, end))
         try:
             os.posix_fallocate(self._fd, self._allocated, target - self._allocated)
         except OSError:
