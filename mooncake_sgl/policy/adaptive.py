@@ -12,16 +12,16 @@ Per bounded tier:
 - **Experts over the real pages** (``experts.py``): LRU, ARC, LIRS and LFU-DA each keep their own
   ranking of the tier's resident pages and see every event (reference, arrival, departure, whoever
   chose it), so each one's ghosts and aging stay current while another leads.
-- **Shadows** (``shadow.py``): one miniature cache per expert, SHARDS-sampled, replays every lookup's
-  sampled pages alone (from the first lookup on); its prefix hits over a decayed window rate the
-  expert. The tier's victims are chosen by the leader, LRU until another expert's shadow leads it by
-  three standard deviations under either of two noise models (so near-equal experts do not take
-  turns): once the lead has changed, first the sampled pages the leader's shadow would not hold (the
-  tier converges to what that expert alone would hold), then the leader's ranking. It is the product's
-  default policy (``PolicyConfig.name``). Cost per page access: O(experts) for the real rankings
-  plus O(experts) for the sampled fraction in the shadows, and O(experts²) per request for the
-  tests; memory: four rankings of the resident pages plus four shadows of
-  ``max(R * pages, MIN_SHADOW_PAGES)`` (``R`` = 1/16), a fixed fraction above the floor.
+- **Shadows** (``shadow.py``): one miniature cache per expert, SHARDS-sampled, replays every
+  lookup's sampled pages alone (from the first lookup on); its prefix hits over a decayed window
+  rate the expert. The tier's victims are chosen by the leader, LRU until another expert's shadow
+  leads it by at least 3 % and by three standard deviations under any of three noise models (so
+  near-equal experts do not take turns): once the lead has changed, first the sampled pages the
+  leader's shadow would not hold (the tier converges to what that expert alone would hold), then
+  the leader's ranking. It is the product's default policy (``PolicyConfig.name``). Cost per page
+  access: O(experts) for the real rankings plus O(experts) for the sampled fraction in the shadows,
+  and O(experts²) per request for the tests; memory: four rankings of the resident pages plus four
+  shadows of ``max(R * pages, MIN_SHADOW_PAGES)`` (``R`` = 1/16), a fixed fraction above the floor.
 
 Prefix awareness: only a lookup's leading run of hits is referenced (pages past the first miss are
 not used by SGLang); chains are referenced and inserted tail first, so at equal standing a chain's

@@ -14,6 +14,7 @@ from mooncake_sgl.policy.adaptive import AdaptivePolicy
 from mooncake_sgl.policy.experts import EXPERTS, LfuDaExpert, LirsExpert
 from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.policy.shadow import (
+    MIN_LEAD,
     MIN_SHADOW_PAGES,
     SAMPLE_RATE,
     SWITCH_SIGMAS,
@@ -112,12 +113,12 @@ def test_tournament_needs_significant_evidence_to_change_leader():
 
 
 def test_a_steady_small_lead_on_shared_hits_changes_the_leader():
-    # Both shadows hit the same long chains; the challenger also keeps one page the leader drops.
-    # Independent-Poisson noise on thousands of shared hits would hide that lead for a long time;
-    # paired by request, every request differs by exactly one hit, so the lead is plain.
+    # Both shadows hit the same long chains; the challenger also keeps two pages the leader drops
+    # (a 5 % lead). Independent-Poisson noise on thousands of shared hits would hide that lead for a
+    # long time; paired by request, every request differs by exactly two hits, so the lead is plain.
     experts = [cls(4) for cls in EXPERTS]
     tour = Tournament(experts, 1.0, leader=0)
-    shared, extra = 40.0, 1.0
+    shared, extra = 40.0, 2.0
     for _ in range(40):
         tour.score = [s * 0.999 for s in tour.score]
         tour.score[0] += shared
@@ -130,12 +131,42 @@ def test_a_steady_small_lead_on_shared_hits_changes_the_leader():
     assert tour.leader == 1 and tour.switches == 1
 
 
+def test_a_lead_of_many_pages_one_way_changes_the_leader_when_squares_hide_it():
+    # 30 requests differ: 20 by ten pages for the challenger, 10 by ten for the leader (a document
+    # kept by one, not the other). The paired test weighs each as its square and the shared hits
+    # swamp the Poisson one; counted page by page (McNemar), 300 discordant pages lean 200 to 100.
+    experts = [cls(4) for cls in EXPERTS]
+    tour = Tournament(experts, 1.0, leader=0)
+    tour.score = [1000.0, 1100.0, 0.0, 0.0]
+    tour.spread[1][0], tour.discord[1][0], tour.differ[1][0] = 30 * 10.0 ** 2, 300.0, 30.0
+    assert 100 < SWITCH_SIGMAS * (1000 + 1100) ** 0.5  # Poisson: not significant
+    assert 100 < SWITCH_SIGMAS * tour.spread[1][0] ** 0.5  # paired: not significant
+    tour._elect()
+    assert tour.leader == 1 and tour.switches == 1
+
+
+def test_a_certain_but_tiny_lead_does_not_change_the_leader():
+    # 2 % more hits on every one of many requests: as significant as can be, but too small to pay for
+    # the tier's transition towards another expert's pages (MIN_LEAD).
+    experts = [cls(4) for cls in EXPERTS]
+    tour = Tournament(experts, 1.0, leader=0)
+    tour.score = [10000.0, 10000.0 * (1 + MIN_LEAD / 1.5), 0.0, 0.0]
+    gap = tour.score[1] - tour.score[0]
+    tour.spread[1][0] = tour.discord[1][0] = tour.differ[1][0] = gap  # one page on each of them
+    tour._elect()
+    assert tour.leader == 0
+    tour.score[1] = 10000.0 * (1 + MIN_LEAD * 1.5)
+    tour._elect()
+    assert tour.leader == 1
+
+
 def test_few_differing_requests_do_not_change_the_leader():
-    # A big lead from three requests is no evidence under the paired test (the customary 30 events).
+    # A big lead from three requests is no evidence under the paired or McNemar tests (the customary
+    # 30 events).
     experts = [cls(4) for cls in EXPERTS]
     tour = Tournament(experts, 1.0, leader=0)
     tour.score = [1000.0, 1040.0, 0.0, 0.0]
-    tour.spread[1][0], tour.differ[1][0] = 3 * 13.0 ** 2, 3.0
+    tour.spread[1][0], tour.discord[1][0], tour.differ[1][0] = 3 * 13.0 ** 2, 3 * 13.0, 3.0
     tour._elect()
     assert tour.leader == 0
 
