@@ -136,3 +136,26 @@ def test_records_naming_overlapping_bytes_keep_only_the_first(tmp_path: Path) ->
     assert tier.get_into(live, out) == [True] * 5
     assert all(bytes(o[0]) == page_bytes(k, 8192) for k, o in zip(live, out))
     tier.close()
+
+
+def test_the_page_file_takes_disk_as_pages_arrive_not_the_whole_capacity(tmp_path: Path) -> None:
+    # Preallocating 256 MiB at the first put filled a shared disk when many small tiers (a test
+    # run's) each took that much; the step now doubles with the file, so the disk a tier holds stays
+    # within twice what it stores (plus the first 4 MiB step).
+    tier = tier_at(tmp_path, capacity="4GiB")
+    pages_bin = next(tmp_path.rglob("pages.bin"))
+
+    def on_disk() -> int:
+        return os.stat(pages_bin).st_blocks * 512
+
+    small = [page_bytes(b"s%d" % i, 64 << 10) for i in range(3)]
+    assert tier.put_from([b"s%d" % i for i in range(3)], [[memoryview(p)] for p in small]) == [True] * 3
+    assert 3 * (64 << 10) <= on_disk() <= 4 << 20
+    big = [page_bytes(b"b%d" % i, 256 << 10) for i in range(100)]
+    keys = [b"b%d" % i for i in range(100)]
+    assert tier.put_from(keys, [[memoryview(p)] for p in big]) == [True] * 100
+    stored = 3 * (64 << 10) + 100 * (256 << 10)
+    assert stored <= on_disk() <= 2 * stored + (4 << 20)
+    out = memoryview(bytearray(256 << 10))
+    assert tier.get_into([b"b99"], [[out]]) == [True] and bytes(out) == big[99]
+    tier.close()
