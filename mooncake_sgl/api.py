@@ -131,6 +131,12 @@ class Tier(ABC):
         sizes evictions with it."""
         return nbytes
 
+    def reachable(self) -> bool:
+        """``False`` while the tier is known to be cut off (a lost master, every pool server down),
+        so a write to it would only be a miss: the store then drops a victim instead of waiting
+        for a copy into it. Must be cheap and never block. Default: a local tier is always there."""
+        return True
+
     def register_memory(self, ptr: int, nbytes: int) -> None:
         """Host memory that pages will be read from and written to (SGLang's host KV pool), so a
         tier with a zero-copy transport can register it once. Default: nothing to do."""

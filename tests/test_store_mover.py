@@ -19,7 +19,7 @@ from mooncake_sgl.store.mover import BackgroundMover
 from mooncake_sgl.store.placement import LOOKUP_BUFFER, Placement
 from mooncake_sgl.tiers.host import HostTier
 from mooncake_sgl.tiers.lmdb import LmdbTier
-from tests.tiers.conformance import empty_like, key, make_page
+from tests.tiers.conformance import empty_like, key, make_page, same
 from tests.wrapped_tier import WrappedTier
 
 SEG = 8 * 1024
@@ -212,3 +212,49 @@ def test_counters_lose_no_increments_across_threads() -> None:
     assert counters.snapshot() == {"a": 80_000, "b": 160_000}
     with pytest.raises(KeyError, match="no counter c"):
         counters.add(c=1)
+
+
+class StalledPeer(WrappedTier):
+    """A remote tier whose peer stops answering: calls already in flight hang until ``release``;
+    once the tier knows it is cut off (``cut``), new calls are quick misses, as the Mooncake Store
+    tier's are after its master is lost."""
+
+    def __init__(self, inner: Tier) -> None:
+        super().__init__(inner)
+        self.cut = False
+        self.hanging = threading.Event()
+        self.release = threading.Event()
+
+    def reachable(self) -> bool:
+        return not self.cut
+
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+        if self.cut:
+            return [False] * len(keys)
+        self.hanging.set()
+        self.release.wait(20)
+        return [False] * len(keys)
+
+
+def test_a_write_needing_room_does_not_wait_for_a_mover_stuck_on_a_lost_peer() -> None:
+    # The mover demotes a victim into the remote tier just as its peer dies: that call hangs for the
+    # peer's RPC timeout. A write that then needs room in DRAM must not queue behind it (it waited
+    # up to ``room_wait``, 5 s, on SGLang's thread): a victim bound for a tier known to be cut off
+    # is dropped at once, as its copy would only fail.
+    dram, peer = host(4), StalledPeer(host(16))
+    store = TieredStore([dram, peer], WriteBackLru(2))
+    try:
+        for i in range(4):
+            assert store.put_from([key(i)], [make_page(i, SEG)]) == [True]
+        assert peer.hanging.wait(10), "the mover never started a demotion"
+        peer.cut = True
+        pages = {i: make_page(i, SEG) for i in range(10, 13)}
+        for i, page in pages.items():
+            t0 = time.monotonic()
+            assert store.put_from([key(i)], [page]) == [True]
+            assert time.monotonic() - t0 < 1.0, f"a write waited {time.monotonic() - t0:.2f}s"
+        out = empty_like(pages[12])
+        assert store.get_into([key(12)], [out]) == [True] and same(out, pages[12])
+    finally:
+        peer.release.set()
+        store.close()

@@ -31,6 +31,9 @@ class WrappedTier(Tier):
     def footprint(self, nbytes: int) -> int:
         return self.inner.footprint(nbytes)
 
+    def reachable(self) -> bool:
+        return self.inner.reachable()
+
     def page_size_of(self, key: PageKey) -> int | None:
         return self.inner.page_size_of(key)
 

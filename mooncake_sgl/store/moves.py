@@ -82,10 +82,13 @@ class PlacementWork:
         return self._evict(t, victims, protected)
 
     def _needs_copy(self, t: int, victims: list[tuple[PageKey, int]]) -> bool:
-        """Would evicting ``victims`` copy any of them down (a target tier not known to hold it)."""
+        """Would evicting ``victims`` copy any of them down (a reachable target tier not known to
+        hold it). A target known to be cut off takes no copy: the victim is dropped at once, not
+        after the mover, who may be stuck in a call to that very tier (a dead master's RPC
+        timeout, ~4 s), gets round to it."""
         keys = [k for k, _ in victims]
         for k, target in zip(keys, self._placement.demotion_targets(t, keys)):
-            if target is not None and target > t and not (
+            if target is not None and target > t and self.tiers[target].reachable() and not (
                     self._managed[target] and self._placement.holds(target, k)):
                 return True
         return False

@@ -208,6 +208,9 @@ class MooncakeStoreTier(Tier):
             self._link.check([n])
             return n if n > 0 else None
 
+    def reachable(self) -> bool:
+        return self._link.up
+
     def register_memory(self, ptr: int, nbytes: int) -> None:
         """Register host memory (SGLang's host KV pool) with the transfer engine once, so pages in
         it move without a copy. Registration survives reconnects (it is replayed)."""

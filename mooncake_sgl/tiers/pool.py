@@ -62,6 +62,9 @@ class PoolTier(Tier):
         self._counters = Counters(("gets", "get_hits", "puts", "put_ok", "endpoint_failures",
                                    "skipped_keys"))
 
+    def reachable(self) -> bool:
+        return bool(self._live())
+
     # ---------------------------------------------------------------------------------- routing
 
     def _live(self) -> list[int]:

@@ -351,12 +351,14 @@ def test_master_killed_and_restarted_under_sglang_calls(caplog, tmp_path) -> Non
                     assert isinstance(res, (int, list))
                 time.sleep(0.1)
             assert remote.stats()["connected"] == 0 and remote.stats()["master_lost"] >= 1
+            assert not remote.reachable()
             assert known_down and max(known_down) < 1.0, \
                 f"a call took {max(known_down):.2f}s while the master was known to be down"
             assert max(detecting, default=0.0) < 10.0, f"detecting the loss took {max(detecting):.2f}s"
 
             m.start()
             assert _wait(lambda: remote.stats()["connected"] == 1, 20), "no reconnect"
+            assert remote.reachable()
             after, idx = io(500, 32, slot=64)
             pools.fill_random(pool, idx, seed=2)
             want = pools.page_bytes(pool, idx)

@@ -104,7 +104,7 @@ def test_dead_endpoint_turns_into_misses_and_is_used_again_when_it_returns() -> 
         a.kill()
         hits = tier.get_into(keys, [empty_like(p) for p in pages])
         assert 0 < sum(hits) < 40  # b's share still hits, a's share misses
-        assert tier.stats()["endpoints_live"] == 1.0
+        assert tier.stats()["endpoints_live"] == 1.0 and tier.reachable()  # b still answers
         assert tier.contains(keys) == hits  # a's keys now route to b, which lacks them
         assert tier.put_from([key(100)], [make_page(100, 4096)]) == [True]  # lands on b
         a.start()
@@ -121,6 +121,7 @@ def test_unreachable_pool_is_all_misses_not_errors() -> None:
     tier = PoolTier(PoolTierConfig(endpoints=["127.0.0.1:1"], transport="tcp", timeout=0.5))
     page = make_page(1, 4096)
     assert tier.put_from([key(1)], [page]) == [False]
+    assert not tier.reachable()  # the store drops victims bound here instead of waiting on copies
     assert tier.get_into([key(1)], [empty_like(page)]) == [False]
     assert tier.contains([key(1)]) == [False]
     assert tier.usage().capacity_bytes == 0
