@@ -255,6 +255,7 @@ def test_a_write_needing_room_does_not_wait_for_a_mover_stuck_on_a_lost_peer() -
             assert time.monotonic() - t0 < 1.0, f"a write waited {time.monotonic() - t0:.2f}s"
         out = empty_like(pages[12])
         assert store.get_into([key(12)], [out]) == [True] and same(out, pages[12])
+        assert store.stats()["tiers"][dram.name]["store"]["demotion_failures"] >= 3  # dropped, counted
     finally:
         peer.release.set()
         store.close()

@@ -154,6 +154,9 @@ class PlacementWork:
         for k, target in zip(keys, self._placement.demotion_targets(t, keys)):
             if target is not None and target > t:
                 by_target.setdefault(target, []).append(k)
+        for target in [x for x in by_target if not self.tiers[x].reachable()]:
+            # Cut off: a copy would only fail (after reading the victims for nothing).
+            self._tier_counters[t].add(demotion_failures=len(by_target.pop(target)))
         source = self.tiers[t]
         for target, group in by_target.items():
             have = self._guarded(self.tiers[target], "contains", self.tiers[target].contains, group)
