@@ -14,6 +14,9 @@ only.
 Reports, per capacity (single tier) and per policy: prefix hit ratio (the leading run of a request's
 blocks found cached, as SGLang counts it) and the ratio to LRU; for ``--tiers`` runs also the hits
 per tier (share of hits served by the fastest tier) and bytes written / promoted / demoted per tier.
+``--timeline N`` replays the online policies side by side at each single-tier capacity and prints
+their hit ratios per N requests and from the start, and the requests at which an adaptive leader
+changed: when a policy gains or loses its lead, not only where it ends.
 
 The trace is a Mooncake-format JSONL file, or ``gen:chat``, ``gen:agent``, ``gen:rag`` for a seeded
 generated workload (``mooncake_sgl.sim.gen_suite``; ``--seed``).
@@ -44,6 +47,7 @@ import mooncake_sgl.sim.reference  # noqa: E402
 from mooncake_sgl.api import PlacementPolicy  # noqa: E402
 from mooncake_sgl.config import PolicyConfig, load_config_file, parse_size  # noqa: E402
 from mooncake_sgl.policy import policy_for_capacities  # noqa: E402
+from mooncake_sgl.policy.adaptive import AdaptivePolicy  # noqa: E402
 from mooncake_sgl.sim.gen_suite import GENERATORS, generate_requests  # noqa: E402
 from mooncake_sgl.sim.reference import ArcPolicy, LfuDaPolicy, LirsPolicy, belady_prefix_hits  # noqa: E402
 from mooncake_sgl.sim.simulator import SimResult, Simulator  # noqa: E402
@@ -113,6 +117,62 @@ def measure_cost(policy: str, requests: list[Request], blocks: int, page_bytes: 
     return {"lookups_per_s": res.lookup_pages / seconds, "seconds": seconds, "policy_bytes": held}
 
 
+def timeline(policies: list[str], requests: list[Request], blocks: int, page_bytes: int,
+             config: PolicyConfig, every: int) -> dict:
+    """The online policies replayed side by side at one capacity: each one's prefix hit ratio over every
+    ``every`` requests and from the start, and the request at which an adaptive policy's leader
+    changed (what it follows, and when, is the whole story of an adaptive cell)."""
+    caps = [blocks * page_bytes]
+    sims = {p: Simulator(build_policy(p, caps, config), caps, page_bytes, p)
+            for p in policies if p != "belady"}
+    leaders = {p: s.policy.leader for p, s in sims.items() if isinstance(s.policy, AdaptivePolicy)}
+    current: dict[str, str | None] = {p: None for p in leaders}
+    hits = dict.fromkeys(sims, 0)
+    total_hits = dict.fromkeys(sims, 0)
+    pages = total_pages = 0
+    rows, changes = [], []
+    for i, req in enumerate(requests):
+        for p, sim in sims.items():
+            hits[p] += sim.request(req.keys, req.t)
+        pages += len(req.keys)
+        for p, leader in leaders.items():
+            now = leader(0)
+            if now != current[p]:
+                changes.append({"request": i, "policy": p, "from": current[p], "to": now})
+                current[p] = now
+        if (i + 1) % every == 0 or i + 1 == len(requests):
+            total_pages += pages
+            for p in sims:
+                total_hits[p] += hits[p]
+            rows.append({"requests": i + 1,
+                         "hit_ratio": {p: hits[p] / pages if pages else 0.0 for p in sims},
+                         "cumulative": {p: total_hits[p] / total_pages if total_pages else 0.0
+                                        for p in sims},
+                         "leader": dict(current)})
+            hits = dict.fromkeys(sims, 0)
+            pages = 0
+    return {"capacity_blocks": blocks, "every": every, "rows": rows, "leader_changes": changes}
+
+
+def print_timeline(line: dict) -> None:
+    rows = line["rows"]
+    names = list(rows[0]["hit_ratio"]) if rows else []
+    print(f"\ntimeline at {line['capacity_blocks']} blocks: prefix hit ratio (%) over each "
+          f"{line['every']} requests (from the start in brackets), and adaptive leaders")
+    print(f"{'requests':>9} " + " ".join(f"{p:>15}" for p in names) + "  leader")
+    changes = iter(line["leader_changes"])
+    change = next(changes, None)
+    for row in rows:
+        while change is not None and change["request"] < row["requests"]:
+            if change["from"] is not None:
+                print(f"  request {change['request'] + 1}: {change['policy']} now follows {change['to']}"
+                      f" (was {change['from']})")
+            change = next(changes, None)
+        print(f"{row['requests']:>9} " + " ".join(
+            f"{100 * row['hit_ratio'][p]:6.2f} ({100 * row['cumulative'][p]:5.2f})" for p in names)
+            + "  " + ", ".join(f"{p}: {leader}" for p, leader in row["leader"].items()))
+
+
 def load_requests(trace: str, seed: int | None, limit: int | None) -> list[Request]:
     """A trace file's requests, or a generated workload's (``gen:NAME``)."""
     if trace.startswith("gen:"):
@@ -179,7 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cost", action="store_true",
                     help="also measure each online policy's replay speed (page lookups/s) and the memory "
                          "it holds at the end (tracemalloc), per single-tier capacity")
+    ap.add_argument("--timeline", type=int, metavar="N",
+                    help="also replay the online policies side by side per single-tier capacity and print "
+                         "each one's hit ratio over every N requests, and when an adaptive leader changed")
     args = ap.parse_args(argv)
+    if args.timeline is not None and args.timeline < 1:
+        ap.error(f"--timeline takes a positive number of requests, got {args.timeline}")
 
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
@@ -243,6 +308,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{p}: {c['lookups_per_s'] / 1000:6.1f}k/s {c['policy_bytes'] / 1024:8.0f} KiB"
                 for p, c in costs.items()))
             out["cost"].append({"capacity_blocks": cap, **costs})
+
+    if args.timeline and caps:
+        out["timeline"] = [timeline(policies, requests, cap, page_bytes, config, args.timeline)
+                           for cap in caps]
+        for line in out["timeline"]:
+            print_timeline(line)
 
     for spec in args.tiers:
         blocks = [parse_capacity(c, distinct) for c in spec.split(":")]

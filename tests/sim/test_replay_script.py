@@ -107,3 +107,25 @@ def test_hazard_bound_without_evictions_equals_the_unbounded_cache(tmp_path: Pat
     rows = json.loads(out.read_text())["rows"]
     assert rows[0]["fit_whole"] == rows[0]["fit_first_half"] == 6 / 14  # leading hits 2 + 3 + 1 of 14 blocks
     assert 0.0 <= rows[1]["fit_whole"] < 6 / 14
+
+
+def test_timeline_shows_each_policy_per_interval_and_when_the_leader_changed(tmp_path: Path, capsys,
+                                                                            TRACE: Path):
+    replay = load_script()
+    out = tmp_path / "t.json"
+    assert replay.main([str(TRACE), "--limit", "400", "--capacity-blocks", "20", "--policy",
+                        "lru,lirs,adaptive,belady", "--timeline", "150", "--json", str(out), "--quiet"]) == 0
+    data = json.loads(out.read_text())
+    line = data["timeline"][0]
+    assert [row["requests"] for row in line["rows"]] == [150, 300, 400]  # the last interval is short
+    final = line["rows"][-1]["cumulative"]
+    # The side-by-side replay is the same replay as the table's: same policies, same hits.
+    table = data["single_tier"][0]
+    assert set(final) == {"lru", "lirs", "adaptive"}
+    assert all(final[p] == table[p]["hit_ratio"] for p in final)
+    changes = line["leader_changes"]
+    assert changes[0] == {"request": 0, "policy": "adaptive", "from": None, "to": "lru"}
+    assert all(row["leader"]["adaptive"] in ("lru", "arc", "lirs", "lfuda") for row in line["rows"])
+    assert "timeline at 20 blocks" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        replay.main([str(TRACE), "--timeline", "0", "--quiet"])
