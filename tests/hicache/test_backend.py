@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +25,7 @@ from mooncake_sgl.hicache.backend import MooncakeSglStorage
 from . import pools
 from .pools import KINDS, LAYOUTS, PAGE
 
+ROOT = Path(__file__).resolve().parents[2]
 ALL_POOLS = [(k, lay) for k in KINDS for lay in LAYOUTS]
 
 
@@ -45,6 +48,27 @@ def test_entry_point_makes_mooncake_our_class(tmp_path) -> None:
         assert isinstance(backend, MooncakeSglStorage)
     finally:
         backend.close()
+
+
+def test_attach_loads_sglangs_page_hash_before_the_first_request(tmp_path) -> None:
+    # In a fresh process, as a scheduler is: constructing the backend must leave SGLang's page-hash
+    # extension loaded, or the first request's storage lookup pays its build and is abandoned.
+    code = f"""
+import sys
+from pathlib import Path
+sys.path.insert(0, {str(ROOT)!r})
+from sglang.srt.mem_cache.cpp_utils.native_hash import _load_native_hash_module as load
+from tests.hicache import pools
+from mooncake_sgl.hicache.backend import MooncakeSglStorage
+pool = pools.build_pool("mha", "page_first")
+assert load.cache_info().currsize == 0
+backend = MooncakeSglStorage(pools.storage_config("mha", "page_first", Path({str(tmp_path)!r})), pool)
+print("loaded", load.cache_info().currsize)
+backend.close()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "loaded 1" in out.stdout, out.stdout
 
 
 def test_register_turns_off_the_shared_transfer_engine_unless_asked(monkeypatch) -> None:

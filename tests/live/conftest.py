@@ -21,16 +21,11 @@ import pytest
 from mooncake_sgl.bench.server import LaunchedServer, free_port
 from mooncake_sgl.testing.tiny_model import write_tiny_llama
 
-from .probe import LiveClient, prompt
+from .probe import LiveClient
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE = REPO / "scripts" / "serve_cpu.sh"
 HEALTH_TIMEOUT_S = 420.0
-# A fresh server's first request loads SGLang's page-hash extension; a storage lookup made meanwhile
-# can come back empty (seen under load: three tests' first requests read nothing from storage). Each
-# server gets this unrelated prompt first, so a test's own first request meets our tiers only.
-WARM_UP_TOKENS = 2 * 64 + 1
-WARM_UP_SEED = 987_654_321  # shares no page with a test's prompt (their seeds are small)
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +53,6 @@ class Servers:
                                 env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
         self.started.append(server)
         server.start()
-        LiveClient(server.url).generate(prompt(WARM_UP_TOKENS, seed=WARM_UP_SEED))
         return server
 
     def start_many(self, specs: list[tuple[str, Path]]) -> list[LaunchedServer]:

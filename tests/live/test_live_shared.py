@@ -17,13 +17,11 @@ import pytest
 from mooncake_sgl.pool.process import PoolProcess
 from mooncake_sgl.testing import MooncakeMaster
 
-from .conftest import WARM_UP_TOKENS, Servers, wait_for, write_tiers
+from .conftest import Servers, wait_for, write_tiers
 from .probe import LiveClient, prompt, reusable
 
 PROMPT_TOKENS = 2048
 PAGES = reusable(PROMPT_TOKENS) // 64
-# Both servers' warm-up prompt (the same pages from each) lands in the shared tier too.
-HELD = PAGES + reusable(WARM_UP_TOKENS) // 64
 
 
 def pool_pages(endpoint: str) -> int:
@@ -34,17 +32,16 @@ def pool_pages(endpoint: str) -> int:
 
 @contextmanager
 def shared_tier(kind: str) -> Iterator[tuple[str, object]]:
-    """The tier section both servers use, and a ``landed()`` probe: pages of A's backup are there
-    (with the warm-up's)."""
+    """The tier section both servers use, and a ``landed()`` probe: A's backup is there."""
     if kind == "pool":
         with PoolProcess(capacity="256MiB") as pool:
             section = f'{{kind: pool, endpoints: ["{pool.endpoint}"]}}'
-            yield section, lambda: pool_pages(pool.endpoint) >= HELD
+            yield section, lambda: pool_pages(pool.endpoint) >= PAGES
     else:
         with MooncakeMaster() as master:
             section = (f'{{kind: mooncake_store, master: "{master.rpc_address}", metadata_server: '
                        f'"{master.metadata_url}", segment_size: 128MiB, buffer_size: 32MiB}}')
-            yield section, lambda: master.metrics().get("master_key_count", 0) >= HELD
+            yield section, lambda: master.metrics().get("master_key_count", 0) >= PAGES
 
 
 @pytest.mark.parametrize("kind", ["pool", "mooncake_store"])
