@@ -109,8 +109,9 @@ def tier_sources(before: Snapshot | None, after: Snapshot | None) -> list[dict[s
 
 def run_variant(client: SglangClient, label: str, rounds: list[list[BenchRequest]], *,
                 max_parallel: int, flush: bool, show_progress: bool) -> dict[str, Any]:
-    # One short request first: a server's first request with HiCache storage loads SGLang's page-hash
-    # extension (seconds), a one-time cost of the process that must not count against round 0.
+    # One short request first: with another storage backend (the baselines), a server's first request
+    # builds or loads SGLang's page-hash extension (seconds; ours does it at attach), a one-time cost
+    # of the process that must not count against either variant's round 0.
     client.generate(BenchRequest("warm-up", -1, list(range(10, 10 + 3 * WARMUP_PAGE_TOKENS)), 1, 0))
     cleared = client.clear_storage()  # a fresh start for our tiers (False: no storage backend)
     recorded = []
