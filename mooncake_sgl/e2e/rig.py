@@ -38,19 +38,6 @@ def _publish_single_rank() -> None:
                                         attn_dcp_rank=0, attn_dcp_size=1)
 
 
-def warm_up_page_hashing(page_size: int) -> None:
-    """Load SGLang's native page-hash extension now (it is JIT-compiled on first use), so its build
-    time is not charged to the first request and a missing toolchain fails with a clear message."""
-    from sglang.srt.mem_cache.utils import get_hash_str
-
-    try:
-        get_hash_str(list(range(page_size)), None, page_size)
-    except RuntimeError as e:
-        raise RuntimeError(f"SGLang's page hashing could not load its C++ extension ({e}: "
-                           f"{e.__cause__}). It is compiled on first use and needs g++, ninja and the "
-                           "OpenSSL headers (Debian: apt-get install g++ ninja-build libssl-dev)") from e
-
-
 def ensure_backend_registered() -> str:
     """Run SGLang's ``load_plugins()`` and return the class registered as ``mooncake``.
 
@@ -110,8 +97,10 @@ def build_rig(shape: KvShape, host_pool_pages: int, extra_config: dict[str, Any]
     from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
+    from ..hicache.backend import load_page_hash
+
     backend_class = ensure_backend_registered()
-    warm_up_page_hashing(shape.page_size)
+    load_page_hash()  # a missing toolchain fails here, with what to install, not as a warning
     _publish_single_rank()
     ps = shape.page_size
     device_tokens = ps

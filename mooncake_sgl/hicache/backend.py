@@ -135,26 +135,28 @@ def _log_refusals(cfg: Any) -> None:
             getattr(cfg, "tp_lcm_size", None), getattr(cfg, "tp_size", None))
 
 
-def _load_page_hash() -> None:
-    """Build or load SGLang's native page-hash extension now, while the server starts.
+def load_page_hash() -> float:
+    """Build or load SGLang's native page-hash extension now; returns the seconds it took.
 
-    Why: SGLang compiles it (g++, seconds; longer on a loaded machine) on the first call, and that
-    call is the storage lookup of the first request with a whole page, in the prefetch thread. The
-    scheduler does not wait for that lookup, so on a machine or container without the build cache,
-    a fresh server's first request read nothing from storage however much was stored (measured:
-    0 of 1,024 tokens, against all 1,024 once the extension was built). Here the server is not
-    ready until the hash is."""
+    Why at attach: SGLang builds it (g++, seconds; longer on a loaded machine) at the first call, and
+    that call is the storage lookup of the first request with a whole page, in the prefetch thread.
+    The scheduler does not wait for that lookup, so on a machine or container without the build
+    cache a fresh server's first request read nothing from storage however much was stored
+    (measured: 0 of 1,024 tokens, against all 1,024 once the extension was built). Called from the
+    backend's constructor, the server is not ready until the hash is.
+
+    Raises: ``RuntimeError`` naming the toolchain the build needs when it fails.
+    """
     started = time.monotonic()
     try:
         from sglang.srt.mem_cache.utils import get_hash_str
 
         get_hash_str([0])
-    except Exception as e:  # SGLang meets the same error at its first hash and reports it there
-        logger.warning("mooncake_sgl: SGLang's page hash failed at attach (%s: %s)", type(e).__name__, e)
-        return
-    took = time.monotonic() - started
-    if took > 1.0:
-        logger.info("mooncake_sgl: SGLang's page-hash extension built or loaded at attach in %.1f s", took)
+    except Exception as e:
+        raise RuntimeError(f"SGLang's page hashing could not load its C++ extension ({e}: {e.__cause__}). "
+                           "It is compiled on first use and needs g++, ninja and the OpenSSL headers "
+                           "(Debian: apt-get install g++ ninja-build libssl-dev)") from e
+    return time.monotonic() - started
 
 
 class MooncakeSglStorage(HiCacheStorage):
@@ -190,7 +192,13 @@ class MooncakeSglStorage(HiCacheStorage):
         self._closed = False
         self._session_ids_seen = False
         _log_refusals(storage_config)
-        _load_page_hash()
+        try:
+            took = load_page_hash()
+        except RuntimeError as e:  # SGLang meets it again at its first hash, and reports it there
+            logger.warning("mooncake_sgl: %s", e)
+        else:
+            if took > 1.0:
+                logger.info("mooncake_sgl: SGLang's page-hash extension built or loaded in %.1f s", took)
         # Built once the KV pool is known: host slots are sized to its page (see ``layout``).
         self._store: TieredStore | None = None
         self._watch: StoreWatch | None = None  # our /metrics series and the counter file
