@@ -30,6 +30,12 @@ Why each choice:
 - *Capacity* is a budget on the extent file: page bytes rounded up to 4 KiB. A page that does not
   fit is a per-key ``False``, which the store answers by evicting. Freed extents are reused once
   no reader can still see the page they held (LMDB's own rule, applied to our extents).
+- *A full disk refuses, never crashes.* Page bytes: the extent file grows only by
+  ``posix_fallocate``, so a page that finds no disk is a ``False``, and its space goes back to the
+  top rather than becoming a free extent past the end of the file. Index: LMDB grows ``data.mdb``
+  by writing into it, which on a full file system is SIGBUS through the map or ENOSPC at commit,
+  so its disk is allocated ahead of every write transaction (``_index_room``); removals then still
+  commit, and the space they free takes new pages (``tests/adversarial/test_lmdb_full_disk.py``).
 - *True means readable.* A key already present at the same size is ``True`` without a rewrite (the
   first value is kept); at a different size the page is replaced, so a read at the size just
   acknowledged hits.
@@ -55,7 +61,7 @@ from ..api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage
 from ..config import LmdbTierConfig, default_cache_dir
 from ..errors import TierClosed, TierError, TierFull
 from .lmdb_probe import damage_of
-from .ssd_extents import ExtentAllocator, ExtentFile, aligned
+from .ssd_extents import _GROW_MAX, _GROW_MIN, ExtentAllocator, ExtentFile, aligned
 from .ssd_records import (
     RECORD_BYTES,
     IndexFull,
@@ -77,6 +83,14 @@ _SCAN_CHUNK = 4096  # arbitrary
 # disk, so 1/8 of the capacity is generous; it is address space (a sparse file), not disk.
 _INDEX_FRACTION = 8
 _MIN_INDEX_MAP = 64 << 20
+# Disk the index file must have allocated beyond its last used page before a write transaction:
+# LMDB puts new pages there, and on a full file system a write into a hole is SIGBUS through the map
+# (``writemap``: the process dies) or ENOSPC at commit (a full disk then blocks deletions too, so
+# the store could never make room again). ``_index_room`` bounds what one transaction can add: a
+# copy of each page on a record's path and as many again from splits, or for deletions at most a
+# copy of every page of the tree (merges add none); the freed pages' list (8 bytes each) and the
+# catalogue and meta pages fit in the slack. An upper bound, not a guess that is usually enough.
+_INDEX_SLACK = 1 << 20
 
 
 def default_lmdb_path() -> str:
@@ -100,6 +114,8 @@ class LmdbTier(Tier):
         except OSError as e:
             raise TierError(f"cannot open LMDB tier at {self.path}: {e}. Check that the directory "
                             "is writable and on a local filesystem.") from None
+        self._index_fd = -1  # data.mdb, to allocate its disk ahead of LMDB (``_index_room``)
+        self._index_backed = 0  # bytes of it known to have disk allocated, from its start
         damage = damage_of(self.path, len(_DBS), self._index_map_size(), config.writemap)
         if damage is not None:
             self._move_aside(damage)
@@ -108,7 +124,7 @@ class LmdbTier(Tier):
         try:
             self._file = ExtentFile(os.path.join(self.path, "pages.bin"))
         except OSError as e:
-            self._env.close()
+            self._close_index()
             raise TierError(f"cannot open the page file of the LMDB tier at {self.path}: {e}") from None
         self._alloc = ExtentAllocator(self._capacity)
         self._write_lock = threading.Lock()
@@ -120,7 +136,7 @@ class LmdbTier(Tier):
             ("get_hits", "get_misses", "get_size_mismatch", "corrupt_pages", "put_pages",
              "put_existing", "put_replaced", "put_full", "put_bad_key", "bytes_read",
              "bytes_written", "removed", "write_txns", "map_full_retries", "io_errors",
-             "foreign_writes", "dropped_at_open"), 0)
+             "foreign_writes", "dropped_at_open", "disk_full"), 0)
         self._next_txn = 0
         self._sweep_and_rebuild()
 
@@ -134,6 +150,11 @@ class LmdbTier(Tier):
             if not foreign:
                 meta = env.open_db(b"meta")
                 pages = env.open_db(b"pages")
+                if not self._index_room(env, pages, 1):
+                    env.close()
+                    raise TierError(f"cannot open LMDB tier at {self.path}: the file system is full "
+                                    "(the index has no room for its first write). Free some space "
+                                    "there or point the tier at another disk.")
                 with env.begin(write=True, db=meta) as txn:
                     fmt = txn.get(b"format")
                     if fmt is None:
@@ -158,6 +179,10 @@ class LmdbTier(Tier):
                 meminit=False)
             # A process killed while reading leaves its reader slot behind, pinning old extents.
             env.reader_check()
+            if self._index_fd >= 0:
+                os.close(self._index_fd)
+            self._index_fd = os.open(os.path.join(self.path, "data.mdb"), os.O_RDWR | os.O_CLOEXEC)
+            self._index_backed = 0
             return env
         except (OSError, lmdb.Error) as e:
             raise TierError(f"cannot open LMDB tier at {self.path}: {e}. Check that the directory "
@@ -165,6 +190,35 @@ class LmdbTier(Tier):
 
     def _index_map_size(self) -> int:
         return max(self._capacity // _INDEX_FRACTION, _MIN_INDEX_MAP)
+
+    def _index_room(self, env: lmdb.Environment, tree: lmdb._Database, records: int,
+                    deleting: bool = False) -> bool:
+        """Whether data.mdb has disk allocated for a write transaction on ``records`` records of
+        ``tree`` (allocating it, ahead by a step, if the file system has room); ``False`` on a full
+        disk, where LMDB must not write (see ``_INDEX_SLACK``). Called under the write lock."""
+        psize = env.stat()["psize"]
+        used = (env.info()["last_pgno"] + 1) * psize
+        with env.begin() as txn:
+            shape = txn.stat(tree)
+        new_pages = records * 2 * (shape["depth"] + 1)
+        if deleting:
+            new_pages = min(new_pages, shape["branch_pages"] + shape["leaf_pages"] + shape["depth"] + 1)
+        need = min(used + new_pages * psize + used // 256 + _INDEX_SLACK, self._index_map_size())
+        if need <= self._index_backed:
+            return True
+        ahead = min(need + min(_GROW_MAX, max(_GROW_MIN, used)), self._index_map_size())
+        for end in (ahead, need):  # the step may not fit where the transaction still does
+            try:
+                os.posix_fallocate(self._index_fd, 0, end)  # blocks already allocated cost nothing
+            except OSError:
+                continue
+            self._index_backed = end
+            return True
+        return False
+
+    def _close_index(self) -> None:
+        self._env.close()
+        os.close(self._index_fd)
 
     def _move_aside(self, reason: str) -> None:
         """Keep a damaged directory for a post-mortem and start empty; never refuse to serve."""
@@ -202,7 +256,11 @@ class LmdbTier(Tier):
             else:
                 extents.append((offset, length))
                 end = offset + aligned(length)
-        if bad:
+        if bad and not self._index_room(self._env, self._pages, len(bad), deleting=True):
+            # Their checksums still turn any read of them into a miss, and a later open drops them.
+            logger.warning("LMDB tier at %s: %d pages whose bytes are gone or out of bounds stay "
+                           "named until there is disk to drop them", self.path, len(bad))
+        elif bad:
             logger.warning("LMDB tier at %s: dropping %d pages whose bytes are gone or out of "
                            "bounds", self.path, len(bad))
             with self._env.begin(write=True, db=self._pages) as txn:
@@ -312,7 +370,10 @@ class LmdbTier(Tier):
                     gone.append(rec[:2] if rec is not None else None)
             return gone
 
-        self._count(corrupt_pages=self._deleting_txn("removing corrupt pages", body))
+        try:
+            self._count(corrupt_pages=self._deleting_txn("removing corrupt pages", len(found), body))
+        except TierFull as e:  # they stay misses: every read of them fails the same check
+            logger.warning("%s", e)
 
     def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
         if len(keys) != len(pages):
@@ -328,6 +389,9 @@ class LmdbTier(Tier):
             # Retry with a shorter prefix of the batch while the index map is full: the pages
             # before the one that did not fit are committed, the rest are False.
             limit = len(todo)
+            if limit and not self._index_room(self._env, self._pages, limit):
+                self._count(disk_full=1)
+                limit = 0  # every page refused; the index is untouched
             while limit:
                 done = self._write_txn(keys, pages, todo[:limit])
                 if isinstance(done, int):
@@ -373,7 +437,7 @@ class LmdbTier(Tier):
                 if offset is None:
                     continue
                 if not self._file.reserve(offset + aligned(nbytes), self._alloc.capacity):
-                    self._alloc.free(offset, nbytes, 0)  # the file system is full
+                    self._alloc.release(offset, nbytes)  # the file system is full
                     continue
                 seen.add(keys[i])
                 allocated.append((offset, nbytes))
@@ -400,30 +464,35 @@ class LmdbTier(Tier):
         except IndexFull as full:
             txn.abort()
             for off, n in reversed(allocated):
-                self._alloc.free(off, n, 0)  # never named by a committed record
+                self._alloc.release(off, n)  # never named by a committed record
             return full.at
         except BaseException:
             txn.abort()
             for off, n in reversed(allocated):
-                self._alloc.free(off, n, 0)
+                self._alloc.release(off, n)
             raise
         self._committed(tid)
-        for (_, i, off, _), ok in zip(planned, stored):
+        for (_, i, off, _), ok in reversed(list(zip(planned, stored))):
             if not ok:  # allocated, but its write failed: nothing names it
-                self._alloc.free(off, page_nbytes(pages[i]), 0)
+                self._alloc.release(off, page_nbytes(pages[i]))
         for off, n in replaced:
             self._alloc.free(off, n, tid)
         return written, existing, len(replaced)
 
-    def _deleting_txn(self, what: str,
+    def _deleting_txn(self, what: str, records: int,
                       body: Callable[[lmdb.Transaction], list[tuple[int, int] | None]]) -> int:
-        """Run ``body`` (deletes records, returns their extents) in one write transaction; the
-        extents are free once it commits. Returns how many records went.
+        """Run ``body`` (deletes up to ``records`` records, returns their extents) in one write
+        transaction; the extents are free once it commits. Returns how many records went.
 
         Raises:
-            TierFull: the index map has no page left even for a deletion.
+            TierFull: the index map has no page left even for a deletion, or the file system has
+                no disk for the index pages the deletion writes.
         """
         with self._write_lock, self._lmdb_errors(what):
+            if not self._index_room(self._env, self._pages, records, deleting=True):
+                self._count(disk_full=1)
+                raise TierFull(f"lmdb tier at {self.path}: {what} needs disk for the index and the "
+                               "file system is full", hint="free some space on that disk")
             for attempt in range(2):
                 txn, tid = self._begin_write()
                 try:
@@ -456,7 +525,7 @@ class LmdbTier(Tier):
                     gone.append(rec[:2] if rec is not None else None)
             return gone
 
-        removed = self._deleting_txn("remove", body)
+        removed = self._deleting_txn("remove", len(keys), body)
         self._count(removed=removed)
         return removed
 
@@ -510,7 +579,7 @@ class LmdbTier(Tier):
             txn.drop(self._pages, delete=False)
             return gone
 
-        self._deleting_txn("clear", body)
+        self._deleting_txn("clear", 0, body)  # a drop frees pages; the freelist is counted
 
     def close(self) -> None:
         with self._state:
@@ -518,5 +587,5 @@ class LmdbTier(Tier):
                 return
             self._closed = True
             self._state.wait_for(lambda: self._active == 0)
-        self._env.close()
+        self._close_index()
         self._file.close()

@@ -114,6 +114,18 @@ class ExtentAllocator:
         self.used += need
         return off
 
+    def release(self, offset: int, nbytes: int) -> None:
+        """Undo an allocation that no committed record ever named (its page was refused or its
+        write failed). Space taken from the top goes back to the top: left as a free extent there,
+        past the end of a file that could not grow, it would be the best fit for the next page of
+        that size every time, and every such page would be refused while freed space sat unused."""
+        length = aligned(nbytes)
+        if offset + length == self.hwm:
+            self.hwm = offset
+            self.used -= length
+        else:
+            self.free(offset, nbytes, 0)
+
     def free(self, offset: int, nbytes: int, txn: int) -> None:
         """Return an extent freed by transaction ``txn`` (0: no reader can ever have seen it)."""
         length = aligned(nbytes)

@@ -159,3 +159,18 @@ def test_the_page_file_takes_disk_as_pages_arrive_not_the_whole_capacity(tmp_pat
     out = memoryview(bytearray(256 << 10))
     assert tier.get_into([b"b99"], [[out]]) == [True] and bytes(out) == big[99]
     tier.close()
+
+
+def test_a_released_allocation_at_the_top_goes_back_to_the_top() -> None:
+    # A page refused because the file could not grow: its space must not stay a free extent past
+    # the end of the file, where it would be the best fit for every later page of that size.
+    alloc = ExtentAllocator(16 * ALIGN)
+    first = [alloc.allocate(ALIGN, None) for _ in range(4)]
+    alloc.free(first[0], ALIGN, txn=3)  # backed space a later page can reuse
+    top = alloc.allocate(2 * ALIGN, None)
+    assert top == 4 * ALIGN
+    alloc.release(top, 2 * ALIGN)
+    assert (alloc.hwm, alloc.used, alloc.free_extents()) == (4 * ALIGN, 3 * ALIGN, 1)
+    assert alloc.allocate(ALIGN, None) == first[0]
+    alloc.release(first[1], ALIGN)  # not at the top: a free extent no reader ever saw
+    assert alloc.allocate(ALIGN, oldest_reader=0) == first[1]

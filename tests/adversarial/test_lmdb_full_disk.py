@@ -1,0 +1,103 @@
+"""The SSD tier on a full file system: pages are refused, the process never dies, nothing stored is
+lost, and room made by removing pages is used again.
+
+Each case runs in a child process on its own 8 MiB tmpfs, mounted in a private mount namespace
+(``unshare``): the one way to fill a real file system here without filling the machine's disk. A
+SIGBUS in the child (LMDB writing through its memory map into a hole of a full file system) shows
+as its exit status."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PAGE = 256 << 10
+
+CHILD = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[3])
+from mooncake_sgl.config import LmdbTierConfig
+from mooncake_sgl.tiers.lmdb import LmdbTier
+
+root, writemap = sys.argv[1], sys.argv[2] == "writemap"
+PAGE = 256 << 10
+def page(i):
+    return bytes([i % 251]) * PAGE
+def key(i):
+    return f"page-{i}".encode()
+def readable(tier, ids):
+    bad = []
+    for i in ids:
+        out = memoryview(bytearray(PAGE))
+        if tier.get_into([key(i)], [[out]]) != [True] or bytes(out) != page(i):
+            bad.append(i)
+    return bad
+
+out = {}
+tier = LmdbTier(LmdbTierConfig(path=os.path.join(root, "t"), capacity="64MiB", writemap=writemap))
+# More pages than the file system holds: the tier's budget (64 MiB) is not what stops them.
+stored = [i for i in range(48) if tier.put_from([key(i)], [[memoryview(page(i))]]) == [True]]
+out["stored"] = len(stored)
+out["refused_contained"] = sum(tier.contains([key(i) for i in range(48) if i not in stored]))
+out["unreadable"] = readable(tier, stored)
+# Whatever else lives on that disk takes the rest of it.
+with open(os.path.join(root, "hog"), "wb") as f:
+    try:
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
+    except OSError:
+        pass
+out["free_after_hog"] = os.statvfs(root).f_bavail
+# Room made by eviction (the store's answer to a refusal) takes new pages again.
+gone = stored[: len(stored) // 2]
+out["removed"] = tier.remove([key(i) for i in gone])
+kept = stored[len(stored) // 2:]
+new = list(range(100, 100 + len(gone)))
+out["new_stored"] = sum(tier.put_from([key(i)], [[memoryview(page(i))]]) == [True] for i in new)
+out["one_more"] = tier.put_from([key(999)], [[memoryview(page(999))]])
+out["unreadable_after"] = readable(tier, kept + new)
+tier.close()
+tier = LmdbTier(LmdbTierConfig(path=os.path.join(root, "t"), capacity="64MiB", writemap=writemap))
+out["reopened_pages"] = sum(1 for _ in tier.scan())
+out["unreadable_reopened"] = readable(tier, kept + new)
+tier.close()
+print(json.dumps(out))
+"""
+
+
+def on_full_tmpfs(tmp_path: Path, writemap: bool) -> dict:
+    if shutil.which("unshare") is None:
+        pytest.fail("needs unshare (util-linux) to mount a small tmpfs")
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    shell = (f"mount -t tmpfs -o size=8m tmpfs {mnt} && exec {sys.executable} {script} {mnt} "
+             f"{'writemap' if writemap else 'pwrite'} {REPO}")
+    child = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", shell],
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, f"child died (rc {child.returncode}): {child.stderr[-3000:]}"
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("writemap", [pytest.param(True, id="writemap"), pytest.param(False, id="pwrite")])
+def test_a_full_disk_refuses_pages_never_kills_the_process_and_room_made_is_used_again(
+        tmp_path: Path, writemap: bool) -> None:
+    out = on_full_tmpfs(tmp_path, writemap)
+    # The disk (8 MiB) stopped the puts, well under the tier's budget, with refusals, not errors.
+    assert 8 <= out["stored"] < 32, out
+    assert out["refused_contained"] == 0 and out["unreadable"] == [], out
+    assert out["free_after_hog"] == 0, out
+    # Before: a refused page's extent stayed free past the end of the file and was the best fit for
+    # every later page, so nothing was stored again; with writemap, the removal was a SIGBUS.
+    assert out["removed"] == out["stored"] // 2 == out["new_stored"], out
+    assert out["one_more"] == [False], out  # the disk is still full: a refusal again
+    assert out["unreadable_after"] == [] and out["unreadable_reopened"] == [], out
+    assert out["reopened_pages"] == out["stored"], out
