@@ -77,13 +77,19 @@ class TierCapabilities:
 
 @dataclass(frozen=True)
 class TierUsage:
-    capacity_bytes: int
+    capacity_bytes: int  # the budget (what the policy sizes itself for)
     used_bytes: int
     pages: int
+    # What the medium can still take, when that may be less than the budget's free bytes (a disk
+    # that other data filled); ``None``: the budget decides. The store makes room by this.
+    room_bytes: int | None = None
 
     @property
     def free_bytes(self) -> int:
-        return max(0, self.capacity_bytes - self.used_bytes)
+        free = self.capacity_bytes - self.used_bytes
+        if self.room_bytes is not None:
+            free = min(free, self.room_bytes)
+        return max(0, free)
 
 
 class Tier(ABC):

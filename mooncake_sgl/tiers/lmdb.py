@@ -35,7 +35,9 @@ Why each choice:
   top rather than becoming a free extent past the end of the file. Index: LMDB grows ``data.mdb``
   by writing into it, which on a full file system is SIGBUS through the map or ENOSPC at commit,
   so its disk is allocated ahead of every write transaction (``_index_room``); removals then still
-  commit, and the space they free takes new pages (``tests/adversarial/test_lmdb_full_disk.py``).
+  commit, and the space they free takes new pages. ``usage().room_bytes`` says what the disk still
+  holds, so the store evicts here to keep writing rather than every write being refused while the
+  oldest pages stay (``tests/adversarial/test_lmdb_full_disk.py``).
 - *True means readable.* A key already present at the same size is ``True`` without a rewrite (the
   first value is kept); at a different size the page is replaced, so a read at the size just
   acknowledged hits.
@@ -532,8 +534,21 @@ class LmdbTier(Tier):
     def usage(self) -> TierUsage:
         with self._lmdb_errors("usage"), self._env.begin(db=self._pages) as txn:
             pages = txn.stat(self._pages)["entries"]
-        # The budget, not the file: the file is preallocated ahead of use.
-        return TierUsage(capacity_bytes=self._capacity, used_bytes=self._alloc.used, pages=pages)
+        # The budget, not the file: the file is preallocated ahead of use. Room: when other data
+        # fills the disk, the store must evict here to write, or every write would be refused and
+        # the tier would keep its oldest pages for good.
+        return TierUsage(capacity_bytes=self._capacity, used_bytes=self._alloc.used, pages=pages,
+                         room_bytes=self._room())
+
+    def _room(self) -> int | None:
+        """Page bytes that still fit: the file's allocated space not in use, plus what the file
+        system has left beyond the index's slack; ``None`` if the file system cannot say."""
+        try:
+            fs = os.statvfs(self.path)
+        except OSError:
+            return None
+        disk = fs.f_bavail * fs.f_frsize - 2 * _INDEX_SLACK
+        return max(0, self._file.allocated - self._alloc.used) + max(0, disk)
 
     def footprint(self, nbytes: int) -> int:
         return aligned(nbytes)

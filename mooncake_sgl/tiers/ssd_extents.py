@@ -218,6 +218,11 @@ class ExtentFile:
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._allocated = os.fstat(self._fd).st_size
 
+    @property
+    def allocated(self) -> int:
+        """Bytes of the file with disk allocated (pages fit there without the file system)."""
+        return self._allocated
+
     def reserve(self, end: int, limit: int) -> bool:
         """Preallocate the file up to at least ``end`` (ahead by a step, never past ``limit``).
         ``False`` if the file system has no room."""

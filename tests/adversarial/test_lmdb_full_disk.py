@@ -1,7 +1,8 @@
 """The SSD tier on a full file system: pages are refused, the process never dies, nothing stored is
-lost, and room made by removing pages is used again.
+lost, room made by removing pages is used again, and the store evicts there to keep writing (the
+tier stays a cache of the newest pages the disk can hold, not a freezer of the oldest).
 
-Each case runs in a child process on its own 8 MiB tmpfs, mounted in a private mount namespace
+Each case runs in a child process on its own 16 MiB tmpfs, mounted in a private mount namespace
 (``unshare``): the one way to fill a real file system here without filling the machine's disk. A
 SIGBUS in the child (LMDB writing through its memory map into a hole of a full file system) shows
 as its exit status."""
@@ -42,9 +43,9 @@ def readable(tier, ids):
 out = {}
 tier = LmdbTier(LmdbTierConfig(path=os.path.join(root, "t"), capacity="64MiB", writemap=writemap))
 # More pages than the file system holds: the tier's budget (64 MiB) is not what stops them.
-stored = [i for i in range(48) if tier.put_from([key(i)], [[memoryview(page(i))]]) == [True]]
+stored = [i for i in range(64) if tier.put_from([key(i)], [[memoryview(page(i))]]) == [True]]
 out["stored"] = len(stored)
-out["refused_contained"] = sum(tier.contains([key(i) for i in range(48) if i not in stored]))
+out["refused_contained"] = sum(tier.contains([key(i) for i in range(64) if i not in stored]))
 out["unreadable"] = readable(tier, stored)
 # Whatever else lives on that disk takes the rest of it.
 with open(os.path.join(root, "hog"), "wb") as f:
@@ -72,15 +73,41 @@ print(json.dumps(out))
 """
 
 
-def on_full_tmpfs(tmp_path: Path, writemap: bool) -> dict:
+STORE_CHILD = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[2])
+from mooncake_sgl.config import load_config
+from mooncake_sgl.store import build_store
+
+root = sys.argv[1]
+PAGE = 256 << 10
+store = build_store(load_config({"tiers": [{"kind": "host", "capacity": "1MiB"},
+                                           {"kind": "lmdb", "path": os.path.join(root, "t"),
+                                            "capacity": "64MiB"}]}))
+puts = [store.put_from([f"page-{i}".encode()], [[memoryview(bytes([i % 251]) * PAGE)]])
+        for i in range(120)]
+held = []
+for i in range(120):
+    out = memoryview(bytearray(PAGE))
+    if store.get_into([f"page-{i}".encode()], [[out]]) == [True]:
+        assert bytes(out) == bytes([i % 251]) * PAGE, i
+        held.append(i)
+lmdb = store.stats()["tiers"]["lmdb"]
+store.close()
+print(json.dumps({"accepted": sum(map(all, puts)), "held": held, "evictions": lmdb["store"]["evictions"],
+                  "refused": lmdb["tier"]["put_full"]}))
+"""
+
+
+def on_full_tmpfs(tmp_path: Path, child_code: str, *args: str) -> dict:
     if shutil.which("unshare") is None:
         pytest.fail("needs unshare (util-linux) to mount a small tmpfs")
     mnt = tmp_path / "fs"
     mnt.mkdir()
     script = tmp_path / "child.py"
-    script.write_text(CHILD)
-    shell = (f"mount -t tmpfs -o size=8m tmpfs {mnt} || exit {NO_MOUNT}; exec {sys.executable} {script} "
-             f"{mnt} {'writemap' if writemap else 'pwrite'} {REPO}")
+    script.write_text(child_code)
+    shell = (f"mount -t tmpfs -o size=16m tmpfs {mnt} || exit {NO_MOUNT}; exec {sys.executable} {script} "
+             f"{mnt} {' '.join(args)}")
     child = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", shell],
                            capture_output=True, text=True, timeout=300)
     if child.returncode == NO_MOUNT or child.stderr.startswith("unshare:"):
@@ -92,9 +119,9 @@ def on_full_tmpfs(tmp_path: Path, writemap: bool) -> dict:
 @pytest.mark.parametrize("writemap", [pytest.param(True, id="writemap"), pytest.param(False, id="pwrite")])
 def test_a_full_disk_refuses_pages_never_kills_the_process_and_room_made_is_used_again(
         tmp_path: Path, writemap: bool) -> None:
-    out = on_full_tmpfs(tmp_path, writemap)
-    # The disk (8 MiB) stopped the puts, well under the tier's budget, with refusals, not errors.
-    assert 8 <= out["stored"] < 32, out
+    out = on_full_tmpfs(tmp_path, CHILD, "writemap" if writemap else "pwrite", str(REPO))
+    # The disk (16 MiB) stopped the puts, well under the tier's budget, with refusals, not errors.
+    assert 8 <= out["stored"] < 48, out
     assert out["refused_contained"] == 0 and out["unreadable"] == [], out
     assert out["free_after_hog"] == 0, out
     # Before: a refused page's extent stayed free past the end of the file and was the best fit for
@@ -103,3 +130,15 @@ def test_a_full_disk_refuses_pages_never_kills_the_process_and_room_made_is_used
     assert out["one_more"] == [False], out  # the disk is still full: a refusal again
     assert out["unreadable_after"] == [] and out["unreadable_reopened"] == [], out
     assert out["reopened_pages"] == out["stored"], out
+
+
+def test_on_a_full_disk_the_store_evicts_old_ssd_pages_to_keep_the_newest(tmp_path: Path) -> None:
+    out = on_full_tmpfs(tmp_path, STORE_CHILD, str(REPO))
+    # 120 pages of 256 KiB (30 MiB) through a 1 MiB host tier into an LMDB tier whose 64 MiB budget
+    # the 16 MiB disk cannot hold. Before: the tier kept its first pages and refused every later one.
+    assert out["accepted"] == 120, out
+    assert out["evictions"] > 0 and out["refused"] <= 10, out
+    # Pages written long after the disk filled (the first ~30 fill it), the last one included;
+    # which of them the placement policy keeps is its own choice.
+    held = out["held"]
+    assert len(held) >= 16 and all(i >= 60 for i in held) and 119 in held, out
