@@ -91,6 +91,11 @@ class TierUsage:
             free = min(free, self.room_bytes)
         return max(0, free)
 
+    @property
+    def holdable_bytes(self) -> int:
+        """What the tier can hold now: the budget, or less where the medium has less room."""
+        return self.used_bytes + self.free_bytes
+
 
 class Tier(ABC):
     """One storage medium holding whole pages under ``PageKey``s.

@@ -226,7 +226,9 @@ class PlacementWork:
 
     def _headroom(self, t: int) -> int:
         try:
-            cap = self.tiers[t].usage().capacity_bytes
+            # Of what the tier can hold now: against a budget a full disk cannot reach, keeping a
+            # share of the budget free would evict the whole tier.
+            cap = self.tiers[t].usage().holdable_bytes
         except Exception:
             return 0
         return min(cap // 4, max(int(cap * HEADROOM), 2 * self._largest_write[t]))

@@ -139,6 +139,8 @@ def test_on_a_full_disk_the_store_evicts_old_ssd_pages_to_keep_the_newest(tmp_pa
     assert out["accepted"] == 120, out
     assert out["evictions"] > 0 and out["refused"] <= 10, out
     # Pages written long after the disk filled (the first ~30 fill it), the last one included;
-    # which of them the placement policy keeps is its own choice.
+    # which of them the placement policy keeps is its own choice. As many as the disk holds, less
+    # the store's headroom: kept as a share of the 64 MiB budget, the headroom took a third of
+    # the disk (23 pages held).
     held = out["held"]
-    assert len(held) >= 16 and all(i >= 60 for i in held) and 119 in held, out
+    assert len(held) >= 28 and all(i >= 60 for i in held) and 119 in held, out
