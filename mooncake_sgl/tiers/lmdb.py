@@ -185,10 +185,26 @@ class LmdbTier(Tier):
                 os.close(self._index_fd)
             self._index_fd = os.open(os.path.join(self.path, "data.mdb"), os.O_RDWR | os.O_CLOEXEC)
             self._index_backed = 0
+            self._allocate_reader_table()
             return env
         except (OSError, lmdb.Error) as e:
             raise TierError(f"cannot open LMDB tier at {self.path}: {e}. Check that the directory "
                             "is writable and on a local filesystem.") from None
+
+    def _allocate_reader_table(self) -> None:
+        """Give lock.mdb's reader table disk now. LMDB writes a reader's slot through a map of that
+        sparse file; on a full file system the first reader in a slot past the first page was
+        SIGBUS (measured: 200 read transactions held at once on a full tmpfs)."""
+        lock = os.path.join(self.path, "lock.mdb")
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            logger.warning("LMDB tier at %s: no disk for its reader table (%s); on a full disk, "
+                           "many readers at once could crash the process", self.path, e)
 
     def _index_map_size(self) -> int:
         return max(self._capacity // _INDEX_FRACTION, _MIN_INDEX_MAP)
