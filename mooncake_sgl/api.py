@@ -43,7 +43,8 @@ def page_nbytes(page: PageView) -> int:
 #    "mover":  {background (0/1), submitted, completed, dropped, failed, waits, timeouts},
 #    "policy": {...}  the policy's own ``stats()``,
 #    "tiers":  {<unique tier name, e.g. "host", "lmdb", "host.1" for a second host tier>: {
-#        "usage": {capacity_bytes, used_bytes, pages}  (or {"error": "..."} for a dead tier),
+#        "usage": {capacity_bytes, used_bytes, holdable_bytes, pages}  (or {"error": "..."} for a
+#                  dead tier),
 #        "store": {hits, misses (pages a read offered this tier and it lacked), bytes_read,
 #                  lookup_hits (pages of lookups' leading runs found here first), writes and
 #                  bytes_written (pages new to the tier), write_failures, admission_refused,

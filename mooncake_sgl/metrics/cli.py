@@ -48,7 +48,9 @@ def tier_table(snapshot: Snapshot) -> str:
         lines.append(f"{r.tier:<15}{r.hit_share:>10.1%}{r.hits:>10.0f}{human_bytes(r.read_bytes):>12}"
                      f"{human_bytes(r.written_bytes):>12}{r.evictions:>11.0f}{r.puts_refused:>9.0f}"
                      f"{r.corrupt_pages:>9.0f}{r.resident_pages:>9.0f}  "
-                     f"{human_bytes(r.resident_bytes)} / {human_bytes(r.capacity_bytes)}")
+                     f"{human_bytes(r.resident_bytes)} / {human_bytes(r.capacity_bytes)}"
+                     + (f" (room for {human_bytes(r.holdable_bytes)} now)"
+                        if 0 < r.holdable_bytes < r.capacity_bytes else ""))
     return "\n".join(lines)
 
 

@@ -17,7 +17,8 @@ Meaning of a tier's counters (pages, unless the name says bytes):
   copied into the tier from a slower / faster one.
 - ``corrupt_pages``: pages that failed their checksum on read (a miss; the page is dropped).
 - ``admission_refusals``: pages the policy did not admit to this (slower) tier on a write.
-- ``resident_pages``, ``resident_bytes``, ``capacity_bytes``: gauges.
+- ``resident_pages``, ``resident_bytes``, ``capacity_bytes``: gauges; ``holdable_bytes``: what the
+  tier can hold now, its capacity or less where the medium has less room (a disk other data filled).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ GAUGES: dict[str, str] = {
     "resident_pages": "mooncake_sgl_tier_resident_pages",
     "resident_bytes": "mooncake_sgl_tier_resident_bytes",
     "capacity_bytes": "mooncake_sgl_tier_capacity_bytes",
+    "holdable_bytes": "mooncake_sgl_tier_holdable_bytes",
     "position": "mooncake_sgl_tier_position",
 }
 # The adaptive policy's choice per tier (``policy.name: adaptive``): which expert leads (1 for the
@@ -96,6 +98,7 @@ class TierSample:
     resident_pages: float = 0.0
     resident_bytes: float = 0.0
     capacity_bytes: float = 0.0
+    holdable_bytes: float = 0.0
     position: float = 0.0
 
     def plus(self, other: TierSample) -> TierSample:
@@ -174,6 +177,7 @@ class TierRow:
     resident_pages: float
     resident_bytes: float
     capacity_bytes: float
+    holdable_bytes: float
 
 
 def rows(snapshot: Snapshot) -> list[TierRow]:
@@ -187,8 +191,8 @@ def rows(snapshot: Snapshot) -> list[TierRow]:
     share = (lambda n: n / requested) if requested else (lambda n: 0.0)
     out = [TierRow(name, share(s.hits), s.hits, s.read_bytes, s.written_bytes, s.evictions,
                    s.puts_refused, s.corrupt_pages, s.resident_pages, s.resident_bytes,
-                   s.capacity_bytes) for name, s in tiers.items()]
-    out.append(TierRow("miss", share(last.misses), last.misses, 0, 0, 0, 0, 0, 0, 0, 0))
+                   s.capacity_bytes, s.holdable_bytes) for name, s in tiers.items()]
+    out.append(TierRow("miss", share(last.misses), last.misses, 0, 0, 0, 0, 0, 0, 0, 0, 0))
     return out
 
 

@@ -28,7 +28,7 @@ _STORE_FIELDS = {
 }
 # Usage name -> sample field.
 _USAGE_FIELDS = {"pages": "resident_pages", "used_bytes": "resident_bytes",
-                 "capacity_bytes": "capacity_bytes"}
+                 "capacity_bytes": "capacity_bytes", "holdable_bytes": "holdable_bytes"}
 # The tier's own counter of checksum failures (the LMDB tier; the others cannot detect any).
 _TIER_CORRUPT = "corrupt_pages"
 

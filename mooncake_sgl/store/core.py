@@ -303,7 +303,7 @@ class TieredStore(PlacementWork):
             try:
                 u = tier.usage()
                 usage: dict[str, Any] = {"capacity_bytes": u.capacity_bytes, "used_bytes": u.used_bytes,
-                                         "pages": u.pages}
+                                         "holdable_bytes": u.holdable_bytes, "pages": u.pages}
             except Exception as e:  # a dead remote tier still reports its counters
                 usage = {"error": str(e)}
             try:

@@ -100,7 +100,7 @@ for i in range(120):
 lmdb = store.stats()["tiers"]["lmdb"]
 store.close()
 print(json.dumps({"accepted": sum(map(all, puts)), "held": held, "evictions": lmdb["store"]["evictions"],
-                  "refused": lmdb["tier"]["put_full"]}))
+                  "refused": lmdb["tier"]["put_full"], "usage": lmdb["usage"]}))
 """
 
 
@@ -144,6 +144,9 @@ def test_on_a_full_disk_the_store_evicts_old_ssd_pages_to_keep_the_newest(tmp_pa
     # the 16 MiB disk cannot hold. Before: the tier kept its first pages and refused every later one.
     assert out["accepted"] == 120, out
     assert out["evictions"] > 0 and out["refused"] <= 10, out
+    # What operators see (``mooncake_sgl_tier_holdable_bytes``): the disk's size, not the budget.
+    usage = out["usage"]
+    assert usage["capacity_bytes"] == 64 << 20 and usage["holdable_bytes"] < 16 << 20, usage
     # Pages written long after the disk filled (the first ~30 fill it), the last one included;
     # which of them the placement policy keeps is its own choice. As many as the disk holds, less
     # the store's headroom: kept as a share of the 64 MiB budget, the headroom took a third of

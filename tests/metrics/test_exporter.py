@@ -49,7 +49,8 @@ def test_a_scrape_shows_what_the_store_counted(store) -> None:
     assert tiers["host"].hits + tiers["lmdb"].hits == 6
     assert tiers["lmdb"].misses == 2  # in no tier
     assert tiers["host"].evictions >= 2
-    assert tiers["host"].capacity_bytes == 4 * PAGE
+    assert tiers["host"].capacity_bytes == tiers["host"].holdable_bytes == 4 * PAGE
+    assert 0 < tiers["lmdb"].holdable_bytes <= tiers["lmdb"].capacity_bytes
 
 
 def test_counters_only_grow_by_what_happened_since_the_last_sync(store) -> None:

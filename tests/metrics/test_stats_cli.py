@@ -173,3 +173,17 @@ def test_an_mla_lmdb_shared_by_tp_ranks_is_counted_once(tmp_path: Path) -> None:
     assert {rank for rank, _ in snap.tiers} == {"tp0_pp0_dp0_cp0", "tp1_pp0_dp0_cp0"}
     assert store_pages == 3
     assert snap.by_tier()["lmdb"].resident_pages == 3
+
+
+def test_the_table_says_when_a_tier_has_less_room_than_its_capacity() -> None:
+    from mooncake_sgl.metrics.cli import tier_table
+    from mooncake_sgl.metrics.model import Snapshot, TierSample
+
+    full = TierSample(hits=1, misses=1, resident_bytes=3 << 20, capacity_bytes=64 << 20,
+                      holdable_bytes=8 << 20)
+    roomy = TierSample(hits=1, resident_bytes=1 << 20, capacity_bytes=4 << 20, holdable_bytes=4 << 20)
+    lines = tier_table(Snapshot({("r", "host"): roomy, ("r", "lmdb"): full})).splitlines()
+    lmdb = next(line for line in lines if line.startswith("lmdb"))
+    host = next(line for line in lines if line.startswith("host"))
+    assert lmdb.endswith("/ 64.0 MiB (room for 8.0 MiB now)"), lmdb
+    assert "room for" not in host
