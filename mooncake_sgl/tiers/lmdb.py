@@ -63,7 +63,7 @@ from ..api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage
 from ..config import LmdbTierConfig, default_cache_dir
 from ..errors import TierClosed, TierError, TierFull
 from .lmdb_probe import damage_of
-from .ssd_extents import _GROW_MAX, _GROW_MIN, ExtentAllocator, ExtentFile, aligned
+from .ssd_extents import ExtentAllocator, ExtentFile, aligned, allocate_ahead
 from .ssd_records import (
     RECORD_BYTES,
     IndexFull,
@@ -154,6 +154,8 @@ class LmdbTier(Tier):
                 pages = env.open_db(b"pages")
                 if not self._index_room(env, pages, 1):
                     env.close()
+                    os.close(self._index_fd)
+                    self._index_fd = -1
                     raise TierError(f"cannot open LMDB tier at {self.path}: the file system is full "
                                     "(the index has no room for its first write). Free some space "
                                     "there or point the tier at another disk.")
@@ -224,15 +226,13 @@ class LmdbTier(Tier):
         need = min(used + new_pages * psize + used // 256 + _INDEX_SLACK, self._index_map_size())
         if need <= self._index_backed:
             return True
-        ahead = min(need + min(_GROW_MAX, max(_GROW_MIN, used)), self._index_map_size())
-        for end in (ahead, need):  # the step may not fit where the transaction still does
-            try:
-                os.posix_fallocate(self._index_fd, 0, end)  # blocks already allocated cost nothing
-            except OSError:
-                continue
-            self._index_backed = end
-            return True
-        return False
+        # From where this process's allocation ended (0 after an open: blocks the file already has
+        # cost nothing to allocate again).
+        got = allocate_ahead(self._index_fd, self._index_backed, need, self._index_map_size())
+        if got is None:
+            return False
+        self._index_backed = got
+        return True
 
     def _close_index(self) -> None:
         self._env.close()

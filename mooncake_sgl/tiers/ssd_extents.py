@@ -209,6 +209,20 @@ def _iovecs(items: Sequence[tuple[int, PageView]], run: list[int]) -> list[memor
     return out
 
 
+def allocate_ahead(fd: int, start: int, end: int, limit: int) -> int | None:
+    """Give file ``fd`` disk from ``start`` (what it has so far) to at least ``end``: ahead by as
+    much again as it has (``_GROW_MIN`` to ``_GROW_MAX``, never past ``limit``), or exactly to
+    ``end`` where the step does not fit. Returns the new end, ``None`` if not even ``end`` fits."""
+    step = min(_GROW_MAX, max(_GROW_MIN, start))
+    for stop in (min(max(end, start + step), max(limit, end)), end):
+        try:
+            os.posix_fallocate(fd, start, stop - start)
+        except OSError:
+            continue
+        return stop
+    return None
+
+
 class ExtentFile:
     """``pages.bin``: page bytes at offsets the index names. ``OSError``s propagate; the tier turns
     them into per-key misses or refusals."""
@@ -228,17 +242,10 @@ class ExtentFile:
         ``False`` if the file system has no room."""
         if end <= self._allocated:
             return True
-        step = min(_GROW_MAX, max(_GROW_MIN, self._allocated))
-        target = min(max(end, self._allocated + step), max(limit, end))
-        try:
-            os.posix_fallocate(self._fd, self._allocated, target - self._allocated)
-        except OSError:
-            try:  # the step may not fit where the pages themselves still do
-                os.posix_fallocate(self._fd, self._allocated, end - self._allocated)
-                target = end
-            except OSError:
-                return False
-        self._allocated = target
+        got = allocate_ahead(self._fd, self._allocated, end, limit)
+        if got is None:
+            return False
+        self._allocated = got
         return True
 
     def write_many(self, items: Sequence[tuple[int, PageView]]) -> list[bool]:
