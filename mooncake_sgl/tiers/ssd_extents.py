@@ -73,23 +73,28 @@ class ExtentAllocator:
         self._by_size: dict[int, dict[int, None]] = {}
         self._sizes: list[int] = []  # sorted keys of _by_size
 
-    def rebuild(self, extents: Iterable[tuple[int, int]], freed_by: int = 0) -> None:
+    def rebuild(self, extents: Iterable[tuple[int, int]], freed_by: int = 0, top: int = 0) -> None:
         """Free space is the complement of ``(offset, length)`` extents in use, reusable once no
-        reader is older than transaction ``freed_by`` (0 at open: no reader can still see it).
-        The high-water mark never drops here: space above the last extent in use may have held
-        pages a reader still sees."""
+        reader is older than transaction ``freed_by`` (0: no reader can still see it). The
+        high-water mark never drops here, and is at least ``top`` (the file's size): space above
+        the last extent in use may have held pages a reader still sees.
+
+        Extents may lie past the capacity (another process with a larger one shares the file, or
+        the capacity was lowered): they count as used, and the space past the capacity is never
+        handed out."""
         spans = sorted((off, aligned(n)) for off, n in extents)
         old_hwm = self.hwm
         self._free, self._starts, self._by_size, self._sizes = {}, [], {}, []
         self.hwm = self.used = 0
         for off, n in spans:
             if off > self.hwm:
-                self._put(self.hwm, off - self.hwm, freed_by)
+                self._put_within(self.hwm, off - self.hwm, freed_by)
             self.hwm = max(self.hwm, off + n)
             self.used += n
-        if old_hwm > self.hwm:
-            self._put(self.hwm, old_hwm - self.hwm, freed_by)
-            self.hwm = old_hwm
+        top = max(old_hwm, aligned(top))
+        if top > self.hwm:
+            self._put_within(self.hwm, top - self.hwm, freed_by)
+            self.hwm = top
 
     def allocate(self, nbytes: int, oldest_reader: int | None) -> int | None:
         """Offset of a new extent for ``nbytes``, or ``None`` if the capacity has no room for it.
@@ -101,7 +106,8 @@ class ExtentAllocator:
         need = aligned(nbytes)
         for length in self._sizes[bisect.bisect_left(self._sizes, need):]:
             for start in self._by_size[length]:
-                if oldest_reader is None or self._free[start][1] <= oldest_reader:
+                if (oldest_reader is None or self._free[start][1] <= oldest_reader) and \
+                        start + need <= self.capacity:
                     freed_by = self._pop(start)[1]
                     if length > need:
                         self._put(start + need, length - need, freed_by)
@@ -147,6 +153,12 @@ class ExtentAllocator:
 
     def free_extents(self) -> int:
         return len(self._free)
+
+    def _put_within(self, start: int, length: int, txn: int) -> None:
+        """A free extent, cut at the capacity (nothing past it is handed out)."""
+        length = min(length, self.capacity - start)
+        if length > 0:
+            self._put(start, length, txn)
 
     def _put(self, start: int, length: int, txn: int) -> None:
         self._free[start] = (length, txn)
