@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -93,6 +94,12 @@ _MIN_INDEX_MAP = 64 << 20
 # copy of every page of the tree (merges add none); the freed pages' list (8 bytes each) and the
 # catalogue and meta pages fit in the slack. An upper bound, not a guess that is usually enough.
 _INDEX_SLACK = 1 << 20
+# The free log, in the meta database: _FREED + the id (8 bytes, big-endian) of a transaction that
+# freed extents -> those extents, (offset, aligned length) each, merged where adjacent. More spans
+# than _MAX_LOGGED_SPANS (a ``clear``) are logged as the one span that covers them all.
+_FREED = b"freed:"
+_SPAN = struct.Struct("<QQ")
+_MAX_LOGGED_SPANS = 4096
 # How often a writer frees the reader slots of dead processes when nothing else asked for it
 # (arbitrary; the check is one lock test per process in the reader table).
 _READER_CHECK_S = 10.0
@@ -297,6 +304,7 @@ class LmdbTier(Tier):
             tid = txn.id()
             size = os.path.getsize(self._file.path)
             extents, bad = self._live_extents(txn, size)
+            freed = self._freed_log(txn)
             if bad and not self._index_room(self._env, self._pages, len(bad), deleting=True):
                 # Their checksums still turn any read of them into a miss; a later open drops them.
                 logger.warning("LMDB tier at %s: %d pages whose bytes are gone or out of bounds "
@@ -318,9 +326,9 @@ class LmdbTier(Tier):
             txn.abort()
             raise
         self._counters["dropped_at_open"] = dropped
-        # The records are those of commit ``tid - 1``: a reader of another process with an older
-        # snapshot may still read the extents of pages removed up to it.
-        self._alloc.rebuild(extents, freed_by=tid - 1, top=size)
+        # A reader of another process may still read extents freed recently: the free log says
+        # which, and by what transaction.
+        self._alloc.rebuild(extents, freed)
         self._next_txn = tid + 1 if dropped else tid
 
     def _live_extents(self, txn: lmdb.Transaction, size: int
@@ -361,20 +369,67 @@ class LmdbTier(Tier):
         if tid != self._next_txn:
             # Someone else committed since our last write: their extents are not in our
             # allocator. Space they freed may still be read by readers (of any process) older
-            # than the last commit, ``tid - 1``, so it waits for them; so does the file's tail,
-            # which their removed pages may have held.
+            # than the transaction that freed it, which the free log names, so it waits for them.
             try:
                 size = os.path.getsize(self._file.path)
                 extents, _ = self._live_extents(txn, size)
+                freed = self._freed_log(txn)
             except BaseException:
                 txn.abort()
                 raise
-            self._alloc.rebuild(extents, freed_by=tid - 1, top=size)
+            self._alloc.rebuild(extents, freed)
             self._next_txn = tid
             self._count(foreign_writes=1)
         if time.monotonic() >= self._next_reader_check:
             self._clear_dead_readers()
         return txn, tid
+
+    def _log_frees(self, txn: lmdb.Transaction, tid: int, extents: Sequence[tuple[int, int]]) -> None:
+        """Record in ``txn`` that it frees ``extents``, and forget entries no reader can need.
+
+        Why a log: a process that rebuilds its allocator from the index (another one wrote)
+        learns which space is free, not since when. Taken as freed just now, all of it waited for
+        every reader to catch up, and with readers always a few commits behind (the other ranks
+        of an MLA model, a second server) space was never reused and writes were refused. With
+        the log, only what was freed recently waits, for exactly the readers that may see it.
+        An entry of transaction ``t`` is dropped once every reader's snapshot is ``t`` or newer
+        (then, as for space freed before any entry, no reader can see those pages)."""
+        if not extents:
+            return
+        spans: list[list[int]] = []
+        for off, n in sorted((off, aligned(n)) for off, n in extents):
+            if spans and spans[-1][0] + spans[-1][1] == off:
+                spans[-1][1] += n
+            else:
+                spans.append([off, n])
+        if len(spans) > _MAX_LOGGED_SPANS:
+            spans = [[spans[0][0], spans[-1][0] + spans[-1][1] - spans[0][0]]]
+        txn.put(_FREED + tid.to_bytes(8, "big"), b"".join(_SPAN.pack(o, n) for o, n in spans),
+                db=self._meta)
+        oldest = oldest_reader(self._env)
+        # A reader starting now still gets snapshot ``tid - 1``, which sees what ``tid`` frees.
+        bound = tid - 1 if oldest is None else min(oldest, tid - 1)
+        cur = txn.cursor(db=self._meta)
+        more = cur.set_range(_FREED)
+        while more and bytes(cur.key()).startswith(_FREED) and \
+                int.from_bytes(bytes(cur.key())[len(_FREED):], "big") <= bound:
+            more = cur.delete()
+
+    def _freed_log(self, txn: lmdb.Transaction) -> list[tuple[int, int, int]]:
+        """``(offset, length, freeing transaction)`` of every extent in the free log."""
+        out: list[tuple[int, int, int]] = []
+        cur = txn.cursor(db=self._meta)
+        more = cur.set_range(_FREED)
+        while more:
+            key = bytes(cur.key())
+            if not key.startswith(_FREED):
+                break
+            tid = int.from_bytes(key[len(_FREED):], "big")
+            value = bytes(cur.value())
+            whole = len(value) - len(value) % _SPAN.size
+            out += [(off, n, tid) for off, n in _SPAN.iter_unpack(value[:whole])]
+            more = cur.next()
+        return out
 
     def _committed(self, tid: int, changed: bool) -> None:
         """Transaction ``tid`` committed: the id our next write transaction gets if no other
@@ -572,6 +627,7 @@ class LmdbTier(Tier):
             if written and self._config.sync:
                 self._file.sync()  # the bytes are on disk before the index names them
             try:
+                self._log_frees(txn, tid, replaced)
                 txn.commit()
             except lmdb.MapFullError:
                 raise IndexFull(len(todo)) from None
@@ -611,6 +667,7 @@ class LmdbTier(Tier):
                 txn, tid = self._begin_write()
                 try:
                     gone = body(txn)
+                    self._log_frees(txn, tid, [e for e in gone if e is not None])
                     if gone:
                         txn.commit()
                     else:

@@ -258,3 +258,24 @@ def test_an_opener_with_a_smaller_capacity_keeps_another_processs_pages(agents) 
     assert big("get", keys=pages, nbytes=nbytes) == want
     assert big("put", keys=names("big-more", 4), nbytes=nbytes)["res"] == [True] * 4
     assert small.close() == 0 and big.close() == 0
+
+
+def test_after_another_process_writes_space_freed_before_the_oldest_reader_is_reused(agents) -> None:
+    # Rebuilt after a foreign commit, every free extent counted as freed by the current
+    # transaction, so any reader (here one that started after the pages were removed) kept all of
+    # it from reuse: a full tier refused every page.
+    nbytes = 64 * 1024
+    writer, reader, other = agents(), agents(), agents()
+    assert writer("open", capacity="1MiB") == {"ok": True}
+    assert writer("put", keys=names("a", 16), nbytes=nbytes)["res"] == [True] * 16
+    assert reader("open", capacity="1MiB") == {"ok": True}
+    assert other("open", capacity="1MiB") == {"ok": True}
+    assert writer("remove", keys=names("a", 4))["n"] == 4
+    reader.send(op="get", keys=names("a", 16)[4:], nbytes=nbytes, hold=True)
+    assert reader.answer() == {"held": "reading"}  # its snapshot is newer than the removal
+    assert other("remove", keys=names("a", 16)[15:])["n"] == 1  # a foreign commit, after it
+    assert writer("put", keys=names("b", 3), nbytes=nbytes)["res"] == [True] * 3
+    assert reader.go_on() == {"res": [True] * 12, "wrong": []}
+    assert writer("get", keys=names("a", 15)[4:] + names("b", 3), nbytes=nbytes) == \
+        {"res": [True] * 14, "wrong": []}
+    assert writer.close() == 0 and reader.close() == 0 and other.close() == 0
