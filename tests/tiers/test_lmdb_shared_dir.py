@@ -279,3 +279,20 @@ def test_after_another_process_writes_space_freed_before_the_oldest_reader_is_re
     assert writer("get", keys=names("a", 15)[4:] + names("b", 3), nbytes=nbytes) == \
         {"res": [True] * 14, "wrong": []}
     assert writer.close() == 0 and reader.close() == 0 and other.close() == 0
+
+
+def test_a_second_tier_on_the_same_directory_in_one_process_is_a_clear_error(tmp_path: Path) -> None:
+    # POSIX locks of one process never conflict: the second environment took itself for the
+    # first opener and reset the reader table and writer's mutex under the first one.
+    from mooncake_sgl.config import LmdbTierConfig
+    from mooncake_sgl.errors import TierError
+    from mooncake_sgl.tiers.lmdb import LmdbTier
+
+    first = LmdbTier(LmdbTierConfig(path=str(tmp_path / "ssd"), capacity="64MiB"))
+    with pytest.raises(TierError, match="already open in this process"):
+        LmdbTier(LmdbTierConfig(path=str(tmp_path / "ssd" / "."), capacity="64MiB"))
+    assert first.put_from([b"k"], [[memoryview(b"x" * 4096)]]) == [True]
+    first.close()
+    again = LmdbTier(LmdbTierConfig(path=str(tmp_path / "ssd"), capacity="64MiB"))
+    assert again.contains([b"k"]) == [True]
+    again.close()
