@@ -44,8 +44,25 @@ Why each choice:
 
 Thread context: reads run in parallel (LMDB readers never block; ``preadv`` takes no lock); writes
 take one in-process lock so a write transaction stays on one thread, and LMDB's own lock serialises
-writers across processes. Another process writing to the same environment is noticed by the
-transaction ids jumping, and the allocator is rebuilt from the index before allocating.
+writers across processes.
+
+Several processes on one directory (the TP ranks of an MLA model by design, two servers on one
+host, a restart overlapping the old process's exit; ``tests/adversarial/test_ssd_shared_dir_stress.py``
+kills them at random):
+
+- LMDB tells live processes from dead ones, and the first opener from later ones, by POSIX locks
+  on ``lock.mdb``, which closing *any* descriptor of it drops: ours stays open as long as the
+  environment, and a second tier on a directory this process has open is refused.
+- Extents are allocated only inside a write transaction (one process at a time). A process whose
+  expected transaction id is not the one it got rebuilds its allocator from the index first; at
+  open the sweep and the rebuild read one write transaction, so no commit falls in between.
+- Which extents each commit freed is kept in the index (a free log, pruned once no reader is
+  older), so a rebuilt allocator reuses old free space at once and waits only for what readers
+  of any process may still see.
+- Reader slots of processes that died reading are freed when an allocation finds no reusable
+  space, and every ``_READER_CHECK_S``.
+- Records past this process's capacity are another process's (or a lowered capacity's) pages:
+  kept and counted as used, never allocated over.
 """
 
 from __future__ import annotations
