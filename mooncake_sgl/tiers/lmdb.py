@@ -182,7 +182,11 @@ class LmdbTier(Tier):
         self._index_fd = -1  # data.mdb, to allocate its disk ahead of LMDB (``_index_room``)
         self._lock_fd = -1  # lock.mdb, held open while the environment is (``_allocate_reader_table``)
         self._index_backed = 0  # bytes of it known to have disk allocated, from its start
-        damage = damage_of(self.path, len(_DBS), self._index_map_size(), config.writemap)
+        try:  # an index with no pages to name may be one another process is creating right now
+            no_pages = os.path.getsize(os.path.join(self.path, "pages.bin")) == 0
+        except OSError:
+            no_pages = True
+        damage = damage_of(self.path, len(_DBS), self._index_map_size(), config.writemap, empty_ok=no_pages)
         if damage is not None:
             self._move_aside(damage)
         self._env, self._meta, self._pages = self._open_index()

@@ -16,7 +16,8 @@ is acknowledged), ``R key`` before it asks to remove one. Counted, each must be 
 - lost pages: an acknowledged page its writer never removed that a read misses, while running
   (by its own writer) or after recovery (by a fresh process reading every one);
 - refused writes: a ``put_from`` that said False (the processes stay far below the capacity);
-- crashes: a process that died of anything but our signal (SIGSEGV, LMDB's assertion) or raised.
+- crashes: a process that died of anything but our signal (SIGSEGV, LMDB's assertion) or raised;
+- moves aside: the directory taken for damaged and moved away from under the live processes.
 
 Run directly for other seeds or longer runs:
 ``python tests/adversarial/test_ssd_shared_dir_stress.py --seed 7 --duration 60``.
@@ -160,6 +161,7 @@ class Counts:
     wrong_after: int = 0
     refused_after: int = 0
     unreadable_after: int = 0
+    moved_aside: int = 0  # the directory taken for damaged and moved away under live processes
     verifier: dict = field(default_factory=dict)
 
 
@@ -269,6 +271,7 @@ def _recover_and_check(root: Path, ssd: Path, logs: Path, counts: Counts) -> Cou
                 counts.reads += 1
                 counts.pages_read += int(key)
     counts.acknowledged, counts.removed = len(acked), len(removed & acked.keys())
+    counts.moved_aside = sum(1 for p in root.iterdir() if p.name.startswith("ssd.damaged-"))
     expected = [k for k in acked if k not in removed]
     (root / "expected.json").write_text(json.dumps(expected))
     done = subprocess.run([sys.executable, "-c", VERIFIER, str(ssd), str(root / "expected.json")], cwd=REPO,
@@ -294,7 +297,7 @@ def test_processes_sharing_one_directory_under_sigkill_lose_and_corrupt_nothing(
     assert counts.crashes == [], counts.crashes
     running = (counts.wrong_bytes, counts.lost_while_running, counts.refused_writes)
     after = (counts.lost_after, counts.wrong_after, counts.refused_after, counts.unreadable_after)
-    assert running == (0, 0, 0) and after == (0, 0, 0, 0), counts
+    assert running == (0, 0, 0) and after == (0, 0, 0, 0) and counts.moved_aside == 0, counts
 
 
 if __name__ == "__main__":

@@ -296,3 +296,20 @@ def test_a_second_tier_on_the_same_directory_in_one_process_is_a_clear_error(tmp
     again = LmdbTier(LmdbTierConfig(path=str(tmp_path / "ssd"), capacity="64MiB"))
     assert again.contains([b"k"]) == [True]
     again.close()
+
+
+def test_an_index_another_process_is_creating_is_not_taken_for_damage(tmp_path: Path) -> None:
+    # For a moment after another process created it, data.mdb is empty and no page file exists:
+    # an empty index was "damaged", and the directory was moved aside under its creator.
+    from mooncake_sgl.config import LmdbTierConfig
+    from mooncake_sgl.tiers.lmdb import LmdbTier
+
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    (ssd / "data.mdb").write_bytes(b"")
+    tier = LmdbTier(LmdbTierConfig(path=str(ssd), capacity="64MiB"))
+    try:
+        assert [p.name for p in tmp_path.iterdir()] == ["ssd"]
+        assert tier.put_from([b"k"], [[memoryview(b"x" * 4096)]]) == [True]
+    finally:
+        tier.close()
