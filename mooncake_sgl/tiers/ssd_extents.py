@@ -55,6 +55,30 @@ def aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
 
+def _latest_cover(extents: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Disjoint ``(start, end, txn)`` pieces, in order, of the union of ``(start, end, txn)``
+    extents, each piece with the latest ``txn`` of the extents covering it."""
+    items = sorted(extents)
+    points = sorted({p for start, end, _ in items for p in (start, end)})
+    out: list[tuple[int, int, int]] = []
+    active: list[tuple[int, int]] = []  # (-txn, end): a max-heap of the extents covering a point
+    i = 0
+    for lo, hi in zip(points, points[1:]):
+        while i < len(items) and items[i][0] <= lo:
+            heapq.heappush(active, (-items[i][2], items[i][1]))
+            i += 1
+        while active and active[0][1] <= lo:
+            heapq.heappop(active)
+        if not active:
+            continue
+        txn = -active[0][0]
+        if out and out[-1][1] == lo and out[-1][2] == txn:
+            out[-1] = (out[-1][0], hi, txn)
+        else:
+            out.append((lo, hi, txn))
+    return out
+
+
 class ExtentAllocator:
     """Free space of ``[0, capacity)`` in 4 KiB-aligned extents.
 
@@ -231,30 +255,6 @@ class ExtentAllocator:
             del self._by_size[length]
             del self._sizes[bisect.bisect_left(self._sizes, length)]
         return length, txn
-
-
-def _latest_cover(extents: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """Disjoint ``(start, end, txn)`` pieces, in order, of the union of ``(start, end, txn)``
-    extents, each piece with the latest ``txn`` of the extents covering it."""
-    items = sorted(extents)
-    points = sorted({p for start, end, _ in items for p in (start, end)})
-    out: list[tuple[int, int, int]] = []
-    active: list[tuple[int, int]] = []  # (-txn, end): a max-heap of the extents covering a point
-    i = 0
-    for lo, hi in zip(points, points[1:]):
-        while i < len(items) and items[i][0] <= lo:
-            heapq.heappush(active, (-items[i][2], items[i][1]))
-            i += 1
-        while active and active[0][1] <= lo:
-            heapq.heappop(active)
-        if not active:
-            continue
-        txn = -active[0][0]
-        if out and out[-1][1] == lo and out[-1][2] == txn:
-            out[-1] = (out[-1][0], hi, txn)
-        else:
-            out.append((lo, hi, txn))
-    return out
 
 
 # Largest run of adjacent extents moved by one call. Writes: one pwritev per 64 MiB (arbitrary;
