@@ -205,8 +205,8 @@ class LmdbTier(Tier):
         self._counters = dict.fromkeys(
             ("get_hits", "get_misses", "get_size_mismatch", "corrupt_pages", "put_pages",
              "put_existing", "put_replaced", "put_full", "put_bad_key", "bytes_read",
-             "bytes_written", "removed", "write_txns", "map_full_retries", "io_errors",
-             "foreign_writes", "dropped_at_open", "disk_full", "dead_readers"), 0)
+             "bytes_written", "removed", "write_txns", "map_full_retries", "io_errors", "dead_readers",
+             "foreign_writes", "dropped_at_open", "disk_full"), 0)
         self._next_txn = 0
         self._next_reader_check = time.monotonic() + _READER_CHECK_S  # the open just checked
         try:
