@@ -52,7 +52,7 @@ kills them at random):
 
 - LMDB tells live processes from dead ones, and the first opener from later ones, by POSIX locks
   on ``lock.mdb``, which closing *any* descriptor of it drops: ours stays open as long as the
-  environment, and a second tier on a directory this process has open is refused.
+  environment (py-lmdb refuses a second environment on a directory the process has open).
 - Extents are allocated only inside a write transaction (one process at a time). A process whose
   expected transaction id is not the one it got rebuilds its allocator from the index first; at
   open the sweep and the rebuild read one write transaction, so no commit falls in between.
@@ -126,35 +126,6 @@ def default_lmdb_path() -> str:
     return str(default_cache_dir() / "lmdb")
 
 
-# Directories (device, inode) this process has a tier open on. LMDB must not open one environment
-# twice in a process: POSIX locks of one process never conflict, so the second open takes itself
-# for the first opener and resets the reader table and the writer's mutex under the live one, and
-# closing either drops the other's locks (the bug of issue 22, within one process).
-_OPEN_DIRS: set[tuple[int, int]] = set()
-_OPEN_DIRS_LOCK = threading.Lock()
-
-
-def _claim_dir(path: str, held: tuple[int, int] | None = None) -> tuple[int, int]:
-    """Mark ``path`` as open in this process (giving up ``held``, its identity before it was moved
-    aside); ``TierError`` if a tier of this process has it open already."""
-    st = os.stat(path)
-    key = (st.st_dev, st.st_ino)
-    with _OPEN_DIRS_LOCK:
-        if key != held and key in _OPEN_DIRS:
-            raise TierError(f"LMDB tier at {path} is already open in this process: LMDB allows one "
-                            "environment per directory and process. Give each lmdb tier its own "
-                            "path, or close the first one before opening it again.")
-        _OPEN_DIRS.discard(held)  # type: ignore[arg-type]
-        _OPEN_DIRS.add(key)
-    return key
-
-
-def _release_dir(key: tuple[int, int]) -> None:
-    with _OPEN_DIRS_LOCK:
-        _OPEN_DIRS.discard(key)
-
-
-
 class LmdbTier(Tier):
     """Persistent, checksummed pages: an LMDB index over a preallocated extent file."""
 
@@ -171,14 +142,6 @@ class LmdbTier(Tier):
         except OSError as e:
             raise TierError(f"cannot open LMDB tier at {self.path}: {e}. Check that the directory "
                             "is writable and on a local filesystem.") from None
-        self._dir = _claim_dir(self.path)
-        try:
-            self._open(config)
-        except BaseException:
-            _release_dir(self._dir)
-            raise
-
-    def _open(self, config: LmdbTierConfig) -> None:
         self._index_fd = -1  # data.mdb, to allocate its disk ahead of LMDB (``_index_room``)
         self._lock_fd = -1  # lock.mdb, held open while the environment is (``_allocate_reader_table``)
         self._index_backed = 0  # bytes of it known to have disk allocated, from its start
@@ -335,7 +298,6 @@ class LmdbTier(Tier):
         try:
             os.rename(self.path, aside)
             os.makedirs(self.path)
-            self._dir = _claim_dir(self.path, held=self._dir)
         except OSError as e:
             raise TierError(f"LMDB tier at {self.path} is damaged ({reason}) and cannot be moved "
                             f"aside: {e}. Delete the directory; its pages will be recomputed.") from None
@@ -834,4 +796,3 @@ class LmdbTier(Tier):
             self._state.wait_for(lambda: self._active == 0)
         self._close_index()
         self._file.close()
-        _release_dir(self._dir)

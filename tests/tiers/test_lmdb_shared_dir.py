@@ -28,7 +28,7 @@ AGENT = textwrap.dedent("""
     import json, os, sys
     from mooncake_sgl.config import LmdbTierConfig
     from mooncake_sgl.tiers import lmdb as lmdb_mod
-    from mooncake_sgl.tiers.ssd_extents import ExtentAllocator, ExtentFile
+    from mooncake_sgl.tiers.ssd_extents import ExtentAllocator
     from mooncake_sgl.tiers.ssd_records import oldest_reader
     from tests.tiers.test_lmdb_tier import page_bytes
 
@@ -39,13 +39,13 @@ AGENT = textwrap.dedent("""
         say(held=what)
         sys.stdin.readline()
 
-    def held_once(cls, name, what):
-        orig = getattr(cls, name)
-        def wrapper(self, *a, **kw):
-            setattr(cls, name, orig)
+    def held_once(owner, name, what):
+        orig = getattr(owner, name)
+        def wrapper(*a, **kw):
+            setattr(owner, name, orig)
             hold(what)
-            return orig(self, *a, **kw)
-        setattr(cls, name, wrapper)
+            return orig(*a, **kw)
+        setattr(owner, name, wrapper)
 
     path = sys.argv[1]
     tier = None
@@ -62,7 +62,7 @@ AGENT = textwrap.dedent("""
             say(res=tier.put_from(keys, [[memoryview(page_bytes(k, n))] for k in keys]))
         elif op == "get":
             if cmd.get("hold"):  # inside the read transaction, before the page bytes are read
-                held_once(ExtentFile, "read_many", "reading")
+                held_once(lmdb_mod, "parse_record", "reading")
             out = [[memoryview(bytearray(n))] for _ in keys]
             res = tier.get_into(keys, out)
             wrong = [k.decode() for k, ok, o in zip(keys, res, out) if ok and bytes(o[0]) != page_bytes(k, n)]
@@ -279,23 +279,6 @@ def test_after_another_process_writes_space_freed_before_the_oldest_reader_is_re
     assert writer("get", keys=names("a", 15)[4:] + names("b", 3), nbytes=nbytes) == \
         {"res": [True] * 14, "wrong": []}
     assert writer.close() == 0 and reader.close() == 0 and other.close() == 0
-
-
-def test_a_second_tier_on_the_same_directory_in_one_process_is_a_clear_error(tmp_path: Path) -> None:
-    # POSIX locks of one process never conflict: the second environment took itself for the
-    # first opener and reset the reader table and writer's mutex under the first one.
-    from mooncake_sgl.config import LmdbTierConfig
-    from mooncake_sgl.errors import TierError
-    from mooncake_sgl.tiers.lmdb import LmdbTier
-
-    first = LmdbTier(LmdbTierConfig(path=str(tmp_path / "ssd"), capacity="64MiB"))
-    with pytest.raises(TierError, match="already open in this process"):
-        LmdbTier(LmdbTierConfig(path=str(tmp_path / "ssd" / "."), capacity="64MiB"))
-    assert first.put_from([b"k"], [[memoryview(b"x" * 4096)]]) == [True]
-    first.close()
-    again = LmdbTier(LmdbTierConfig(path=str(tmp_path / "ssd"), capacity="64MiB"))
-    assert again.contains([b"k"]) == [True]
-    again.close()
 
 
 def test_an_index_another_process_is_creating_is_not_taken_for_damage(tmp_path: Path) -> None:
