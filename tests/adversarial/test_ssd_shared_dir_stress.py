@@ -371,7 +371,9 @@ if __name__ == "__main__":
     ap.add_argument("--writers", type=int, default=3)
     ap.add_argument("--readers", type=int, default=1)
     ap.add_argument("--openers", type=int, default=1)
+    ap.add_argument("--min-acked", type=int, default=500)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        counts = run_stress(Path(tmp), args.seed, args.duration, args.writers, args.readers, args.openers)
+        counts = run_stress(Path(tmp), args.seed, args.duration, args.writers, args.readers, args.openers,
+                            args.min_acked)
         print(json.dumps(counts.__dict__, indent=1))
