@@ -44,14 +44,32 @@ Why each choice:
 
 Thread context: reads run in parallel (LMDB readers never block; ``preadv`` takes no lock); writes
 take one in-process lock so a write transaction stays on one thread, and LMDB's own lock serialises
-writers across processes. Another process writing to the same environment is noticed by the
-transaction ids jumping, and the allocator is rebuilt from the index before allocating.
+writers across processes.
+
+Several processes on one directory (the TP ranks of an MLA model by design, two servers on one
+host, a restart overlapping the old process's exit; ``tests/adversarial/test_ssd_shared_dir_stress.py``
+kills them at random):
+
+- LMDB tells live processes from dead ones, and the first opener from later ones, by POSIX locks
+  on ``lock.mdb``, which closing *any* descriptor of it drops: ours stays open as long as the
+  environment (py-lmdb refuses a second environment on a directory the process has open).
+- Extents are allocated only inside a write transaction (one process at a time). A process whose
+  expected transaction id is not the one it got rebuilds its allocator from the index first; at
+  open the sweep and the rebuild read one write transaction, so no commit falls in between.
+- Which extents each commit freed is kept in the index (a free log, pruned once no reader is
+  older), so a rebuilt allocator reuses old free space at once and waits only for what readers
+  of any process may still see.
+- Reader slots of processes that died reading are freed when an allocation finds no reusable
+  space, and every ``_READER_CHECK_S``.
+- Records past this process's capacity are another process's (or a lowered capacity's) pages:
+  kept and counted as used, never allocated over.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -93,11 +111,19 @@ _MIN_INDEX_MAP = 64 << 20
 # copy of every page of the tree (merges add none); the freed pages' list (8 bytes each) and the
 # catalogue and meta pages fit in the slack. An upper bound, not a guess that is usually enough.
 _INDEX_SLACK = 1 << 20
+# The free log, in the meta database: _FREED + the id (8 bytes, big-endian) of a transaction that
+# freed extents -> those extents, (offset, aligned length) each, merged where adjacent. More spans
+# than _MAX_LOGGED_SPANS (a ``clear``) are logged as the one span that covers them all.
+_FREED = b"freed:"
+_SPAN = struct.Struct("<QQ")
+_MAX_LOGGED_SPANS = 4096
+# How often a writer frees the reader slots of dead processes when nothing else asked for it
+# (arbitrary; the check is one lock test per process in the reader table).
+_READER_CHECK_S = 10.0
 
 
 def default_lmdb_path() -> str:
     return str(default_cache_dir() / "lmdb")
-
 
 
 class LmdbTier(Tier):
@@ -117,8 +143,13 @@ class LmdbTier(Tier):
             raise TierError(f"cannot open LMDB tier at {self.path}: {e}. Check that the directory "
                             "is writable and on a local filesystem.") from None
         self._index_fd = -1  # data.mdb, to allocate its disk ahead of LMDB (``_index_room``)
+        self._lock_fd = -1  # lock.mdb, held open while the environment is (``_allocate_reader_table``)
         self._index_backed = 0  # bytes of it known to have disk allocated, from its start
-        damage = damage_of(self.path, len(_DBS), self._index_map_size(), config.writemap)
+        try:  # an index with no pages to name may be one another process is creating right now
+            no_pages = os.path.getsize(os.path.join(self.path, "pages.bin")) == 0
+        except OSError:
+            no_pages = True
+        damage = damage_of(self.path, len(_DBS), self._index_map_size(), config.writemap, empty_ok=no_pages)
         if damage is not None:
             self._move_aside(damage)
         self._env, self._meta, self._pages = self._open_index()
@@ -137,10 +168,16 @@ class LmdbTier(Tier):
         self._counters = dict.fromkeys(
             ("get_hits", "get_misses", "get_size_mismatch", "corrupt_pages", "put_pages",
              "put_existing", "put_replaced", "put_full", "put_bad_key", "bytes_read",
-             "bytes_written", "removed", "write_txns", "map_full_retries", "io_errors",
+             "bytes_written", "removed", "write_txns", "map_full_retries", "io_errors", "dead_readers",
              "foreign_writes", "dropped_at_open", "disk_full"), 0)
         self._next_txn = 0
-        self._sweep_and_rebuild()
+        self._next_reader_check = time.monotonic() + _READER_CHECK_S  # the open just checked
+        try:
+            self._sweep_and_rebuild()
+        except BaseException:
+            self._close_index()
+            self._file.close()
+            raise
 
     # --------------------------------------------------------------------------- plumbing
 
@@ -153,9 +190,7 @@ class LmdbTier(Tier):
                 meta = env.open_db(b"meta")
                 pages = env.open_db(b"pages")
                 if not self._index_room(env, pages, 1):
-                    env.close()
-                    os.close(self._index_fd)
-                    self._index_fd = -1
+                    self._release(env)
                     raise TierError(f"cannot open LMDB tier at {self.path}: the file system is full "
                                     "(the index has no room for its first write). Free some space "
                                     "there or point the tier at another disk.")
@@ -165,7 +200,7 @@ class LmdbTier(Tier):
                         txn.put(b"format", FORMAT)
                 if fmt in (None, FORMAT):
                     return env, meta, pages
-            env.close()
+            self._release(env)
             if attempt:
                 break
             # An older layout (values inline in LMDB) or someone else's environment: it is a
@@ -181,32 +216,40 @@ class LmdbTier(Tier):
                 subdir=True, lock=True, writemap=config.writemap, sync=config.sync,
                 metasync=config.sync, max_readers=config.max_readers, max_dbs=len(_DBS),
                 meminit=False)
-            # A process killed while reading leaves its reader slot behind, pinning old extents.
-            env.reader_check()
-            if self._index_fd >= 0:
-                os.close(self._index_fd)
-            self._index_fd = os.open(os.path.join(self.path, "data.mdb"), os.O_RDWR | os.O_CLOEXEC)
-            self._index_backed = 0
-            self._allocate_reader_table()
-            return env
         except (OSError, lmdb.Error) as e:
             raise TierError(f"cannot open LMDB tier at {self.path}: {e}. Check that the directory "
                             "is writable and on a local filesystem.") from None
+        try:
+            # A process killed while reading leaves its reader slot behind, pinning old extents.
+            env.reader_check()
+            self._index_fd = os.open(os.path.join(self.path, "data.mdb"), os.O_RDWR | os.O_CLOEXEC)
+            self._index_backed = 0
+            self._lock_fd = self._allocate_reader_table()
+        except (OSError, lmdb.Error) as e:
+            self._release(env)
+            raise TierError(f"cannot open LMDB tier at {self.path}: {e}. Check that the directory "
+                            "is writable and on a local filesystem.") from None
+        return env
 
-    def _allocate_reader_table(self) -> None:
+    def _allocate_reader_table(self) -> int:
         """Give lock.mdb's reader table disk now. LMDB writes a reader's slot through a map of that
         sparse file; on a full file system the first reader in a slot past the first page was
-        SIGBUS (measured: 200 read transactions held at once on a full tmpfs)."""
+        SIGBUS (measured: 200 read transactions held at once on a full tmpfs).
+
+        Returns the descriptor used, which must stay open until the environment is closed: LMDB
+        tells live processes from dead ones, and the first opener (who resets the reader table and
+        the writer's mutex) from later ones, by POSIX locks on lock.mdb, and closing *any*
+        descriptor of a file drops every such lock the process holds on it. Closed here, a second
+        process opening the directory took itself for the only one and reset both under the live
+        writer (SIGSEGV, SIGABRT or a corrupted index; issue 22)."""
         lock = os.path.join(self.path, "lock.mdb")
+        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
-            try:
-                os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
-            finally:
-                os.close(fd)
+            os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
         except OSError as e:
             logger.warning("LMDB tier at %s: no disk for its reader table (%s); on a full disk, "
                            "many readers at once could crash the process", self.path, e)
+        return fd
 
     def _index_map_size(self) -> int:
         return max(self._capacity // _INDEX_FRACTION, _MIN_INDEX_MAP)
@@ -235,8 +278,17 @@ class LmdbTier(Tier):
         return True
 
     def _close_index(self) -> None:
-        self._env.close()
-        os.close(self._index_fd)
+        self._release(self._env)
+
+    def _release(self, env: lmdb.Environment) -> None:
+        """Close ``env``, then the descriptors this tier keeps on its files: lock.mdb's only after
+        the environment (see ``_allocate_reader_table``)."""
+        env.close()
+        for name in ("_index_fd", "_lock_fd"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
 
     def _move_aside(self, reason: str) -> None:
         """Keep a damaged directory for a post-mortem and start empty; never refuse to serve."""
@@ -251,21 +303,70 @@ class LmdbTier(Tier):
                             f"aside: {e}. Delete the directory; its pages will be recomputed.") from None
 
     def _sweep_and_rebuild(self) -> None:
-        """At open: drop records that are not ours, lie beyond the capacity (it was lowered) or
-        past the end of ``pages.bin`` (truncated), then rebuild the allocator from the rest."""
-        size = os.path.getsize(self._file.path)
+        """At open: drop records that are not ours, name bytes past the end of ``pages.bin``
+        (truncated) or bytes another record names, then rebuild the allocator from the rest.
+
+        Other processes may be using the directory (the TP ranks of an MLA model, two servers, a
+        restart overlapping the old process's exit), so all of it happens in one write
+        transaction: no commit can fall between the records read, the file size, the drops and
+        the transaction id the allocator is current with. Read apart, a commit in between counted
+        as seen while its extents were unknown, and they were handed out again (issue 22).
+
+        Records past this process's capacity are kept: they may be another live process's pages
+        (it has a larger capacity). After a lowered capacity the store evicts them, as they count
+        as used; the allocator never hands out space past the capacity."""
+        try:
+            txn = self._env.begin(write=True, db=self._pages, buffers=True)
+        except lmdb.Error as e:
+            raise TierError(f"cannot open LMDB tier at {self.path}: {e}") from None
+        dropped = 0
+        try:
+            tid = txn.id()
+            size = os.path.getsize(self._file.path)
+            extents, bad = self._live_extents(txn, size)
+            freed = self._freed_log(txn)
+            if bad and not self._index_room(self._env, self._pages, len(bad), deleting=True):
+                # Their checksums still turn any read of them into a miss; a later open drops them.
+                logger.warning("LMDB tier at %s: %d pages whose bytes are gone or out of bounds "
+                               "stay named until there is disk to drop them", self.path, len(bad))
+            elif bad:
+                logger.warning("LMDB tier at %s: dropping %d pages whose bytes are gone or out of "
+                               "bounds", self.path, len(bad))
+                for k in bad:
+                    txn.delete(k)
+                dropped = len(bad)
+            if dropped:
+                txn.commit()
+            else:
+                txn.abort()
+        except (lmdb.Error, OSError) as e:
+            txn.abort()
+            raise TierError(f"cannot open LMDB tier at {self.path}: {e}") from None
+        except BaseException:
+            txn.abort()
+            raise
+        self._counters["dropped_at_open"] = dropped
+        # A reader of another process may still read extents freed recently: the free log says
+        # which, and by what transaction.
+        self._alloc.rebuild(extents, freed)
+        self._next_txn = tid + 1 if dropped else tid
+
+    def _live_extents(self, txn: lmdb.Transaction, size: int
+                      ) -> tuple[list[tuple[int, int]], list[bytes]]:
+        """``(offset, length)`` of every record of ``txn``'s index whose bytes lie within a page
+        file of ``size`` bytes, and the keys of the records that cannot be served: not ours, past
+        the end of the file, or naming bytes an earlier record names (a damaged offset: the first
+        is kept, its checksum still decides whether it is readable; freeing the other later must
+        not free live bytes). ``size`` is read inside the transaction: a committed record's bytes
+        were written, within the file, before its commit."""
         bad: list[bytes] = []
         named: list[tuple[int, int, bytes]] = []
-        with self._env.begin(db=self._pages, buffers=True) as txn:
-            for k, v in txn.cursor():
-                rec = parse_record(v)
-                if rec is None or rec[0] + aligned(rec[1]) > self._alloc.capacity or \
-                        rec[0] + rec[1] > size:
-                    bad.append(bytes(k))
-                else:
-                    named.append((rec[0], rec[1], bytes(k)))
-        # Two records naming overlapping bytes (a damaged offset): keep the first, whose checksum
-        # still decides whether it is readable; freeing the other later must not free live bytes.
+        for k, v in txn.cursor():
+            rec = parse_record(v)
+            if rec is None or rec[0] + rec[1] > size:
+                bad.append(bytes(k))
+            else:
+                named.append((rec[0], rec[1], bytes(k)))
         extents: list[tuple[int, int]] = []
         end = 0
         for offset, length, key in sorted(named):
@@ -274,37 +375,102 @@ class LmdbTier(Tier):
             else:
                 extents.append((offset, length))
                 end = offset + aligned(length)
-        if bad and not self._index_room(self._env, self._pages, len(bad), deleting=True):
-            # Their checksums still turn any read of them into a miss, and a later open drops them.
-            logger.warning("LMDB tier at %s: %d pages whose bytes are gone or out of bounds stay "
-                           "named until there is disk to drop them", self.path, len(bad))
-        elif bad:
-            logger.warning("LMDB tier at %s: dropping %d pages whose bytes are gone or out of "
-                           "bounds", self.path, len(bad))
-            with self._env.begin(write=True, db=self._pages) as txn:
-                for k in bad:
-                    txn.delete(k)
-            self._counters["dropped_at_open"] = len(bad)
-        self._alloc.rebuild(extents)
-        self._next_txn = self._env.info()["last_txnid"] + 1
+        return extents, bad
 
     def _begin_write(self) -> tuple[lmdb.Transaction, int]:
-        """A write transaction and its id; first catches up with another process's writes."""
+        """A write transaction and its id; first catches up with another process's writes.
+
+        This is how several processes allocate extents of one ``pages.bin`` without handing out
+        the same one twice: allocating happens only inside a write transaction, which LMDB's
+        writer lock gives one process at a time, and a process whose last known id is not the
+        transaction's own rebuilds its allocator from the index inside it first."""
         txn = self._env.begin(write=True, db=self._pages, buffers=True)
         tid = txn.id()
         if tid != self._next_txn:
             # Someone else committed since our last write: their extents are not in our
-            # allocator. Space they freed may still be read by our readers, so it waits for them.
-            self._alloc.rebuild(((r[0], r[1]) for r in map(parse_record, (v for _, v in txn.cursor()))
-                                 if r is not None), freed_by=tid)
+            # allocator. Space they freed may still be read by readers (of any process) older
+            # than the transaction that freed it, which the free log names, so it waits for them.
+            try:
+                size = os.path.getsize(self._file.path)
+                extents, _ = self._live_extents(txn, size)
+                freed = self._freed_log(txn)
+            except BaseException:
+                txn.abort()
+                raise
+            self._alloc.rebuild(extents, freed)
+            self._next_txn = tid
             self._count(foreign_writes=1)
+        if time.monotonic() >= self._next_reader_check:
+            self._clear_dead_readers()
         return txn, tid
 
-    def _committed(self, tid: int) -> None:
-        """The id our next write transaction gets if no other process writes in between. A commit
-        without changes keeps its id; a higher id means someone else already wrote."""
-        last = self._env.info()["last_txnid"]
-        self._next_txn = tid if last < tid else tid + 1
+    def _log_frees(self, txn: lmdb.Transaction, tid: int, extents: Sequence[tuple[int, int]]) -> None:
+        """Record in ``txn`` that it frees ``extents``, and forget entries no reader can need.
+
+        Why a log: a process that rebuilds its allocator from the index (another one wrote)
+        learns which space is free, not since when. Taken as freed just now, all of it waited for
+        every reader to catch up, and with readers always a few commits behind (the other ranks
+        of an MLA model, a second server) space was never reused and writes were refused. With
+        the log, only what was freed recently waits, for exactly the readers that may see it.
+        An entry of transaction ``t`` is dropped once every reader's snapshot is ``t`` or newer
+        (then, as for space freed before any entry, no reader can see those pages)."""
+        if not extents:
+            return
+        spans: list[list[int]] = []
+        for off, n in sorted((off, aligned(n)) for off, n in extents):
+            if spans and spans[-1][0] + spans[-1][1] == off:
+                spans[-1][1] += n
+            else:
+                spans.append([off, n])
+        if len(spans) > _MAX_LOGGED_SPANS:
+            spans = [[spans[0][0], spans[-1][0] + spans[-1][1] - spans[0][0]]]
+        txn.put(_FREED + tid.to_bytes(8, "big"), b"".join(_SPAN.pack(o, n) for o, n in spans),
+                db=self._meta)
+        oldest = oldest_reader(self._env)
+        # A reader starting now still gets snapshot ``tid - 1``, which sees what ``tid`` frees.
+        bound = tid - 1 if oldest is None else min(oldest, tid - 1)
+        cur = txn.cursor(db=self._meta)
+        more = cur.set_range(_FREED)
+        while more and bytes(cur.key()).startswith(_FREED) and \
+                int.from_bytes(bytes(cur.key())[len(_FREED):], "big") <= bound:
+            more = cur.delete()
+
+    def _freed_log(self, txn: lmdb.Transaction) -> list[tuple[int, int, int]]:
+        """``(offset, length, freeing transaction)`` of every extent in the free log."""
+        out: list[tuple[int, int, int]] = []
+        cur = txn.cursor(db=self._meta)
+        more = cur.set_range(_FREED)
+        while more:
+            key = bytes(cur.key())
+            if not key.startswith(_FREED):
+                break
+            tid = int.from_bytes(key[len(_FREED):], "big")
+            value = bytes(cur.value())
+            whole = len(value) - len(value) % _SPAN.size
+            out += [(off, n, tid) for off, n in _SPAN.iter_unpack(value[:whole])]
+            more = cur.next()
+        return out
+
+    def _committed(self, tid: int, changed: bool) -> None:
+        """Transaction ``tid`` committed: the id our next write transaction gets if no other
+        process writes in between. A commit without changes keeps its id (LMDB writes nothing).
+        Asking LMDB for its last id instead races with the next writer: a foreign commit that
+        took the id of our empty one counted as ours, and its extents were unknown."""
+        self._next_txn = tid + 1 if changed else tid
+
+    def _clear_dead_readers(self) -> int | None:
+        """Free the reader slots of processes that died reading (LMDB tells them by their locks)
+        and return the oldest snapshot a reader still holds. A dead reader's slot pins every
+        extent freed after its snapshot, so without this a process killed mid-read left the
+        others refusing every write for good (issue 22). Run when an allocation fails for want of
+        reusable space, and at most every ``_READER_CHECK_S`` at the start of a write."""
+        self._next_reader_check = time.monotonic() + _READER_CHECK_S
+        cleared = self._env.reader_check()
+        if cleared:
+            self._count(dead_readers=cleared)
+            logger.info("LMDB tier at %s: freed %d reader slots of processes that died reading",
+                        self.path, cleared)
+        return oldest_reader(self._env)
 
     @contextmanager
     def _lmdb_errors(self, what: str) -> Iterator[None]:
@@ -442,6 +608,7 @@ class LmdbTier(Tier):
             # Allocate every page first, so pages in fresh extents go to disk in one pwritev.
             planned: list[tuple[int, int, int, tuple[int, int, int] | None]] = []
             seen: set[PageKey] = set()
+            checked = False
             for pos, i in enumerate(todo):
                 nbytes = page_nbytes(pages[i])
                 old = txn.get(keys[i])
@@ -452,6 +619,10 @@ class LmdbTier(Tier):
                 if keys[i] in seen:
                     continue  # the same key twice in one batch: the first one is written
                 offset = self._alloc.allocate(nbytes, oldest)
+                if offset is None and not checked and self._alloc.free_extents():
+                    checked = True  # the space may be pinned only by a reader that died
+                    oldest = self._clear_dead_readers()
+                    offset = self._alloc.allocate(nbytes, oldest)
                 if offset is None:
                     continue
                 if not self._file.reserve(offset + aligned(nbytes), self._alloc.capacity):
@@ -476,6 +647,7 @@ class LmdbTier(Tier):
             if written and self._config.sync:
                 self._file.sync()  # the bytes are on disk before the index names them
             try:
+                self._log_frees(txn, tid, replaced)
                 txn.commit()
             except lmdb.MapFullError:
                 raise IndexFull(len(todo)) from None
@@ -489,7 +661,7 @@ class LmdbTier(Tier):
             for off, n in reversed(allocated):
                 self._alloc.release(off, n)
             raise
-        self._committed(tid)
+        self._committed(tid, bool(written))
         for (_, i, off, _), ok in reversed(list(zip(planned, stored))):
             if not ok:  # allocated, but its write failed: nothing names it
                 self._alloc.release(off, page_nbytes(pages[i]))
@@ -515,7 +687,11 @@ class LmdbTier(Tier):
                 txn, tid = self._begin_write()
                 try:
                     gone = body(txn)
-                    txn.commit()
+                    self._log_frees(txn, tid, [e for e in gone if e is not None])
+                    if gone:
+                        txn.commit()
+                    else:
+                        txn.abort()  # nothing changed (a drop of an empty tree would commit)
                     break
                 except lmdb.MapFullError:
                     txn.abort()
@@ -527,7 +703,7 @@ class LmdbTier(Tier):
                 except BaseException:
                     txn.abort()
                     raise
-            self._committed(tid)
+            self._committed(tid, bool(gone))
             for extent in gone:
                 if extent is not None:  # None: a record that was not ours named no extent
                     self._alloc.free(extent[0], extent[1], tid)

@@ -55,15 +55,20 @@ print("intact", flush=True)
 """
 
 
-def damage_of(path: str, max_dbs: int, map_size: int, writemap: bool) -> str | None:
+def damage_of(path: str, max_dbs: int, map_size: int, writemap: bool, empty_ok: bool = False
+              ) -> str | None:
     """Why the environment at ``path`` cannot be opened safely, or ``None`` if it can (or there is
     nothing to open yet). The probe opens it as the tier will (``map_size``, ``writemap``), walks
     every key and value and tries one write it aborts. Never raises; a probe that cannot run at
-    all is logged and passes."""
+    all is logged and passes.
+
+    ``empty_ok``: an empty ``data.mdb`` is a fresh environment, not a lost one (nothing it should
+    name exists yet). Another process creating the environment has it empty for a moment: taken
+    for damage, the directory was moved aside under that process."""
     data = os.path.join(path, "data.mdb")
     try:
         if os.path.getsize(data) == 0:
-            return "data.mdb is empty"
+            return None if empty_ok else "data.mdb is empty"
     except FileNotFoundError:
         return None
     except OSError as e:

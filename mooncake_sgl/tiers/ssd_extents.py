@@ -37,6 +37,7 @@ the file run in parallel without locks (``preadv`` at explicit offsets).
 from __future__ import annotations
 
 import bisect
+import heapq
 import os
 from collections.abc import Iterable, Sequence
 
@@ -52,6 +53,30 @@ _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 def aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
+
+
+def _latest_cover(extents: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Disjoint ``(start, end, txn)`` pieces, in order, of the union of ``(start, end, txn)``
+    extents, each piece with the latest ``txn`` of the extents covering it."""
+    items = sorted(extents)
+    points = sorted({p for start, end, _ in items for p in (start, end)})
+    out: list[tuple[int, int, int]] = []
+    active: list[tuple[int, int]] = []  # (-txn, end): a max-heap of the extents covering a point
+    i = 0
+    for lo, hi in zip(points, points[1:]):
+        while i < len(items) and items[i][0] <= lo:
+            heapq.heappush(active, (-items[i][2], items[i][1]))
+            i += 1
+        while active and active[0][1] <= lo:
+            heapq.heappop(active)
+        if not active:
+            continue
+        txn = -active[0][0]
+        if out and out[-1][1] == lo and out[-1][2] == txn:
+            out[-1] = (out[-1][0], hi, txn)
+        else:
+            out.append((lo, hi, txn))
+    return out
 
 
 class ExtentAllocator:
@@ -72,24 +97,50 @@ class ExtentAllocator:
         # The same extents by length, for an exact or best fit without scanning them all.
         self._by_size: dict[int, dict[int, None]] = {}
         self._sizes: list[int] = []  # sorted keys of _by_size
+        self._settled: tuple[int | None] | None = None  # the readers ``_settle`` last ran for
 
-    def rebuild(self, extents: Iterable[tuple[int, int]], freed_by: int = 0) -> None:
-        """Free space is the complement of ``(offset, length)`` extents in use, reusable once no
-        reader is older than transaction ``freed_by`` (0 at open: no reader can still see it).
-        The high-water mark never drops here: space above the last extent in use may have held
-        pages a reader still sees."""
+    def rebuild(self, extents: Iterable[tuple[int, int]], freed: Iterable[tuple[int, int, int]] = (),
+                freed_by: int = 0) -> None:
+        """Free space is the complement of ``(offset, length)`` extents in use. Where one of the
+        ``freed`` ``(offset, length, txn)`` extents covers it, it is reusable once no reader is
+        older than ``txn`` (the latest such), elsewhere once none is older than ``freed_by`` (0:
+        no reader can still see it). Space above both the extents in use and the freed ones is
+        bump space, except that with ``freed_by`` the high-water mark does not drop (space below
+        it may have held pages a reader still sees).
+
+        Extents may lie past the capacity (another process with a larger one shares the file, or
+        the capacity was lowered): they count as used, and the space past the capacity is never
+        handed out."""
         spans = sorted((off, aligned(n)) for off, n in extents)
         old_hwm = self.hwm
         self._free, self._starts, self._by_size, self._sizes = {}, [], {}, []
+        self._settled = None
         self.hwm = self.used = 0
+        gaps: list[tuple[int, int]] = []
         for off, n in spans:
             if off > self.hwm:
-                self._put(self.hwm, off - self.hwm, freed_by)
+                gaps.append((self.hwm, off))
             self.hwm = max(self.hwm, off + n)
             self.used += n
-        if old_hwm > self.hwm:
-            self._put(self.hwm, old_hwm - self.hwm, freed_by)
-            self.hwm = old_hwm
+        marks = _latest_cover((off, off + aligned(n), t) for off, n, t in freed if t > freed_by)
+        top = max(marks[-1][1] if marks else 0, old_hwm if freed_by else 0)
+        if top > self.hwm:
+            gaps.append((self.hwm, top))
+            self.hwm = top
+        j = 0
+        for start, end in gaps:
+            while j < len(marks) and marks[j][1] <= start:
+                j += 1
+            at, k = start, j
+            while at < end:
+                if k < len(marks) and marks[k][0] <= at:  # inside a freed extent
+                    stop, txn = min(end, marks[k][1]), marks[k][2]
+                    if marks[k][1] <= end:
+                        k += 1
+                else:
+                    stop, txn = min(end, marks[k][0]) if k < len(marks) else end, freed_by
+                self._put_within(at, stop - at, txn)
+                at = stop
 
     def allocate(self, nbytes: int, oldest_reader: int | None) -> int | None:
         """Offset of a new extent for ``nbytes``, or ``None`` if the capacity has no room for it.
@@ -101,12 +152,15 @@ class ExtentAllocator:
         need = aligned(nbytes)
         for length in self._sizes[bisect.bisect_left(self._sizes, need):]:
             for start in self._by_size[length]:
-                if oldest_reader is None or self._free[start][1] <= oldest_reader:
+                if (oldest_reader is None or self._free[start][1] <= oldest_reader) and \
+                        start + need <= self.capacity:
                     freed_by = self._pop(start)[1]
                     if length > need:
                         self._put(start + need, length - need, freed_by)
                     self.used += need
                     return start
+        if self._settle(oldest_reader):  # coalesced free space may fit it now
+            return self.allocate(nbytes, oldest_reader)
         if self.hwm + need > self.capacity:
             return None
         off = self.hwm
@@ -130,23 +184,58 @@ class ExtentAllocator:
         """Return an extent freed by transaction ``txn`` (0: no reader can ever have seen it)."""
         length = aligned(nbytes)
         self.used -= length
+        # Merged only with neighbours freed by the same transaction: merged with an older one, it
+        # would keep that one from reuse as long as it waits itself, and space freed a little at
+        # a time next to a large free extent kept all of it waiting for good (``_settle``
+        # coalesces extents once no reader can see them).
         i = bisect.bisect_left(self._starts, offset)
-        if i > 0:  # merge with the free extent just below
+        if i > 0:
             prev = self._starts[i - 1]
             plen, pby = self._free[prev]
-            if prev + plen == offset:
+            if prev + plen == offset and pby == txn:
                 self._pop(prev)
-                offset, length, txn = prev, plen + length, max(txn, pby)
+                offset, length = prev, plen + length
         nxt = self._free.get(offset + length)
-        if nxt is not None:
+        if nxt is not None and nxt[1] == txn:
             self._pop(offset + length)
-            length, txn = length + nxt[0], max(txn, nxt[1])
+            length += nxt[0]
         # Even at the top of the file it stays a free extent, not bump space: a reader may still
         # see it until transaction ``txn`` is older than every reader.
-        self._put(offset, length, txn)
+        self._put_within(offset, length, txn)
+        self._settled = None
+
+    def _settle(self, oldest_reader: int | None) -> bool:
+        """Mark the free extents no reader can see any more as such (transaction 0) and coalesce
+        neighbours among them; whether anything changed. Run when an allocation found no fit, at
+        most once per state of the free extents and readers."""
+        if self._settled == (oldest_reader,) or not self._free:
+            return False
+        self._settled = (oldest_reader,)
+        merged: list[list[int]] = []
+        changed = False
+        for start in self._starts:
+            length, txn = self._free[start]
+            if txn and (oldest_reader is None or txn <= oldest_reader):
+                txn, changed = 0, True
+            if merged and txn == 0 and merged[-1][2] == 0 and merged[-1][0] + merged[-1][1] == start:
+                merged[-1][1] += length
+                changed = True
+            else:
+                merged.append([start, length, txn])
+        if changed:
+            self._free, self._starts, self._by_size, self._sizes = {}, [], {}, []
+            for start, length, txn in merged:
+                self._put(start, length, txn)
+        return changed
 
     def free_extents(self) -> int:
         return len(self._free)
+
+    def _put_within(self, start: int, length: int, txn: int) -> None:
+        """A free extent, cut at the capacity (nothing past it is handed out)."""
+        length = min(length, self.capacity - start)
+        if length > 0:
+            self._put(start, length, txn)
 
     def _put(self, start: int, length: int, txn: int) -> None:
         self._free[start] = (length, txn)

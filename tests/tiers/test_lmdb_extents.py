@@ -174,3 +174,28 @@ def test_a_released_allocation_at_the_top_goes_back_to_the_top() -> None:
     assert alloc.allocate(ALIGN, None) == first[0]
     alloc.release(first[1], ALIGN)  # not at the top: a free extent no reader ever saw
     assert alloc.allocate(ALIGN, oldest_reader=0) == first[1]
+
+
+def test_rebuild_keeps_waiting_only_for_space_the_free_log_names() -> None:
+    # Rebuilt after another process wrote, all free space used to count as freed just now, so it
+    # waited for every reader to catch up: with readers always a few commits behind, never.
+    alloc = ExtentAllocator(64 * ALIGN)
+    alloc.rebuild([(0, ALIGN), (4 * ALIGN, ALIGN)], freed=[(2 * ALIGN, ALIGN, 7), (6 * ALIGN, ALIGN, 9)])
+    assert alloc.hwm == 7 * ALIGN  # past the last extent freed: never-used space
+    assert alloc.allocate(ALIGN, oldest_reader=3) == ALIGN
+    assert alloc.allocate(ALIGN, oldest_reader=3) == 3 * ALIGN  # not the one freed by 7
+    assert alloc.allocate(ALIGN, oldest_reader=7) == 2 * ALIGN
+    assert alloc.allocate(ALIGN, oldest_reader=7) == 5 * ALIGN
+    assert alloc.allocate(ALIGN, oldest_reader=7) == 7 * ALIGN  # 6 waits for reader 9
+
+
+def test_space_freed_next_to_an_older_free_extent_does_not_keep_it_waiting() -> None:
+    alloc = ExtentAllocator(8 * ALIGN)
+    offs = [alloc.allocate(ALIGN, None) for _ in range(8)]
+    alloc.free(offs[2], ALIGN, txn=5)
+    alloc.free(offs[3], ALIGN, txn=9)  # merged at max(5, 9), 2 waited for reader 9 too
+    assert alloc.allocate(ALIGN, oldest_reader=6) == 2 * ALIGN
+    alloc.free(offs[2], ALIGN, txn=10)
+    assert alloc.allocate(2 * ALIGN, oldest_reader=9) is None
+    # Once no reader can see either, they coalesce and serve a larger page.
+    assert alloc.allocate(2 * ALIGN, oldest_reader=10) == 2 * ALIGN
