@@ -475,7 +475,9 @@ def resolve_config(extra_config: Mapping[str, Any] | None = None, storage_config
     from . import builtin_config as bc
 
     environ = os.environ if environ is None else environ
-    extra = {k: v for k, v in (extra_config or {}).items() if k not in SGLANG_OWN_KEYS}
+    # A null master or client address is absent to the built-in (``.get(...) is not None``).
+    extra = {k: v for k, v in (extra_config or {}).items() if k not in SGLANG_OWN_KEYS
+             and not (v is None and k in ("master_server_address", "client_server_address"))}
     theirs = sorted(set(extra) & bc.BUILTIN_KEYS)
     ours = sorted(set(extra) - bc.BUILTIN_KEYS)
     later_builtin = (bc.FILE_ENV, "MOONCAKE_MASTER", "MOONCAKE_CLIENT")
@@ -526,6 +528,7 @@ def _resolve_builtin(extra: dict[str, Any], theirs: list[str], ours: list[str], 
         settings = bc.read_extra_config(extra, environ)
         shadowed = _not_read(environ, CONFIG_ENV, bc.FILE_ENV)
     else:
+        shadowed = []  # the file and env forms say which variables they leave unread themselves
         stray = [k for k in theirs if k not in bc.EXTRA_ONLY_KEYS]
         if stray:
             raise ConfigError(f"`{stray[0]}` is a key of SGLang's built-in Mooncake config, which reads "
@@ -538,10 +541,8 @@ def _resolve_builtin(extra: dict[str, Any], theirs: list[str], ours: list[str], 
                               key=theirs[0], source=bc.EXTRA_SOURCE)
         if bc.FILE_ENV in environ:
             settings = bc.read_file(environ[bc.FILE_ENV], environ, extra)
-            shadowed = _not_read(environ, "MOONCAKE_MASTER", "MOONCAKE_CLIENT")
         elif "MOONCAKE_MASTER" in environ or "MOONCAKE_CLIENT" in environ:
             settings = bc.read_env(environ, extra)
-            shadowed = []
         else:
             raise ConfigError(f"`{theirs[0]}` is a key of SGLang's built-in Mooncake config, but none "
                               "was given (master_server_address here, "
