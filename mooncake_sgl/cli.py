@@ -17,18 +17,27 @@ from pathlib import Path
 from typing import Any
 
 from . import builtin_config as bc
-from .config import ConfigError, ResolvedConfig, dump_config, load_config_file, resolve_config
+from .config import (
+    ConfigError,
+    ResolvedConfig,
+    StoreConfig,
+    dump_config,
+    load_config_file,
+    resolve_config,
+)
 
 
 def _builtin_json(path: Path) -> bool:
-    """Is ``path`` SGLang's built-in Mooncake JSON rather than our config? (Only its keys.)"""
+    """Is ``path`` SGLang's built-in Mooncake JSON rather than our config? (Its keys, none of ours;
+    a typo among them is then reported by the built-in's reader, naming it.)"""
     if path.suffix != ".json":
         return False
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False  # our loader reports it with the line and column
-    return isinstance(data, dict) and bool(data) and set(data) <= bc.BUILTIN_KEYS
+    ours = set(StoreConfig.__struct_fields__)
+    return isinstance(data, dict) and bool(set(data) & bc.BUILTIN_KEYS) and not set(data) & ours
 
 
 def _extra_config(text: str) -> dict[str, Any]:

@@ -488,14 +488,14 @@ def resolve_config(extra_config: Mapping[str, Any] | None = None, storage_config
         if extra:
             raise ConfigError("give either config_file or inline keys, not both",
                               key=sorted(extra)[0], source="extra_config")
-        return ResolvedConfig(load_config_file(path), f"config_file {path}",
+        return ResolvedConfig(_our_file(path), f"config_file {path}",
                               tuple(_not_read(environ, CONFIG_ENV, *later_builtin)))
     if extra:
         return ResolvedConfig(parse_config(extra, bc.EXTRA_SOURCE), bc.EXTRA_SOURCE,
                               tuple(_not_read(environ, CONFIG_ENV, *later_builtin)))
     if environ.get(CONFIG_ENV):
         path = environ[CONFIG_ENV]
-        return ResolvedConfig(load_config_file(path), f"${CONFIG_ENV}={path}",
+        return ResolvedConfig(_our_file(path), f"${CONFIG_ENV}={path}",
                               tuple(_not_read(environ, *later_builtin)))
     if bc.FILE_ENV in environ or "MOONCAKE_MASTER" in environ or "MOONCAKE_CLIENT" in environ:
         return _resolve_builtin(extra, [], [], storage_config, environ)
@@ -503,6 +503,20 @@ def resolve_config(extra_config: Mapping[str, Any] | None = None, storage_config
     notes = [f"{', '.join('$' + v for v in stray)} set but not read: SGLang's built-in reads its "
              "MOONCAKE_* variables only with $MOONCAKE_MASTER set"] if stray else []
     return ResolvedConfig(StoreConfig(), "the embedded default", tuple(notes))
+
+
+def _our_file(path: str) -> StoreConfig:
+    """Our config file; one in the built-in's JSON form gets an error that says where it goes."""
+    from .builtin_config import BUILTIN_KEYS, FILE_ENV
+
+    try:
+        return load_config_file(path)
+    except ConfigError as e:
+        if e.key not in BUILTIN_KEYS:
+            raise
+        raise ConfigError(f"`{e.key}` is a key of SGLang's built-in Mooncake config, not ours: name "
+                          f"that JSON file by ${FILE_ENV}, or see `mooncake-sgl config show {path}` "
+                          "for it in our form", key=e.key, source=e.source) from None
 
 
 def _resolve_builtin(extra: dict[str, Any], theirs: list[str], ours: list[str], storage_config: Any,

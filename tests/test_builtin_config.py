@@ -364,3 +364,17 @@ def test_config_check_of_a_bad_builtin_json_names_the_key(tmp_path: Path,
     path = write_json(tmp_path, {"master_server_address": MASTER, "standalone_storage": True})
     assert cli_main(["config", "check", path]) == 2
     assert "at 'standalone_storage'" in capsys.readouterr().err
+
+
+def test_config_show_names_a_typo_in_a_builtin_json(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_json(tmp_path, {"master_server_address": MASTER, "protocl": "tcp"})
+    assert cli_main(["config", "show", path]) == 2
+    assert "unknown key 'protocl'" in capsys.readouterr().err
+
+
+def test_a_builtin_json_given_as_our_config_says_where_it_goes(tmp_path: Path) -> None:
+    path = write_json(tmp_path, {"master_server_address": MASTER})
+    with pytest.raises(ConfigError, match=f"name that JSON file by \\${bc.FILE_ENV}") as info:
+        resolve(env={"MOONCAKE_SGL_CONFIG": path})
+    assert info.value.key == "master_server_address"
