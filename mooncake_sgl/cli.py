@@ -1,7 +1,9 @@
 """``mooncake-sgl``: the command line.
 
-    mooncake-sgl config check FILE     validate a tiers YAML; exit 2 naming the bad key
-    mooncake-sgl config show [FILE]    print the effective config (defaults filled in)
+    mooncake-sgl config check FILE     validate a tiers YAML (or SGLang's built-in Mooncake JSON);
+                                       exit 2 naming the bad key
+    mooncake-sgl config show [FILE]    print the effective config (defaults filled in); without FILE,
+                                       the one an SGLang process would run on in this environment
     mooncake-sgl pool ...              run or query the pooled DRAM server (``pool --help``)
     mooncake-sgl stats URL|--config F  per-tier hit share, bytes moved, evictions (``stats --help``)
 """
@@ -9,29 +11,92 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+from typing import Any
 
-from .config import ConfigError, StoreConfig, dump_config, load_config_file, tier_kind
+from . import builtin_config as bc
+from .config import (
+    ConfigError,
+    ResolvedConfig,
+    StoreConfig,
+    dump_config,
+    load_config_file,
+    resolve_config,
+)
 
 
-def _describe(config: StoreConfig) -> str:
-    parts = []
-    for t in config.tiers:
-        cap = getattr(t, "capacity", None)
-        parts.append(f"{tier_kind(t)}" + (f" {cap / 2**30:.2f}GiB" if isinstance(cap, int) and cap else ""))
-    return f"tiers: {', '.join(parts)}; policy: {config.policy.name}"
+def _builtin_json(path: Path) -> bool:
+    """Is ``path`` SGLang's built-in Mooncake JSON rather than our config? (Its keys, none of ours;
+    a typo among them is then reported by the built-in's reader, naming it.)"""
+    if path.suffix != ".json":
+        return False
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False  # our loader reports it with the line and column
+    ours = set(StoreConfig.__struct_fields__)
+    return isinstance(data, dict) and bool(set(data) & bc.BUILTIN_KEYS) and not set(data) & ours
+
+
+def _extra_config(text: str) -> dict[str, Any]:
+    """``--extra-config`` as SGLang takes ``--hicache-storage-backend-extra-config``: JSON, or
+    ``@file`` (JSON or YAML)."""
+    source = "--extra-config"
+    try:
+        if text.startswith("@"):
+            path = Path(text[1:])
+            source = str(path)
+            raw = path.read_text(encoding="utf-8")
+            if path.suffix in (".yaml", ".yml"):
+                import yaml
+
+                data = yaml.safe_load(raw)
+            else:
+                data = json.loads(raw)
+        else:
+            data = json.loads(text)
+    except OSError as e:
+        raise ConfigError(f"cannot read: {e.strerror}", source=source) from None
+    except ValueError as e:
+        raise ConfigError(f"not valid JSON or YAML: {e}", source=source) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"expected a mapping, got {type(data).__name__}", source=source)
+    return data
+
+
+def _resolve(args: argparse.Namespace) -> ResolvedConfig:
+    ranks = bc.Ranks(tp_size=args.tp_size, pp_size=args.pp_size, tp_rank=args.tp_rank)
+    if args.file:
+        path = Path(args.file)
+        if _builtin_json(path):
+            translation = bc.translate(bc.read_file(path), ranks)
+            return ResolvedConfig(translation.config,
+                                  f"SGLang's built-in Mooncake config in {path}", translation.notes,
+                                  translation.check_server_url)
+        return ResolvedConfig(load_config_file(path), str(path))
+    extra = _extra_config(args.extra_config) if args.extra_config else None
+    return resolve_config(extra, ranks)
 
 
 def _config(args: argparse.Namespace) -> int:
     try:
-        config = load_config_file(args.file) if args.file else StoreConfig()
+        resolved = _resolve(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.action == "check":
-        print(f"ok: {args.file}: {_describe(config)}")
-    else:
-        print(dump_config(config), end="")
+        print(f"ok: {args.file}: {bc.describe_tiers(resolved.config)}")
+        for note in resolved.notes:
+            print(f"note: {note}")
+        return 0
+    print(f"# config from {resolved.source}")
+    for note in resolved.notes:
+        print(f"# note: {note}")
+    if resolved.check_server_url:
+        print(f"# check_server: attach waits for a store server at {resolved.check_server_url}")
+    print(dump_config(resolved.config), end="")
     return 0
 
 
@@ -48,15 +113,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mooncake-sgl", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    cfg = sub.add_parser("config", help="validate or show a tiers YAML")
+    cfg = sub.add_parser("config", help="validate or show a tiers YAML, or translate SGLang's "
+                                        "built-in Mooncake config")
     cfg.add_argument("action", choices=["check", "show"])
-    cfg.add_argument("file", nargs="?", help="YAML or JSON file (show: omit for the embedded default)")
+    cfg.add_argument("file", nargs="?",
+                     help="our YAML or JSON, or SGLang's built-in Mooncake JSON "
+                          "(SGLANG_HICACHE_MOONCAKE_CONFIG_PATH); show: omit for what this "
+                          "environment gives")
+    cfg.add_argument("--extra-config", metavar="JSON|@FILE",
+                     help="show: as --hicache-storage-backend-extra-config (ours or the built-in's keys)")
+    for flag, default in (("--tp-size", 1), ("--pp-size", 1), ("--tp-rank", 0)):
+        cfg.add_argument(flag, type=int, default=default,
+                         help="show/check a built-in config as this rank sees it (the built-in splits "
+                              "global_segment_size over tp x pp ranks; device_name may map NICs by rank)")
     sub.add_parser("pool", help="the pooled DRAM server; see `mooncake-sgl pool --help`")
     sub.add_parser("stats", help="our counters from a /metrics URL or an LMDB tier; see `stats --help`")
     args = parser.parse_args(argv)
     if args.command == "config":
         if args.action == "check" and not args.file:
             parser.error("config check needs a FILE")
+        if args.file and args.extra_config:
+            parser.error("give FILE or --extra-config, not both")
+        if args.tp_size < 1 or args.pp_size < 1 or not 0 <= args.tp_rank < args.tp_size:
+            parser.error("need --tp-size >= 1, --pp-size >= 1 and 0 <= --tp-rank < --tp-size")
         return _config(args)
     return 2
 

@@ -40,7 +40,8 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from ..api import PageKey
-from ..config import load_config
+from ..builtin_config import wait_for_store_server
+from ..config import resolve_config
 from ..keys import KV_POOL, KeyNamespace, page_key
 from ..metrics.attach import StoreWatch, observe_store
 from ..store import TieredStore, build_store
@@ -174,7 +175,11 @@ class MooncakeSglStorage(HiCacheStorage):
     def __init__(self, storage_config: HiCacheStorageConfig, mem_pool_host: Any = None):
         self.storage_config = storage_config
         self._errors = _RateLimitedLog()
-        self._store_config = load_config(getattr(storage_config, "extra_config", None))
+        resolved = resolve_config(getattr(storage_config, "extra_config", None), storage_config)
+        logger.info("mooncake_sgl: %s", resolved.describe())
+        if resolved.check_server_url:  # SGLang's built-in check_server: wait for a store server
+            wait_for_store_server(resolved.check_server_url)
+        self._store_config = resolved.config
         self._writer = layout.is_storage_writer(storage_config)
         self._metrics_on = bool(getattr(storage_config, "enable_storage_metrics", False))
         self._metrics_lock = threading.Lock()

@@ -198,8 +198,10 @@ class MasterLink:
         c = self.config
         client = self._ms.MooncakeDistributedStore()
         self._count("setups")
+        # tenant_id only when asked for: Mooncake wheels before tenants take no such argument.
+        tenant = {"tenant_id": c.tenant_id} if c.tenant_id != "default" else {}
         rc = client.setup(c.local_hostname, c.metadata_server, c.segment_size, _MOONCAKE_LOCAL_BUFFER,
-                          c.protocol, c.device, c.master)
+                          c.protocol, c.device, c.master, **tenant)
         if rc != OK:
             logger.warning("%s: setup against master %s (metadata %s, protocol %s) failed with %d; "
                            "retrying every %.1fs", self.name, c.master, c.metadata_server, c.protocol,
