@@ -64,10 +64,10 @@ from ..config import LmdbTierConfig, default_cache_dir
 from ..errors import TierClosed, TierError, TierFull
 from .lmdb_probe import damage_of
 from .ssd_extents import ExtentAllocator, ExtentFile, aligned, allocate_ahead
+from .ssd_io import PageIO
 from .ssd_records import (
     RECORD_BYTES,
     IndexFull,
-    checksum,
     oldest_reader,
     pack_record,
     parse_record,
@@ -128,6 +128,7 @@ class LmdbTier(Tier):
         except OSError as e:
             self._close_index()
             raise TierError(f"cannot open the page file of the LMDB tier at {self.path}: {e}") from None
+        self._io = PageIO(self._file.path, self._file.fd, config.direct_io)
         self._alloc = ExtentAllocator(self._capacity)
         self._write_lock = threading.Lock()
         self._stats_lock = threading.Lock()
@@ -363,9 +364,10 @@ class LmdbTier(Tier):
                     mismatched += 1
                 else:
                     plan.append((i, key, rec, bytes(value)))
-            whole = self._file.read_many([(rec[0], pages[i]) for i, _, rec, _ in plan])
-            for (i, key, (_, length, digest), value), ok in zip(plan, whole):
-                if not ok or checksum(key, pages[i]) != digest:
+            whole = self._io.read([key for _, key, _, _ in plan],
+                                  [(rec[0], pages[i], rec[2]) for i, _, rec, _ in plan])
+            for (i, key, (_, length, _), value), ok in zip(plan, whole):
+                if not ok:  # short, unreadable or not the bytes its checksum names
                     corrupt.append((key, value))
                     continue
                 results[i] = True
@@ -460,14 +462,15 @@ class LmdbTier(Tier):
                 seen.add(keys[i])
                 allocated.append((offset, nbytes))
                 planned.append((pos, i, offset, old_rec))
-            stored = self._file.write_many([(offset, pages[i]) for _, i, offset, _ in planned])
-            for (pos, i, offset, old_rec), ok in zip(planned, stored):
+            stored, digests = self._io.write([keys[i] for _, i, _, _ in planned],
+                                             [(offset, pages[i]) for _, i, offset, _ in planned])
+            for (pos, i, offset, old_rec), ok, digest in zip(planned, stored, digests):
                 nbytes = page_nbytes(pages[i])
                 if not ok:
                     self._count(io_errors=1)
                     continue
                 try:
-                    txn.put(keys[i], pack_record(offset, nbytes, checksum(keys[i], pages[i])))
+                    txn.put(keys[i], pack_record(offset, nbytes, digest))
                 except lmdb.MapFullError:
                     raise IndexFull(pos) from None
                 if old_rec is not None:
@@ -601,6 +604,7 @@ class LmdbTier(Tier):
         with self._stats_lock:
             out: dict[str, float] = dict(self._counters)
         out["free_extents"] = self._alloc.free_extents()
+        out["disk_bound_s"] = self._io.disk_bound_s
         return out
 
     def clear(self) -> None:
@@ -619,4 +623,5 @@ class LmdbTier(Tier):
             self._closed = True
             self._state.wait_for(lambda: self._active == 0)
         self._close_index()
+        self._io.close()
         self._file.close()

@@ -233,6 +233,10 @@ class ExtentFile:
         self._allocated = os.fstat(self._fd).st_size
 
     @property
+    def fd(self) -> int:
+        return self._fd
+
+    @property
     def allocated(self) -> int:
         """Bytes of the file with disk allocated (pages fit there without the file system)."""
         return self._allocated
