@@ -410,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
                    "offered batches are dropped (arbitrary)")
     p.add_argument("--backlog-capacity", default="2GiB", help="backlog: disk each consumer writes "
                    "in a ring (the tier's capacity)")
+    p.add_argument("--backlog-direct-io", default="auto", help="backlog: the tier's direct_io "
+                   "settings to run, a row each (auto, direct, buffered; comma separated)")
     p.add_argument("--sizes", default="64KiB,1MiB,8MiB", help="page sizes, comma separated")
     p.add_argument("--batch-size", type=int, default=128, help="pages per put/get call (SGLang: 128)")
     p.add_argument("--batches", type=int, default=3, help="timed rounds (batches) per measurement")
@@ -464,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
             backlog = ssd_write_path.backlog(
                 script, parse_size(args.backlog_page), args.backlog_batch, args.backlog_rate,
                 args.backlog_seconds, parse_size(args.backlog_queue), parse_size(args.backlog_capacity),
-                args.batches, workdir)
+                args.batches, workdir, [m.strip() for m in args.backlog_direct_io.split(",") if m.strip()])
         if "restart" in modes:
             restart = ssd_user_view.restart(script, args.restart_gib, parse_size(args.restart_page),
                                             args.batch_size, workdir)

@@ -13,12 +13,14 @@ batches of ``--backlog-batch``) for ``--backlog-seconds``, into a queue of ``--b
 bytes, as SGLang's write-through hands backups to its storage thread. One consumer thread takes
 batches off the queue and stores them; a batch offered while the queue is full is dropped (SGLang
 drops backups then: ``sglang:hicache_backup_dropped_tokens_total``). Consumers, each in a fresh
-process and directory, rounds interleaved: ``ours`` (``LmdbTier.put_from``, the default config; the
-oldest batch removed when the next would not fit in ``--backlog-capacity``, as the store evicts)
+process and directory, rounds interleaved: ``ours <mode>`` (``LmdbTier.put_from``, the default
+config with ``direct_io`` from ``--backlog-direct-io``; the oldest batch removed when the next
+would not fit in ``--backlog-capacity``, as the store evicts)
 and ``raw O_DIRECT`` (the same bytes written sequentially with ``O_DIRECT`` in a ring of the same
 size: the disk's limit). Reported: pages stored, refused, dropped, the lag from offer to stored
-(p50, p99, max), the rate stored, and the tier's ``disk_bound_s`` (seconds it wrote at the disk's
-speed: ``mooncake_sgl_tier_disk_bound_seconds_total`` in ``/metrics``).
+(p50, p99, max), the rate stored, and the share of the run the tier's writer was busy (its
+``write_busy_s`` over the run: ``rate(mooncake_sgl_tier_write_busy_seconds_total)`` in
+``/metrics``; near 1, it cannot keep up).
 """
 
 from __future__ import annotations
@@ -45,11 +47,11 @@ GB = 1e9
 _CHUNK = 4 << 20  # raw O_DIRECT request size, as ssd_user_view's raw rows
 
 
-def _tier(directory: str, capacity: int | str = "64GiB"):
+def _tier(directory: str, capacity: int | str = "64GiB", direct_io: str = "auto"):
     from mooncake_sgl.config import LmdbTierConfig
     from mooncake_sgl.tiers.lmdb import LmdbTier
 
-    return LmdbTier(LmdbTierConfig(path=directory, capacity=capacity))
+    return LmdbTier(LmdbTierConfig(path=directory, capacity=capacity, direct_io=direct_io))
 
 
 # ------------------------------------------------------------------------------ put profile
@@ -152,8 +154,8 @@ def put_profile_table(prof: dict) -> str:
 
 def backlog_child(consumer: str, directory: str, page: int, batch: int, rate: float, seconds: float,
                   queue_bytes: int, capacity: int) -> None:
-    """``bench_tiers.py _backlog ours|raw DIR PAGE BATCH RATE SECONDS QUEUE CAPACITY``: one JSON
-    line."""
+    """``bench_tiers.py _backlog auto|direct|buffered|raw DIR PAGE BATCH RATE SECONDS QUEUE
+    CAPACITY``: one JSON line."""
     pool = 2 * batch  # source pages, reused like a host pool's slots
     buf = page_data(page, pool)
     views = page_views(buf, page, pool)
@@ -165,7 +167,7 @@ def backlog_child(consumer: str, directory: str, page: int, batch: int, rate: fl
     lags: list[float] = []
     producing = True
 
-    tier = _tier(directory, capacity) if consumer == "ours" else None
+    tier = _tier(directory, capacity, consumer) if consumer != "raw" else None
     fd = -1
     if tier is None:
         fd = os.open(os.path.join(directory, "raw.bin"), os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
@@ -230,7 +232,7 @@ def backlog_child(consumer: str, directory: str, page: int, batch: int, rate: fl
         cv.notify()
     worker.join()
     elapsed = time.perf_counter() - t0
-    disk_bound = tier.stats()["disk_bound_s"] if tier is not None else None
+    busy = tier.stats()["write_busy_s"] / elapsed if tier is not None else None
     if tier is not None:
         tier.close()
     else:
@@ -239,23 +241,22 @@ def backlog_child(consumer: str, directory: str, page: int, batch: int, rate: fl
     print(json.dumps({**counts, "elapsed_s": elapsed, "stored_gbps": counts["stored"] * page / elapsed / GB,
                       "lag_p50_s": lags[len(lags) // 2] if lags else 0.0,
                       "lag_p99_s": lags[min(len(lags) - 1, int(len(lags) * 0.99))] if lags else 0.0,
-                      "lag_max_s": lags[-1] if lags else 0.0, "disk_bound_s": disk_bound}), flush=True)
-
-
-BACKLOG_CONSUMERS = ("raw O_DIRECT", "ours")
+                      "lag_max_s": lags[-1] if lags else 0.0, "writer_busy": busy}), flush=True)
 
 
 def backlog(script: str, page: int, batch: int, rate: float, seconds: float, queue_bytes: int,
-            capacity: int, rounds: int, workdir: Path) -> dict:
-    runs: dict[str, list[dict]] = {c: [] for c in BACKLOG_CONSUMERS}
+            capacity: int, rounds: int, workdir: Path, modes: list[str]) -> dict:
+    consumers = ["raw O_DIRECT", *(f"ours {m}" for m in modes)]
+    runs: dict[str, list[dict]] = {c: [] for c in consumers}
     for r in range(rounds):
-        for c in BACKLOG_CONSUMERS:
+        for c in consumers:
             log(f"[backlog {rate:.2f} GB/s of {human(page)} pages] round {r + 1}/{rounds}: {c}")
             d = workdir / "backlog"
             d.mkdir(parents=True)
             try:
-                res = subprocess.run([sys.executable, script, "_backlog", "ours" if c == "ours" else "raw",
-                                      str(d), *map(str, (page, batch, rate, seconds, queue_bytes, capacity))],
+                verb = c.split()[-1] if c.startswith("ours") else "raw"
+                res = subprocess.run([sys.executable, script, "_backlog", verb, str(d),
+                                      *map(str, (page, batch, rate, seconds, queue_bytes, capacity))],
                                      capture_output=True, text=True)
             finally:
                 shutil.rmtree(d, ignore_errors=True)
@@ -270,17 +271,19 @@ def backlog(script: str, page: int, batch: int, rate: float, seconds: float, que
 
 
 def backlog_table(b: dict) -> str:
-    lines = [f"backlog: {b['rate_gbps']:.2f} GB/s offered for {b['seconds']:.0f}s in batches of "
+    lines = [f"backlog: {b['rate_gbps']:.2f} GB/s offered for {b['seconds']:g}s in batches of "
              f"{b['batch']} x {b['page']}, queue {b['queue_bytes'] / 2**20:.0f} MiB; medians of "
              f"{b['rounds']} interleaved rounds (fresh process and directory each)",
              f"{'consumer':<13} {'offered':>8} {'stored':>7} {'refused':>8} {'dropped':>8} "
-             f"{'GB/s':>6} {'lag p50':>8} {'p99':>7} {'max':>7} {'disk-bound s':>13}"]
+             f"{'GB/s':>6} {'lag p50':>8} {'p99':>7} {'max':>7} {'writer busy':>12}"]
     for c, m in b["median"].items():
-        bound = f"{m['disk_bound_s']:.2f}" if "disk_bound_s" in m else "-"
+        bound = f"{m['writer_busy']:.0%}" if "writer_busy" in m else "-"
         lines.append(f"{c:<13} {m['offered']:>8.0f} {m['stored']:>7.0f} {m['refused']:>8.0f} "
                      f"{m['dropped']:>8.0f} {m['stored_gbps']:>6.2f} {m['lag_p50_s']:>7.2f}s "
-                     f"{m['lag_p99_s']:>6.2f}s {m['lag_max_s']:>6.2f}s {bound:>13}")
-    raw, ours = b["median"]["raw O_DIRECT"], b["median"]["ours"]
-    if raw["stored_gbps"]:
-        lines.append(f"ours stored {ours['stored_gbps'] / raw['stored_gbps']:.2f}x the raw disk's rate")
+                     f"{m['lag_p99_s']:>6.2f}s {m['lag_max_s']:>6.2f}s {bound:>12}")
+    raw = b["median"]["raw O_DIRECT"]
+    for c, m in b["median"].items():
+        if c != "raw O_DIRECT" and raw["stored_gbps"]:
+            lines.append(f"{c} stored {m['stored_gbps'] / raw['stored_gbps']:.2f}x the raw disk's rate, "
+                         f"dropped {m['dropped']:.0f} pages to its {raw['dropped']:.0f}")
     return "\n".join(lines)

@@ -37,7 +37,6 @@ once no operation is in flight.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -180,11 +179,10 @@ class PageIO:
         self._fd = buffered_fd
         self._direct_fd = -1
         self._mode = mode
-        self._room = DirtyRoom()
-        # Seconds spent writing batches that met a page cache past its free-run ceiling: the tier
-        # wrote at the disk's speed, not the memory's (``stats``: ``disk_bound_s``). Written by the
-        # one writer at a time (the tier's write lock), read by anyone.
-        self.disk_bound_s = 0.0
+        self._room = DirtyRoom() if mode == "auto" else None
+        # Pages written with O_DIRECT (``stats``: ``direct_pages``). Written by the one writer at a
+        # time (the tier's write lock), read by anyone.
+        self.direct_pages = 0
         if mode != "buffered":
             try:
                 self._direct_fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | getattr(os, "O_DIRECT", 0))
@@ -201,26 +199,24 @@ class PageIO:
         """Write each ``(offset, page)`` and checksum it under its key; per item, whether its bytes
         are in the file, and its digest. Returns once every write has ended (written or failed)."""
         n = len(items)
-        started = time.perf_counter()
-        jobs: list[tuple[list[int], list[Future]]] = []
-        pressed = not self._room.takes(sum(page_nbytes(p) for _, p in items))
-        buffered = self._mode == "auto" and not pressed
+        jobs: list[tuple[list[int], bool, list[Future]]] = []
+        buffered = self._room is not None and self._room.takes(sum(page_nbytes(p) for _, p in items))
         for run, direct in self._runs(items, buffered):
             segs = self._iovecs(items, run)
             fd = self._direct_fd if direct else self._fd
             chunks = _chunks(segs, items[run[0]][0], _DIRECT_CHUNK if direct else _BUFFERED_CHUNK)
-            jobs.append((run, [self._pool.submit(_pwritev_all, fd, c, off) for off, c in chunks]))
+            jobs.append((run, direct, [self._pool.submit(_pwritev_all, fd, c, off) for off, c in chunks]))
         # Hashing here, while the pool writes: the digests are ready when the bytes are.
         digests = [checksum(keys[j], items[j][1]) for j in range(n)]
         done = [False] * n
-        for run, futures in jobs:
+        for run, direct, futures in jobs:
             ok = True
             for f in futures:
                 ok = f.exception() is None and ok
             for j in run:
                 done[j] = ok
-        if pressed:
-            self.disk_bound_s += time.perf_counter() - started
+            if direct and ok:
+                self.direct_pages += len(run)
         return done, digests
 
     def read(self, keys: Sequence[PageKey], items: Sequence[tuple[int, PageView, int]]) -> list[bool]:
