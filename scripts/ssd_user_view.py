@@ -180,11 +180,14 @@ def user_view(script: str, sizes: list[tuple[int, int]], rounds: int, batch: int
                 d = workdir / f"uv-{b.replace(' ', '_')}"
                 d.mkdir(parents=True)
                 try:
-                    times[b]["put"] += _child(script, "write", b, d, size, n, batch)
+                    put = _child(script, "write", b, d, size, n, batch)[0]
                     how = drop_cache(d)
                     cold, warm = _child(script, "read", b, d, size, n, batch)
-                    times[b]["get"].append(cold)
-                    times[b]["get_warm"].append(warm)
+                    for op, t in (("put", put), ("get", cold), ("get_warm", warm)):
+                        times[b][op].append(t)
+                    gb = size * n / GB
+                    log(f"[user view {label}] {b}: put {gb / put:.2f}, cold get {gb / cold:.2f}, "
+                        f"warm get {gb / warm:.2f} GB/s")
                 finally:
                     shutil.rmtree(d, ignore_errors=True)
         row = results.setdefault(label, {})
