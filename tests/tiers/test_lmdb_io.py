@@ -4,6 +4,7 @@ read, and the seconds the tier's writer is busy reaching ``/metrics``."""
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from pathlib import Path
@@ -130,3 +131,22 @@ def test_a_flipped_byte_written_either_way_is_a_counted_miss(tmp_path: Path, mod
 def test_seconds_at_the_disks_speed_reach_the_tier_sample() -> None:
     entry = {"store": {}, "usage": {}, "tier": {"write_busy_s": 2.5, "corrupt_pages": 1}}
     assert tier_sample(entry, 3).write_busy_seconds == 2.5
+
+
+def test_a_device_refusing_the_o_direct_alignment_gets_the_pages_buffered(tmp_path: Path,
+                                                                          monkeypatch) -> None:
+    tier = tier_at(tmp_path, "direct")
+    buf, pages = aligned_pages(4, seed=6)
+    write = ssd_io._pwritev_all
+
+    def refuse_direct(fd: int, segments, offset: int) -> None:
+        if fd == tier._io._direct_fd:  # a device whose logical block is larger than 4 KiB
+            raise OSError(errno.EINVAL, "Invalid argument")
+        write(fd, segments, offset)
+
+    monkeypatch.setattr(ssd_io, "_pwritev_all", refuse_direct)
+    names = [b"einval-%d" % i for i in range(4)]
+    assert tier.put_from(names, pages) == [True] * 4
+    ok, out = read_all(tier, names, 4)
+    assert ok == [True] * 4 and np.array_equal(out, buf)
+    tier.close()
