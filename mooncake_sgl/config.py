@@ -172,6 +172,13 @@ class LmdbTierConfig(_Section, tag="lmdb", tag_field="kind"):
     # LMDB ``writemap`` for the index (key -> extent, size, checksum); page bytes never pass
     # through LMDB's map. Damage either way is caught by the checksums and the open-time probe.
     writemap: bool = True
+    # How page bytes reach the disk: "auto" writes through the page cache while the kernel takes
+    # them without throttling the writer (the put returns at memory speed, reads of them are warm)
+    # and with O_DIRECT once it would throttle (the disk's own speed, no writeback in between);
+    # "direct" always uses O_DIRECT, "buffered" never. O_DIRECT needs 4 KiB-aligned segments
+    # (SGLang's host pool has them) and a file system that has it (tmpfs does not); other pages are
+    # written through the page cache whatever this says.
+    direct_io: Literal["auto", "direct", "buffered"] = "auto"
     max_readers: int = 256
 
     def __post_init__(self) -> None:

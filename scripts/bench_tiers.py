@@ -8,6 +8,11 @@ Modes (``--modes``, comma separated; default ``steady``):
   vs raw ``O_DIRECT`` sequential I/O, as ratios (``scripts/ssd_user_view.py``).
 - ``restart``: a new process opens a tier holding ``--restart-gib`` of pages: time to the first
   hit, pages recovered.
+- ``put-profile``: where a put's time goes, per phase and by ``cProfile``, in a fresh process and
+  directory per page size (``--user-view-pages``), and the writeback it leaves behind
+  (``scripts/ssd_write_path.py``).
+- ``backlog``: pages offered at a GPU-like rate (``--backlog-rate`` GB/s) to the tier and to the raw
+  disk in the same run: stored, refused, dropped, queue lag (``scripts/ssd_write_path.py``).
 - ``steady``: steady state, within one process, described below.
 
 Steady state: for each page size, batches of ``--batch-size`` pages (two segments each, like SGLang's K and V)
@@ -35,6 +40,7 @@ in GB/s (10^9 bytes/s).
     python scripts/bench_tiers.py --quick               # CI smoke (seconds)
     python scripts/bench_tiers.py --sizes 1MiB --batches 5 --json out.json
     python scripts/bench_tiers.py --modes user-view,restart --batches 3 --json ssd.json   # root
+    python scripts/bench_tiers.py --modes put-profile,backlog --json write-path.json
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ssd_user_view  # noqa: E402  (beside this script)
+import ssd_write_path  # noqa: E402
 
 from mooncake_sgl.bench.console import human, log  # noqa: E402
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, parse_size  # noqa: E402
@@ -374,6 +381,11 @@ def _children(argv: list[str]) -> bool:
         ssd_user_view.restart_child(argv[1], int(argv[2]))
     elif argv[:1] == ["_restart-fill"]:
         ssd_user_view.restart_fill(argv[1], *map(int, argv[2:6]))
+    elif argv[:1] == ["_put-profile"]:
+        ssd_write_path.profile_child(argv[1], *map(int, argv[2:5]), argv[5] == "1")
+    elif argv[:1] == ["_backlog"]:
+        ssd_write_path.backlog_child(argv[1], argv[2], int(argv[3]), int(argv[4]), float(argv[5]),
+                                     float(argv[6]), int(argv[7]), int(argv[8]))
     else:
         return False
     return True
@@ -383,11 +395,23 @@ def main(argv: list[str] | None = None) -> int:
     if _children(sys.argv[1:] if argv is None else argv):
         return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--modes", default="steady", help="steady, user-view, restart (comma separated)")
+    p.add_argument("--modes", default="steady",
+                   help="steady, user-view, restart, put-profile, backlog (comma separated)")
     p.add_argument("--user-view-pages", default="64KiB:2048,1MiB:512,8MiB:96",
                    help="user-view page sizes and counts, SIZE:COUNT comma separated")
     p.add_argument("--restart-gib", type=float, default=10.0, help="restart mode: GiB of pages on disk")
     p.add_argument("--restart-page", default="8MiB", help="restart mode: page size")
+    p.add_argument("--backlog-rate", type=float, default=1.5, help="backlog: GB/s offered (a GPU's "
+                   "write-through: 10k tokens/s of Llama-3-8B is about 1.3)")
+    p.add_argument("--backlog-page", default="8MiB", help="backlog: page size")
+    p.add_argument("--backlog-batch", type=int, default=16, help="backlog: pages per offered batch")
+    p.add_argument("--backlog-seconds", type=float, default=4.0, help="backlog: seconds of offering")
+    p.add_argument("--backlog-queue", default="1GiB", help="backlog: bytes the queue holds before "
+                   "offered batches are dropped (arbitrary)")
+    p.add_argument("--backlog-capacity", default="2GiB", help="backlog: disk each consumer writes "
+                   "in a ring (the tier's capacity)")
+    p.add_argument("--backlog-direct-io", default="auto", help="backlog: the tier's direct_io "
+                   "settings to run, a row each (auto, direct, buffered; comma separated)")
     p.add_argument("--sizes", default="64KiB,1MiB,8MiB", help="page sizes, comma separated")
     p.add_argument("--batch-size", type=int, default=128, help="pages per put/get call (SGLang: 128)")
     p.add_argument("--batches", type=int, default=3, help="timed rounds (batches) per measurement")
@@ -405,9 +429,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.sizes, args.batch_size, args.batches = "64KiB,1MiB", 16, 1
         args.user_view_pages, args.restart_gib, args.restart_page = "64KiB:64,1MiB:16", 0.0625, "1MiB"
+        args.backlog_page, args.backlog_batch, args.backlog_seconds = "1MiB", 4, 0.5
+        args.backlog_queue, args.backlog_capacity, args.backlog_rate = "16MiB", "32MiB", 0.2
     modes = {m.strip() for m in args.modes.split(",") if m.strip()}
-    if not modes or modes - {"steady", "user-view", "restart"}:
-        p.error(f"--modes: expected steady, user-view or restart, got {args.modes!r}")
+    known = {"steady", "user-view", "restart", "put-profile", "backlog"}
+    if not modes or modes - known:
+        p.error(f"--modes: expected some of {', '.join(sorted(known))}, got {args.modes!r}")
     try:
         uv_sizes = [(parse_size(a), int(b)) for a, b in
                     (item.split(":") for item in args.user_view_pages.split(",") if item.strip())]
@@ -426,13 +453,20 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="bench_tiers.", dir=args.dir))
     results: dict[str, dict[str, dict[str, float]]] = {}
-    user_view = restart = None
+    user_view = restart = profile = backlog = None
     started = time.perf_counter()
     script = str(Path(__file__).resolve())
     try:
         if "user-view" in modes:
             user_view = ssd_user_view.user_view(script, uv_sizes, args.batches, args.batch_size, workdir,
                                                 not args.no_hicache_file)
+        if "put-profile" in modes:
+            profile = ssd_write_path.put_profile(script, uv_sizes, args.batch_size, workdir)
+        if "backlog" in modes:
+            backlog = ssd_write_path.backlog(
+                script, parse_size(args.backlog_page), args.backlog_batch, args.backlog_rate,
+                args.backlog_seconds, parse_size(args.backlog_queue), parse_size(args.backlog_capacity),
+                args.batches, workdir, [m.strip() for m in args.backlog_direct_io.split(",") if m.strip()])
         if "restart" in modes:
             restart = ssd_user_view.restart(script, args.restart_gib, parse_size(args.restart_page),
                                             args.batch_size, workdir)
@@ -445,6 +479,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} CPUs")
     if user_view is not None:
         print(ssd_user_view.user_view_table(user_view))
+    if profile is not None:
+        print(ssd_write_path.put_profile_table(profile))
+    if backlog is not None:
+        print(ssd_write_path.backlog_table(backlog))
     if restart is not None:
         print(f"restart: {restart['pages_written']} pages of {restart['page']} "
               f"({restart['bytes_on_disk'] / 2**30:.1f} GiB on disk, cache dropped by "
@@ -471,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({
             "unit": "GB/s", "batch_size": args.batch_size, "rounds": args.batches,
             "cold_reads": args.drop_caches, "loadavg": os.getloadavg()[0], "results": results,
-            "metrics_overhead": overhead, "user_view": user_view, "restart": restart}, indent=2))
+            "metrics_overhead": overhead, "user_view": user_view, "restart": restart,
+            "put_profile": profile, "backlog": backlog}, indent=2))
     return 0
 
 

@@ -5,8 +5,9 @@ User's view, per page size and round, for each backend in turn (rounds interleav
 1. a **writer process** puts N pages into a fresh directory in batches, times the puts, exits;
 2. the page cache is dropped (root: ``/proc/sys/vm/drop_caches``; otherwise every file written is
    ``posix_fadvise(DONTNEED)``-ed after a sync, and the report says so);
-3. a **reader process** opens the directory, times reading every page into a destination buffer,
-   then checks the bytes (untimed).
+3. a **reader process** opens the directory, times reading every page into a destination buffer
+   (cold), then reading them all again (warm: from the page cache now), and checks the bytes
+   (untimed).
 
 Backends: ``ours`` (``LmdbTier``, the default config: ``sync: false``), ``HiCacheFile`` (SGLang's
 ``file`` backend, ``batch_set`` / ``batch_get``), and ``raw O_DIRECT``: one file written and read
@@ -81,20 +82,24 @@ def _hicache_file(directory: str):
 
 
 def child_main(argv: list[str]) -> None:
-    """``bench_tiers.py _user-view write|read BACKEND DIR SIZE N BATCH``: prints seconds."""
+    """``bench_tiers.py _user-view write|read BACKEND DIR SIZE N BATCH``: prints seconds (a reader:
+    of the cold pass, then of the warm one)."""
     role, backend, directory = argv[0], argv[1], argv[2]
     size, n, batch = int(argv[3]), int(argv[4]), int(argv[5])
     buf = page_data(size, n) if role == "write" else aligned_buffer(size * n)
     names = keys(n)
+    passes = 1 if role == "write" else 2
+    took: list[float] = []
     if backend == "ours":
         tier = _tier(directory)
         pages = page_views(buf, size, n)
         op = tier.put_from if role == "write" else tier.get_into
-        t0 = time.perf_counter()
-        for i in range(0, n, batch):
-            if not all(op(names[i:i + batch], pages[i:i + batch])):
-                raise SystemExit(f"bench: our tier refused or missed pages in the {role}r")
-        took = time.perf_counter() - t0
+        for _ in range(passes):
+            t0 = time.perf_counter()
+            for i in range(0, n, batch):
+                if not all(op(names[i:i + batch], pages[i:i + batch])):
+                    raise SystemExit(f"bench: our tier refused or missed pages in the {role}r")
+            took.append(time.perf_counter() - t0)
         tier.close()
     elif backend == "HiCacheFile":
         import torch
@@ -102,41 +107,44 @@ def child_main(argv: list[str]) -> None:
         store = _hicache_file(directory)
         tensors = [torch.from_numpy(buf[i * size:(i + 1) * size]) for i in range(n)]
         str_names = [k.decode() for k in names]
-        t0 = time.perf_counter()
-        for i in range(0, n, batch):
-            if role == "write":
-                ok = store.batch_set(str_names[i:i + batch], tensors[i:i + batch])
-            else:
-                ok = all(t is not None for t in store.batch_get(str_names[i:i + batch], tensors[i:i + batch]))
-            if not ok:
-                raise SystemExit(f"bench: HiCacheFile failed in the {role}r")
-        took = time.perf_counter() - t0
+        for _ in range(passes):
+            t0 = time.perf_counter()
+            for i in range(0, n, batch):
+                if role == "write":
+                    ok = store.batch_set(str_names[i:i + batch], tensors[i:i + batch])
+                else:
+                    ok = all(t is not None for t in store.batch_get(str_names[i:i + batch],
+                                                                    tensors[i:i + batch]))
+                if not ok:
+                    raise SystemExit(f"bench: HiCacheFile failed in the {role}r")
+            took.append(time.perf_counter() - t0)
     else:
         path = os.path.join(directory, "raw.bin")
         flags = (os.O_WRONLY | os.O_CREAT if role == "write" else os.O_RDONLY) | os.O_DIRECT
         fd = os.open(path, flags, 0o644)
         mv = memoryview(buf)
-        t0 = time.perf_counter()
         try:
-            for off in range(0, size * n, _CHUNK):
-                part = mv[off:off + _CHUNK]
-                done = os.pwrite(fd, part, off) if role == "write" else os.preadv(fd, [part], off)
-                if done != min(_CHUNK, size * n - off):
-                    raise SystemExit("bench: short O_DIRECT transfer")
+            for _ in range(passes):  # O_DIRECT has no page cache: its "warm" read is the disk again
+                t0 = time.perf_counter()
+                for off in range(0, size * n, _CHUNK):
+                    part = mv[off:off + _CHUNK]
+                    done = os.pwrite(fd, part, off) if role == "write" else os.preadv(fd, [part], off)
+                    if done != min(_CHUNK, size * n - off):
+                        raise SystemExit("bench: short O_DIRECT transfer")
+                took.append(time.perf_counter() - t0)
         finally:
             os.close(fd)
-        took = time.perf_counter() - t0
     if role == "read" and not np.array_equal(buf, page_data(size, n)):
         raise SystemExit(f"bench: {backend} returned wrong bytes")
-    print(took, flush=True)
+    print(*took, flush=True)
 
 
-def _child(script: str, *args: object) -> float:
+def _child(script: str, *args: object) -> list[float]:
     out = subprocess.run([sys.executable, script, "_user-view", *map(str, args)], capture_output=True,
                          text=True, check=False)
     if out.returncode:
         raise SystemExit(f"bench: child {args[:2]} failed: {out.stderr[-2000:]}")
-    return float(out.stdout.split()[-1])
+    return [float(x) for x in out.stdout.split()]
 
 
 def drop_cache(directory: Path) -> str:
@@ -158,22 +166,28 @@ def drop_cache(directory: Path) -> str:
 
 def user_view(script: str, sizes: list[tuple[int, int]], rounds: int, batch: int, workdir: Path,
               hicache_file: bool) -> dict:
-    """Per size: median GB/s of put and cold get per backend, and how the cache was dropped."""
+    """Per size: median GB/s of put, cold get and warm get per backend, and how the cache was
+    dropped."""
     backends = [b for b in BACKENDS if hicache_file or b != "HiCacheFile"]
     results: dict[str, dict] = {}
     how = ""
     for size, n in sizes:
         label = f"{human(size)} x{n}"
-        times = {b: {"put": [], "get": []} for b in backends}
+        times = {b: {"put": [], "get": [], "get_warm": []} for b in backends}
         for r in range(rounds):
             for b in backends:
                 log(f"[user view {label}] round {r + 1}/{rounds}: {b}")
                 d = workdir / f"uv-{b.replace(' ', '_')}"
                 d.mkdir(parents=True)
                 try:
-                    times[b]["put"].append(_child(script, "write", b, d, size, n, batch))
+                    put = _child(script, "write", b, d, size, n, batch)[0]
                     how = drop_cache(d)
-                    times[b]["get"].append(_child(script, "read", b, d, size, n, batch))
+                    cold, warm = _child(script, "read", b, d, size, n, batch)
+                    for op, t in (("put", put), ("get", cold), ("get_warm", warm)):
+                        times[b][op].append(t)
+                    gb = size * n / GB
+                    log(f"[user view {label}] {b}: put {gb / put:.2f}, cold get {gb / cold:.2f}, "
+                        f"warm get {gb / warm:.2f} GB/s")
                 finally:
                     shutil.rmtree(d, ignore_errors=True)
         row = results.setdefault(label, {})
@@ -186,8 +200,8 @@ def user_view(script: str, sizes: list[tuple[int, int]], rounds: int, batch: int
 def user_view_table(uv: dict) -> str:
     lines = [f"user's view: writer process -> page cache dropped ({uv['cache_dropped_by']}) -> reader "
              f"process; GB/s, median of {uv['rounds']} interleaved rounds",
-             f"{'pages':>12} {'backend':<13} {'put':>6} {'cold get':>9}   "
-             "ours vs HiCacheFile / vs raw O_DIRECT"]
+             f"{'pages':>12} {'backend':<13} {'put':>6} {'cold get':>9} {'warm get':>9}   "
+             "ours vs HiCacheFile / vs raw O_DIRECT (put, cold get, warm get)"]
     for label, row in uv["results"].items():
         for b, v in row.items():
             ratios = ""
@@ -196,9 +210,11 @@ def user_view_table(uv: dict) -> str:
                 for ref in ("HiCacheFile", "raw O_DIRECT"):
                     if ref in row:
                         parts.append(f"put {v['put'] / row[ref]['put']:.2f}x "
-                                     f"get {v['get'] / row[ref]['get']:.2f}x")
+                                     f"cold {v['get'] / row[ref]['get']:.2f}x "
+                                     f"warm {v['get_warm'] / row[ref]['get_warm']:.2f}x")
                 ratios = " / ".join(parts)
-            lines.append(f"{label:>12} {b:<13} {v['put']:>6.2f} {v['get']:>9.2f}   {ratios}")
+            lines.append(f"{label:>12} {b:<13} {v['put']:>6.2f} {v['get']:>9.2f} {v['get_warm']:>9.2f}   "
+                         f"{ratios}")
     return "\n".join(lines)
 
 

@@ -17,6 +17,9 @@ Meaning of a tier's counters (pages, unless the name says bytes):
   copied into the tier from a slower / faster one.
 - ``corrupt_pages``: pages that failed their checksum on read (a miss; the page is dropped).
 - ``admission_refusals``: pages the policy did not admit to this (slower) tier on a write.
+- ``write_busy_seconds``: seconds the tier's writer was busy (the LMDB tier: its write lock held
+  for puts and removals; 0 elsewhere). Its rate near 1 means the writer is never idle: pages are
+  offered faster than the tier stores them, and SGLang's backup queue grows until it drops backups.
 - ``resident_pages``, ``resident_bytes``, ``capacity_bytes``: gauges; ``holdable_bytes``: what the
   tier can hold now, its capacity or less where the medium has less room (a disk other data filled).
 """
@@ -45,6 +48,7 @@ COUNTERS: dict[str, str] = {
     "demotions_in": "mooncake_sgl_tier_demotions_in",
     "corrupt_pages": "mooncake_sgl_tier_corrupt_pages",
     "admission_refusals": "mooncake_sgl_policy_admission_refusals",
+    "write_busy_seconds": "mooncake_sgl_tier_write_busy_seconds",
 }
 # Per rank, not per tier: pages SGLang asked to read (``hits[0] + misses[0]``: the denominator of
 # hit shares in PromQL), and pages/hits of its prefix lookups (``batch_exists``).
@@ -95,6 +99,7 @@ class TierSample:
     demotions_in: float = 0.0
     corrupt_pages: float = 0.0
     admission_refusals: float = 0.0
+    write_busy_seconds: float = 0.0
     resident_pages: float = 0.0
     resident_bytes: float = 0.0
     capacity_bytes: float = 0.0

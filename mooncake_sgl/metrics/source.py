@@ -31,6 +31,8 @@ _USAGE_FIELDS = {"pages": "resident_pages", "used_bytes": "resident_bytes",
                  "capacity_bytes": "capacity_bytes", "holdable_bytes": "holdable_bytes"}
 # The tier's own counter of checksum failures (the LMDB tier; the others cannot detect any).
 _TIER_CORRUPT = "corrupt_pages"
+# The tier's own seconds with its writer busy (the LMDB tier).
+_TIER_WRITE_BUSY = "write_busy_s"
 
 
 def _section(d: Mapping[str, Any], name: str) -> Mapping[str, Any]:
@@ -49,6 +51,7 @@ def tier_sample(entry: Mapping[str, Any], position: int) -> TierSample:
     for name, f in _USAGE_FIELDS.items():
         vals[f] = float(usage.get(name, 0.0))
     vals["corrupt_pages"] = float(tier.get(_TIER_CORRUPT, 0.0))
+    vals["write_busy_seconds"] = float(tier.get(_TIER_WRITE_BUSY, 0.0))
     return TierSample(**vals)
 
 

@@ -8,30 +8,30 @@ cold read, and a fresh ``writemap`` page faults on every 4 KiB it writes. One ``
 caller's segments and one ``preadv`` straight into the destination's segments reach the disk's
 sequential speed (``scripts/bench_tiers.py --modes user-view``).
 
-Choices, each measured (writer process, page cache dropped, reader process; 64 KiB / 1 MiB /
-8 MiB pages on the development VM's virtio disk):
+How the bytes move (writer threads, checksums alongside, O_DIRECT under dirty-memory pressure) is
+``ssd_io``'s; this module owns where they go. Choices, each measured (writer process, page cache
+dropped, reader process; 64 KiB / 1 MiB / 8 MiB pages on the development VM's virtio disk):
 
-- Buffered I/O, not ``O_DIRECT``: ``O_DIRECT`` reads and writes were 4x slower at 64 KiB and no
-  faster at 8 MiB; it also needs 4 KiB-aligned destinations, which SGLang's host pool does not
-  promise. Extents still start on 4 KiB boundaries so no two pages share a file-system block.
+- Extents start on 4 KiB boundaries, so no two pages share a file-system block and an aligned
+  page can be written with ``O_DIRECT``. Reads are buffered: ``O_DIRECT`` reads were 4x slower at
+  64 KiB and no faster at 8 MiB, and need aligned destinations.
 - Preallocation (``posix_fallocate``) ahead of the high-water mark: fresh puts 1.2-1.7x faster
   than writing into a sparse file, and a full disk shows up as a refused page at allocation instead
   of a failed write. The step doubles with the file (from ``_GROW_MIN`` up to ``_GROW_MAX``), so a
   tier that holds a few pages takes a few MiB of disk, not a quarter of a GiB.
 - Readahead hints (``POSIX_FADV_WILLNEED``) for every extent of a read batch before the first
   ``preadv``: the kernel has the whole batch in flight (1.5-3x faster cold reads of 8 MiB pages
-  than without). Threads issuing reads in parallel gave nothing on top (2 vCPUs, one virtio
-  queue) and cost CPU, so there are none.
-- Adjacent extents move in one call: a batch of fresh pages is one ``pwritev`` (puts 1.2-1.3x
-  raw ``O_DIRECT`` instead of 0.5-0.9x one page per call); reads merge only up to 1 MiB (below).
+  than without).
+- Adjacent extents move in few calls: a batch of fresh pages is a few large ``pwritev`` (puts
+  1.2-1.3x raw ``O_DIRECT`` instead of 0.5-0.9x one page per call); reads merge only up to 1 MiB
+  (``ssd_io``).
 
 Reuse. An extent freed by a transaction may still be read by a reader whose LMDB snapshot predates
 that transaction, so the allocator hands it out again only once no reader's snapshot is older
 (``oldest_reader``), LMDB's own rule for its pages. Extents are coalesced with free neighbours, so
 mixed page sizes do not fragment the file for good.
 
-Thread context: the allocator is owned by the tier's writer (under the tier's write lock); reads of
-the file run in parallel without locks (``preadv`` at explicit offsets).
+Thread context: the allocator is owned by the tier's writer (under the tier's write lock).
 """
 
 from __future__ import annotations
@@ -39,16 +39,13 @@ from __future__ import annotations
 import bisect
 import heapq
 import os
-from collections.abc import Iterable, Sequence
-
-from ..api import PageView, page_nbytes
+from collections.abc import Iterable
 
 ALIGN = 4096
 # How far ahead of the high-water mark the file is preallocated: as much again as it holds, between
 # these bounds (the upper one is a few batches of large pages).
 _GROW_MIN = 4 << 20
 _GROW_MAX = 256 << 20
-_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
 def aligned(nbytes: int) -> int:
@@ -257,47 +254,6 @@ class ExtentAllocator:
         return length, txn
 
 
-# Largest run of adjacent extents moved by one call. Writes: one pwritev per 64 MiB (arbitrary;
-# fewer calls, and a failed run costs little). Reads: runs of at most 1 MiB, measured best
-# (writer process, cache dropped, reader process, 5 interleaved rounds): 64 KiB pages read 1.1-1.3x
-# faster in 1 MiB runs than one by one, while 8 MiB pages read 0.6x as fast in 64 MiB runs; a
-# buffered read returns only once its whole range is in, so smaller reads keep the disk busier.
-_WRITE_RUN_BYTES = 64 << 20
-_READ_RUN_BYTES = 1 << 20
-_PAD = memoryview(bytearray(ALIGN))  # fills the gap after a page whose size is not 4 KiB-aligned
-
-
-def _end(items: Sequence[tuple[int, PageView]], run: list[int]) -> int:
-    offset, page = items[run[-1]]
-    return offset + page_nbytes(page)
-
-
-def _runs(items: Sequence[tuple[int, PageView]], limit: int) -> list[list[int]]:
-    """Indices of ``items`` grouped into runs of extents that follow each other in the file, a
-    run growing while it is shorter than ``limit`` bytes."""
-    runs: list[list[int]] = []
-    end = -1
-    for j in sorted(range(len(items)), key=lambda j: items[j][0]):
-        offset, page = items[j]
-        if runs and offset == end and end - items[runs[-1][0]][0] < limit:
-            runs[-1].append(j)
-        else:
-            runs.append([j])
-        end = offset + aligned(page_nbytes(page))
-    return runs
-
-
-def _iovecs(items: Sequence[tuple[int, PageView]], run: list[int]) -> list[memoryview]:
-    out: list[memoryview] = []
-    for n, j in enumerate(run):
-        page = items[j][1]
-        out.extend(page)
-        gap = aligned(page_nbytes(page)) - page_nbytes(page)
-        if gap and n + 1 < len(run):
-            out.append(_PAD[:gap])
-    return out
-
-
 def allocate_ahead(fd: int, start: int, end: int, limit: int) -> int | None:
     """Give file ``fd`` disk from ``start`` (what it has so far) to at least ``end``: ahead by as
     much again as it has (``_GROW_MIN`` to ``_GROW_MAX``, never past ``limit``), or exactly to
@@ -322,6 +278,10 @@ class ExtentFile:
         self._allocated = os.fstat(self._fd).st_size
 
     @property
+    def fd(self) -> int:
+        return self._fd
+
+    @property
     def allocated(self) -> int:
         """Bytes of the file with disk allocated (pages fit there without the file system)."""
         return self._allocated
@@ -336,78 +296,6 @@ class ExtentFile:
             return False
         self._allocated = got
         return True
-
-    def write_many(self, items: Sequence[tuple[int, PageView]]) -> list[bool]:
-        """Each ``(offset, segments)`` written; per item ``False`` where its write failed. Items
-        that are adjacent in the file (a batch of fresh extents is) go in one ``pwritev``."""
-        done = [False] * len(items)
-        for run in _runs(items, _WRITE_RUN_BYTES):
-            try:
-                self.write(items[run[0]][0], _iovecs(items, run))
-            except OSError:
-                continue
-            for j in run:
-                done[j] = True
-        return done
-
-    def read_many(self, items: Sequence[tuple[int, PageView]]) -> list[bool]:
-        """Each ``(offset, segments)`` filled from the file, adjacent ones in one ``preadv``; per
-        item ``False`` where the file ended (it was truncated) or the read failed. Readahead for
-        every run is started before the first read, so the whole batch is in flight."""
-        runs = _runs(items, _READ_RUN_BYTES)
-        self.prefetch((items[r[0]][0], _end(items, r) - items[r[0]][0]) for r in runs)
-        done = [False] * len(items)
-        for run in runs:
-            start = items[run[0]][0]
-            try:
-                got = self.read(start, _iovecs(items, run))
-            except OSError:
-                continue
-            for j in run:
-                offset, page = items[j]
-                done[j] = offset + page_nbytes(page) <= start + got
-        return done
-
-    def write(self, offset: int, segments: Sequence[memoryview]) -> None:
-        """All of ``segments`` at ``offset`` (short writes are continued)."""
-        pending = [s.cast("B") if s.format != "B" or s.ndim != 1 else s for s in segments]
-        while pending:
-            batch = pending[:_IOV_MAX]
-            done = os.pwritev(self._fd, batch, offset)
-            offset += done
-            while batch and done >= batch[0].nbytes:
-                done -= batch[0].nbytes
-                batch.pop(0)
-                pending.pop(0)
-            if done:
-                pending[0] = pending[0][done:]
-
-    def read(self, offset: int, segments: Sequence[memoryview]) -> int:
-        """Fill ``segments`` from ``offset``; the bytes read, fewer at the end of the file."""
-        pending = [s.cast("B") if s.format != "B" or s.ndim != 1 else s for s in segments]
-        total = 0
-        while pending:
-            batch = pending[:_IOV_MAX]
-            got = os.preadv(self._fd, batch, offset)
-            if got <= 0:
-                return total
-            offset += got
-            total += got
-            while batch and got >= batch[0].nbytes:
-                got -= batch[0].nbytes
-                batch.pop(0)
-                pending.pop(0)
-            if got:
-                pending[0] = pending[0][got:]
-        return total
-
-    def prefetch(self, extents: Iterable[tuple[int, int]]) -> None:
-        """Start reading these ``(offset, length)`` extents now (readahead; never fails)."""
-        for off, n in extents:
-            try:
-                os.posix_fadvise(self._fd, off, n, os.POSIX_FADV_WILLNEED)
-            except OSError:
-                return
 
     def sync(self) -> None:
         os.fdatasync(self._fd)

@@ -1,0 +1,339 @@
+"""The SSD tier's page data path: bytes to and from ``pages.bin`` with their checksums, overlapped.
+
+Where a put's time went (``scripts/bench_tiers.py --modes put-profile``: a fresh process, a fresh
+directory, 8 MiB pages): the copy into the page cache 76%, the xxh3 checksum 23% (it runs while
+the caller waits, one page after the other), the index transaction and extent allocation about 1%.
+At 64 KiB the copy was 51%, the checksum 21% and the index 23%. So the two costs that matter are
+done at once here rather than one after the other:
+
+- *Writes*: each run of adjacent extents goes to a small pool of writer threads in chunks
+  (``os.pwritev`` releases the GIL), while the calling thread computes the checksums of the batch
+  (``xxhash``'s one-shot digest keeps the GIL, so it is the one job left on the caller; measured:
+  two threads hashing ran no faster than one). The caller gets the digests and the per-page
+  outcome only once every chunk of the page has been written, so the tier still commits a record
+  only for bytes already in the file.
+- *Buffered while the page cache takes the batch freely, O_DIRECT once it would throttle*
+  (``LmdbTierConfig.direct_io: auto``). Below the kernel's free-run ceiling of dirty memory (halfway
+  between ``vm.dirty_background_*`` and ``vm.dirty_*``) a buffered write is a memory copy: faster
+  than the disk, and the pages stay in the cache for reads. Past it the kernel throttles the writer
+  to its writeback speed, which on the development VM (loaded) was 0.7-0.8x of O_DIRECT writing
+  the same bytes (and it makes every other writer on the machine wait too). There, O_DIRECT
+  moves the bytes from the caller's memory to the disk at the disk's speed, with no copy and no
+  dirty pages. O_DIRECT needs the segments on
+  4 KiB in memory and in length (the extent is in the file); other pages, and file systems without
+  it (tmpfs), take the buffered path.
+- *Reads*: every run's read goes to the pool (readahead for the batch was started first), and the
+  caller verifies each page as soon as its bytes are in, while later runs are still being read.
+  Every page is still checked against its record before it counts as a hit.
+
+O_DIRECT and the page cache stay coherent: the kernel writes back and drops any cached page of a
+range before it writes that range directly, and our extents never share a 4 KiB block, so a
+buffered reader never sees stale bytes of a rewritten extent (and were the kernel to fail that
+invalidation, the stale bytes would fail their checksum: a miss, never wrong KV).
+
+Thread context: one ``PageIO`` per tier, shared by its reader threads and its writer; the pool's
+threads only move bytes (no locks of the tier, no LMDB). The tier calls ``close`` once no operation
+is in flight; it joins the pool.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from ..api import PageKey, PageView, page_nbytes
+from .ssd_extents import ALIGN, aligned
+from .ssd_records import checksum
+
+# Bytes per O_DIRECT request: several in flight keep the device queue busy while the caller hashes
+# (arbitrary; as the raw O_DIRECT baseline of ``bench_tiers.py``). Buffered writes to one file are
+# serialised by its inode lock, so they go in large requests, one after the other.
+_DIRECT_CHUNK = 4 << 20
+_BUFFERED_CHUNK = 64 << 20
+# Reads: runs of at most 1 MiB (``ssd_extents``: measured best for buffered cold reads).
+_READ_RUN = 1 << 20
+# Threads moving bytes: O_DIRECT requests in flight at once, and reads of a batch (arbitrary).
+_IO_THREADS = 4
+# Batches smaller than this move on the calling thread, checksums after the bytes: waking a thread
+# cost more than the overlap gave (measured on the loaded 2-vCPU VM, buffered, best of 15: 128
+# pages of 64 KiB, 8 MiB, 34 ms through the pool vs 2.6 ms inline; 128 MiB of 1 MiB pages 179 ms
+# vs 254 ms).
+_POOL_MIN_BYTES = 32 << 20
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+_PAD = memoryview(bytearray(ALIGN))
+
+
+def _flat(seg: memoryview) -> memoryview:
+    return seg.cast("B") if seg.format != "B" or seg.ndim != 1 else seg
+
+
+def _address(seg: memoryview) -> int:
+    return np.frombuffer(seg, dtype=np.uint8).ctypes.data if seg.nbytes else 0
+
+
+def direct_ok(page: PageView) -> bool:
+    """Whether O_DIRECT can write this page from where it is: every segment starts and ends on a
+    4 KiB boundary of memory (an extent always starts on one in the file)."""
+    return all(s.nbytes % ALIGN == 0 and _address(s) % ALIGN == 0 for s in page)
+
+
+def _pwritev_all(fd: int, segments: list[memoryview], offset: int) -> None:
+    """All of ``segments`` at ``offset``; short writes are continued. Raises ``OSError``."""
+    pending = list(segments)
+    while pending:
+        batch = pending[:_IOV_MAX]
+        done = os.pwritev(fd, batch, offset)
+        if done <= 0:
+            raise OSError(f"pwritev wrote {done} bytes")
+        offset += done
+        while batch and done >= batch[0].nbytes:
+            done -= batch[0].nbytes
+            batch.pop(0)
+            pending.pop(0)
+        if done:
+            pending[0] = pending[0][done:]
+
+
+def _pwritev_direct(direct_fd: int, fd: int, segments: list[memoryview], offset: int) -> None:
+    """With O_DIRECT; through the page cache where the device refuses the request's alignment
+    (``EINVAL``: a logical block larger than 4 KiB)."""
+    try:
+        _pwritev_all(direct_fd, segments, offset)
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        _pwritev_all(fd, segments, offset)
+
+
+def _preadv_all(fd: int, segments: list[memoryview], offset: int) -> int:
+    """Fill ``segments`` from ``offset``; the bytes read, fewer at the end of the file."""
+    pending = list(segments)
+    total = 0
+    while pending:
+        batch = pending[:_IOV_MAX]
+        got = os.preadv(fd, batch, offset)
+        if got <= 0:
+            return total
+        offset += got
+        total += got
+        while batch and got >= batch[0].nbytes:
+            got -= batch[0].nbytes
+            batch.pop(0)
+            pending.pop(0)
+        if got:
+            pending[0] = pending[0][got:]
+    return total
+
+
+def _run_now(fn, *args) -> Future:
+    """``fn(*args)`` on this thread, as a finished future (batches too small for the pool)."""
+    done: Future = Future()
+    try:
+        done.set_result(fn(*args))
+    except OSError as e:
+        done.set_exception(e)
+    return done
+
+
+def _chunks(segments: list[memoryview], offset: int, limit: int) -> list[tuple[int, list[memoryview]]]:
+    """``segments`` at ``offset`` cut into requests of at most ``limit`` bytes (segments are split
+    at 4 KiB multiples, so each request stays aligned for O_DIRECT)."""
+    if sum(seg.nbytes for seg in segments) <= limit:  # the common case: no cutting
+        return [(offset, segments)]
+    out: list[tuple[int, list[memoryview]]] = []
+    cur: list[memoryview] = []
+    start, size = offset, 0
+    for seg in segments:
+        while seg.nbytes:
+            take = min(seg.nbytes, limit - size)
+            cur.append(seg[:take])
+            seg = seg[take:]
+            size += take
+            if size >= limit:
+                out.append((start, cur))
+                start, cur, size = start + size, [], 0
+    if cur:
+        out.append((start, cur))
+    return out
+
+
+def _meminfo() -> dict[str, int]:
+    out: dict[str, int] = {}
+    with open("/proc/meminfo", "rb") as f:
+        for line in f:
+            name, _, rest = line.partition(b":")
+            parts = rest.split()
+            if parts:
+                out[name.decode()] = int(parts[0]) * 1024
+    return out
+
+
+def _vm_setting(name: str) -> int:
+    try:
+        with open(f"/proc/sys/vm/{name}", "rb") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
+
+
+class DirtyRoom:
+    """Whether the page cache takes ``nbytes`` more dirty bytes without throttling the writer: the
+    kernel lets a writer run free below the midpoint of its background and foreground dirty
+    thresholds (bytes settings, else ratios of the memory it can make dirty, which ``MemAvailable``
+    approximates). The thresholds are read once; the dirty and writeback totals per call (a read of
+    ``/proc/meminfo``, tens of microseconds, once per batch). ``False`` where it cannot tell."""
+
+    def __init__(self) -> None:
+        self._bytes = (_vm_setting("dirty_background_bytes"), _vm_setting("dirty_bytes"))
+        self._ratios = (_vm_setting("dirty_background_ratio") or 10, _vm_setting("dirty_ratio") or 20)
+
+    def takes(self, nbytes: int) -> bool:
+        try:
+            mem = _meminfo()
+        except (OSError, ValueError):
+            return False
+        avail = mem.get("MemAvailable", 0)
+        background, limit = (b or avail * r // 100 for b, r in zip(self._bytes, self._ratios))
+        dirty = mem.get("Dirty", 0) + mem.get("Writeback", 0)
+        return dirty + nbytes < (background + limit) // 2
+
+
+class PageIO:
+    """Writes and reads of page bytes at extents of one file, with their checksums."""
+
+    def __init__(self, path: str, buffered_fd: int, mode: str) -> None:
+        """``mode``: ``"auto"``, ``"direct"`` or ``"buffered"`` (``LmdbTierConfig.direct_io``)."""
+        self._fd = buffered_fd
+        self._direct_fd = -1
+        self._mode = mode
+        self._room = DirtyRoom() if mode == "auto" else None
+        # Pages written with O_DIRECT (``stats``: ``direct_pages``). Written by the one writer at a
+        # time (the tier's write lock), read by anyone.
+        self.direct_pages = 0
+        if mode != "buffered":
+            try:
+                self._direct_fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | getattr(os, "O_DIRECT", 0))
+            except OSError:  # tmpfs and some others refuse O_DIRECT: the buffered path serves
+                self._direct_fd = -1
+        self._pool = ThreadPoolExecutor(_IO_THREADS, thread_name_prefix="mooncake-sgl-ssd-io")
+
+    @property
+    def direct(self) -> bool:
+        return self._direct_fd >= 0
+
+    def write(self, keys: Sequence[PageKey], items: Sequence[tuple[int, PageView]]
+              ) -> tuple[list[bool], list[int]]:
+        """Write each ``(offset, page)`` and checksum it under its key; per item, whether its bytes
+        are in the file, and its digest. Returns once every write has ended (written or failed)."""
+        n = len(items)
+        jobs: list[tuple[list[int], bool, list[Future]]] = []
+        total = sum(page_nbytes(p) for _, p in items)
+        buffered = self._room is not None and self._room.takes(total)
+        submit = self._pool.submit if total >= _POOL_MIN_BYTES else _run_now
+        for run, direct in self._runs(items, buffered):
+            segs = self._iovecs(items, run)
+            if direct:
+                futures = [submit(_pwritev_direct, self._direct_fd, self._fd, c, off)
+                           for off, c in _chunks(segs, items[run[0]][0], _DIRECT_CHUNK)]
+            else:
+                futures = [submit(_pwritev_all, self._fd, c, off)
+                           for off, c in _chunks(segs, items[run[0]][0], _BUFFERED_CHUNK)]
+            jobs.append((run, direct, futures))
+        # Hashing here, while the pool writes (if it does): the digests are ready when the bytes are.
+        digests = [checksum(keys[j], items[j][1]) for j in range(n)]
+        done = [False] * n
+        for run, direct, futures in jobs:
+            ok = True
+            for f in futures:
+                ok = f.exception() is None and ok
+            for j in run:
+                done[j] = ok
+            if direct and ok:
+                self.direct_pages += len(run)
+        return done, digests
+
+    def read(self, keys: Sequence[PageKey], items: Sequence[tuple[int, PageView, int]]) -> list[bool]:
+        """Fill each ``(offset, page, digest)`` from the file; per item ``True`` only if all its
+        bytes were read and they match ``digest``. Readahead for the whole batch starts first."""
+        views = [(off, page) for off, page, _ in items]
+        runs = _runs_of(views, _READ_RUN)
+        for run in runs:
+            start = views[run[0]][0]
+            end = views[run[-1]][0] + page_nbytes(views[run[-1]][1])
+            try:
+                os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                break
+        if sum(page_nbytes(p) for _, p in views) >= _POOL_MIN_BYTES:
+            reads = [self._pool.submit(_preadv_all, self._fd, _iovecs_of(views, run), views[run[0]][0])
+                     for run in runs]
+        else:  # each run read when its turn comes, on this thread
+            reads = [None] * len(runs)
+        done = [False] * len(items)
+        for run, f in zip(runs, reads):
+            try:
+                got = f.result() if f is not None else _preadv_all(self._fd, _iovecs_of(views, run),
+                                                                   views[run[0]][0])
+            except OSError:
+                continue
+            start = views[run[0]][0]
+            for j in run:
+                offset, page, digest = items[j]
+                done[j] = offset + page_nbytes(page) <= start + got and checksum(keys[j], page) == digest
+        return done
+
+    def _runs(self, items: Sequence[tuple[int, PageView]], buffered: bool
+              ) -> list[tuple[list[int], bool]]:
+        """Runs of adjacent extents, each written all with O_DIRECT or all not."""
+        if buffered or not self.direct:
+            return [(run, False) for run in _runs_of(items, 1 << 62)]
+        out: list[tuple[list[int], bool]] = []
+        for run in _runs_of(items, 1 << 62):
+            start = len(out)
+            for j in run:  # within a run every extent follows the one before it
+                d = direct_ok(items[j][1])
+                if len(out) > start and out[-1][1] == d:
+                    out[-1][0].append(j)
+                else:
+                    out.append(([j], d))
+        return out
+
+    @staticmethod
+    def _iovecs(items: Sequence[tuple[int, PageView]], run: list[int]) -> list[memoryview]:
+        return _iovecs_of(items, run)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        if self._direct_fd >= 0:
+            os.close(self._direct_fd)
+            self._direct_fd = -1
+
+
+def _runs_of(items: Sequence[tuple[int, PageView]], limit: int) -> list[list[int]]:
+    """Indices of ``items`` grouped into runs of extents that follow each other in the file, a run
+    growing while it is shorter than ``limit`` bytes."""
+    runs: list[list[int]] = []
+    end = -1
+    for j in sorted(range(len(items)), key=lambda j: items[j][0]):
+        offset, page = items[j]
+        if runs and offset == end and end - items[runs[-1][0]][0] < limit:
+            runs[-1].append(j)
+        else:
+            runs.append([j])
+        end = offset + aligned(page_nbytes(page))
+    return runs
+
+
+def _iovecs_of(items: Sequence[tuple[int, PageView]], run: list[int]) -> list[memoryview]:
+    out: list[memoryview] = []
+    for n, j in enumerate(run):
+        page = items[j][1]
+        out.extend(_flat(s) for s in page)
+        gap = aligned(page_nbytes(page)) - page_nbytes(page)
+        if gap and n + 1 < len(run):
+            out.append(_PAD[:gap])
+    return out

@@ -1,0 +1,152 @@
+"""The SSD tier's page data path (``ssd_io``): O_DIRECT where pages allow it and the page cache would
+throttle, the buffered path otherwise, checksums made alongside the writes and verified on every
+read, and the seconds the tier's writer is busy reaching ``/metrics``."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mooncake_sgl.config import LmdbTierConfig
+from mooncake_sgl.metrics.source import tier_sample
+from mooncake_sgl.tiers import ssd_io
+from mooncake_sgl.tiers.lmdb import LmdbTier
+
+PAGE = 256 << 10
+
+
+def aligned_pages(n: int, seed: int) -> tuple[np.ndarray, list[list[memoryview]]]:
+    """``n`` pages in page-aligned memory, two segments each (K and V), as SGLang's host pool."""
+    buf = np.frombuffer(mmap.mmap(-1, n * PAGE), dtype=np.uint8)
+    buf[:] = np.random.default_rng(seed).integers(0, 256, n * PAGE, dtype=np.uint8)
+    mv, half = memoryview(buf), PAGE // 2
+    return buf, [[mv[i * PAGE:i * PAGE + half], mv[i * PAGE + half:(i + 1) * PAGE]] for i in range(n)]
+
+
+def tier_at(path: Path, mode: str) -> LmdbTier:
+    tier = LmdbTier(LmdbTierConfig(path=str(path), capacity="64MiB", direct_io=mode))
+    if mode != "buffered" and not tier._io.direct:
+        tier.close()
+        pytest.skip(f"the file system under {path} has no O_DIRECT")
+    return tier
+
+
+def read_all(tier: LmdbTier, names: list[bytes], n: int) -> tuple[list[bool], np.ndarray]:
+    out = np.zeros(n * PAGE, dtype=np.uint8)
+    mv = memoryview(out)
+    return tier.get_into(names, [[mv[i * PAGE:(i + 1) * PAGE]] for i in range(n)]), out
+
+
+def test_aligned_pages_go_to_disk_with_o_direct_and_read_back_exact(tmp_path: Path) -> None:
+    tier = tier_at(tmp_path, "direct")
+    buf, pages = aligned_pages(12, seed=1)
+    names = [b"direct-%02d" % i for i in range(12)]
+    assert tier.put_from(names, pages) == [True] * 12
+    assert tier.stats()["direct_pages"] == 12 and tier.stats()["write_busy_s"] > 0
+    ok, out = read_all(tier, names, 12)
+    assert ok == [True] * 12 and np.array_equal(out, buf)
+    tier.close()
+    tier = tier_at(tmp_path, "direct")  # what a new process finds
+    ok, out = read_all(tier, names, 12)
+    assert ok == [True] * 12 and np.array_equal(out, buf)
+    tier.close()
+
+
+def test_unaligned_pages_take_the_buffered_path_beside_aligned_ones(tmp_path: Path) -> None:
+    tier = tier_at(tmp_path, "direct")
+    buf, pages = aligned_pages(4, seed=2)
+    odd = bytearray(PAGE + 1)
+    odd[:] = os.urandom(PAGE + 1)
+    shifted = memoryview(odd)[1:]  # one byte past a page boundary: O_DIRECT cannot write it
+    batch = [pages[0], [shifted], pages[1], [memoryview(bytes(5000))], pages[2], pages[3]]
+    names = [b"mixed-%d" % i for i in range(len(batch))]
+    assert tier.put_from(names, batch) == [True] * len(batch)
+    assert tier.stats()["direct_pages"] == 4
+    for name, page in zip(names, batch):
+        want = b"".join(bytes(s) for s in page)
+        out = memoryview(bytearray(len(want)))
+        assert tier.get_into([name], [[out]]) == [True] and bytes(out) == want
+    tier.close()
+
+
+def test_auto_writes_through_the_page_cache_until_it_would_throttle(tmp_path: Path,
+                                                                    monkeypatch) -> None:
+    tier = tier_at(tmp_path, "auto")
+    buf, pages = aligned_pages(8, seed=3)
+    monkeypatch.setattr(ssd_io.DirtyRoom, "takes", lambda self, nbytes: True)
+    assert tier.put_from([b"free-%d" % i for i in range(4)], pages[:4]) == [True] * 4
+    assert tier.stats()["direct_pages"] == 0
+    monkeypatch.setattr(ssd_io.DirtyRoom, "takes", lambda self, nbytes: False)
+    assert tier.put_from([b"full-%d" % i for i in range(4)], pages[4:]) == [True] * 4
+    assert tier.stats()["direct_pages"] == 4
+    ok, out = read_all(tier, [b"free-%d" % i for i in range(4)] + [b"full-%d" % i for i in range(4)], 8)
+    assert ok == [True] * 8 and np.array_equal(out, buf)
+    tier.close()
+
+
+def test_buffered_mode_never_uses_o_direct(tmp_path: Path) -> None:
+    tier = tier_at(tmp_path, "buffered")
+    _, pages = aligned_pages(4, seed=4)
+    assert tier.put_from([b"b-%d" % i for i in range(4)], pages) == [True] * 4
+    assert tier.stats()["direct_pages"] == 0 and not tier._io.direct
+    tier.close()
+
+
+def test_the_dirty_ceiling_is_halfway_between_the_kernels_thresholds(monkeypatch) -> None:
+    gib = 1 << 30
+    monkeypatch.setattr(ssd_io, "_meminfo", lambda: {"MemAvailable": 10 * gib, "Dirty": gib,
+                                                     "Writeback": gib // 2})
+    room = ssd_io.DirtyRoom()
+    room._bytes, room._ratios = (0, 0), (10, 20)  # background 1 GiB, limit 2 GiB: free run < 1.5 GiB
+    assert not room.takes(1)  # 1.5 GiB dirty or being written back already
+    monkeypatch.setattr(ssd_io, "_meminfo", lambda: {"MemAvailable": 10 * gib, "Dirty": gib // 4,
+                                                     "Writeback": 0})
+    assert room.takes(gib) and not room.takes(gib + gib // 4)
+    room._bytes = (gib // 8, gib // 4)  # vm.dirty_*_bytes win over the ratios
+    assert not room.takes(1)
+
+
+@pytest.mark.parametrize("mode", ["direct", "buffered"])
+def test_a_flipped_byte_written_either_way_is_a_counted_miss(tmp_path: Path, mode: str) -> None:
+    tier = tier_at(tmp_path, mode)
+    _, pages = aligned_pages(3, seed=5)
+    names = [b"flip-%d" % i for i in range(3)]
+    assert tier.put_from(names, pages) == [True] * 3
+    with open(tmp_path / "pages.bin", "r+b") as f:
+        f.seek(PAGE + 7)  # inside the second page (extents follow each other from offset 0)
+        byte = f.read(1)
+        f.seek(PAGE + 7)
+        f.write(bytes([byte[0] ^ 0x40]))
+    ok, _ = read_all(tier, names, 3)
+    assert ok == [True, False, True]
+    assert tier.stats()["corrupt_pages"] == 1 and tier.contains(names) == [True, False, True]
+    tier.close()
+
+
+def test_seconds_at_the_disks_speed_reach_the_tier_sample() -> None:
+    entry = {"store": {}, "usage": {}, "tier": {"write_busy_s": 2.5, "corrupt_pages": 1}}
+    assert tier_sample(entry, 3).write_busy_seconds == 2.5
+
+
+def test_a_device_refusing_the_o_direct_alignment_gets_the_pages_buffered(tmp_path: Path,
+                                                                          monkeypatch) -> None:
+    tier = tier_at(tmp_path, "direct")
+    buf, pages = aligned_pages(4, seed=6)
+    write = ssd_io._pwritev_all
+
+    def refuse_direct(fd: int, segments, offset: int) -> None:
+        if fd == tier._io._direct_fd:  # a device whose logical block is larger than 4 KiB
+            raise OSError(errno.EINVAL, "Invalid argument")
+        write(fd, segments, offset)
+
+    monkeypatch.setattr(ssd_io, "_pwritev_all", refuse_direct)
+    names = [b"einval-%d" % i for i in range(4)]
+    assert tier.put_from(names, pages) == [True] * 4
+    ok, out = read_all(tier, names, 4)
+    assert ok == [True] * 4 and np.array_equal(out, buf)
+    tier.close()
