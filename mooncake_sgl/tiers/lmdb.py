@@ -182,6 +182,7 @@ class LmdbTier(Tier):
             self._sweep_and_rebuild()
         except BaseException:
             self._close_index()
+            self._io.close()
             self._file.close()
             raise
 
