@@ -23,7 +23,7 @@ import pytest
 # tests fail rather than skip, so CI cannot pass without the real master.
 os.environ.setdefault("GLOG_minloglevel", "2")
 
-from mooncake_sgl.api import Tier  # noqa: E402
+from mooncake_sgl.api import Tier, page_nbytes  # noqa: E402
 from mooncake_sgl.config import (  # noqa: E402
     HostTierConfig,
     LmdbTierConfig,
@@ -441,3 +441,44 @@ def _wait(cond, timeout: float) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def test_a_re_put_is_acknowledged_without_a_put_and_not_counted_as_written() -> None:
+    # Mooncake's client answers 0 for a re-put of an existing object, so only an existence check
+    # first tells them apart. A master of its own: its counters are this tier's alone.
+    with MooncakeMaster() as m:
+        tier = mooncake_tier(m)
+        try:
+            _, pages = registered_pages(tier, 8, 4096)
+            keys = [key(i) for i in range(8)]
+            assert tier.put_from(keys[:4], pages[:4]).present == [False] * 4
+            res = tier.put_from(keys, pages)  # 4 pages again, as SGLang hands back backed-up pages
+            assert res == [True] * 8 and res.present == [True] * 4 + [False] * 4
+            master = m.metrics()
+            assert master["master_key_count"] == 8
+            assert master["master_batch_put_start_items_total"] == 8  # no re-put reached the master
+            assert tier.usage().pages == 8 and tier.usage().used_bytes == 8 * 8192
+            stats = tier.stats()
+            assert stats["puts"] == 8 and stats["put_bytes"] == 8 * 8192
+            assert stats["put_already_present"] == 4
+        finally:
+            tier.close()
+
+
+def test_the_store_counts_only_pages_new_to_mooncake_as_written() -> None:
+    with MooncakeMaster() as m:
+        remote = mooncake_tier(m, segment="32MiB")
+        store = TieredStore([HostTier(HostTierConfig(capacity=4 * 8192, pin_memory=False)), remote],
+                            LruPolicy(2))
+        try:
+            pages = [make_page(i, 8192) for i in range(16)]
+            keys = [key(3000 + i) for i in range(16)]
+            for _ in range(3):  # the same pages handed to the store three times
+                assert store.put_from(keys, pages) == [True] * 16
+            counted = store.stats()["tiers"][store.names[1]]["store"]
+            assert m.metrics()["master_key_count"] == 16
+            nbytes = sum(map(page_nbytes, pages))
+            assert counted["writes"] == 16 and counted["bytes_written"] == nbytes
+            assert remote.usage().pages == 16 and remote.usage().used_bytes == nbytes
+        finally:
+            store.close()
