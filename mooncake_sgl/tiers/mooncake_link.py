@@ -41,6 +41,7 @@ _WATCH_INTERVAL = 0.25  # how often the watcher looks at the link (cheap: no mas
 # a dead master, and a call in that window blocks ~4.4 s. Once a second per node is cheap.
 _UP_PROBE_INTERVAL = 1.0
 _MAX_SETUP_BACKOFF = 60.0
+RPC_TIMEOUT_MS = 3000  # the Mooncake client's MC_RPC_TIMEOUT_MS unless the operator set one
 
 
 def endpoints(master: str) -> list[tuple[str, int]]:
@@ -65,6 +66,26 @@ def reachable(eps: list[tuple[str, int]]) -> bool | None:
         except OSError:
             pass
     return False
+
+
+# Not a valid coro_rpc header (its magic byte is not 0): a live master closes the connection at
+# once, without a log line. A stopped master (SIGSTOP, a frozen VM) or a hung one still has the
+# kernel accept the connection, so only an answer tells it apart from a running one.
+_NOT_RPC = bytes(32)
+
+
+def answers(ep: tuple[str, int], timeout: float = 1.0) -> bool:
+    """Does the master at ``ep`` react (close or reply) to bytes within ``timeout`` seconds."""
+    try:
+        with socket.create_connection(ep, timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(_NOT_RPC)
+            sock.recv(1)
+            return True
+    except ConnectionError:  # reset: the master's process reacted
+        return True
+    except OSError:  # refused, or no reaction in time
+        return False
 
 
 class MasterLink:
@@ -107,8 +128,8 @@ class MasterLink:
         """Connect (unless the master's endpoint refuses connections) and start the watcher.
         Returns setup's code, or ``None`` when no setup was tried."""
         rc = None
-        if reachable(self._probe_endpoints) is False:
-            # Mooncake's setup would block 4.5 s (GIL held) and fail; the watcher connects later.
+        if self._master_answers() is False:
+            # Mooncake's setup would block (GIL held) and fail; the watcher connects later.
             logger.warning("%s: master %s unreachable at start; answering misses until it answers",
                            self.name, self.config.master)
         else:
@@ -215,6 +236,13 @@ class MasterLink:
             self._up = True
         return OK
 
+    def _master_answers(self) -> bool | None:
+        """A plain master: does it answer (not merely accept a connection); an HA set: does any
+        of its etcd/redis endpoints accept a connection. ``None``: nothing to probe."""
+        if self._direct and self._probe_endpoints:
+            return answers(self._probe_endpoints[0])
+        return reachable(self._probe_endpoints)
+
     def _watch(self) -> None:
         last_setup = last_probe = time.monotonic()
         backoff = self.config.reconnect_after
@@ -224,10 +252,14 @@ class MasterLink:
                 backoff = self.config.reconnect_after
                 probe = self._direct and now - last_probe >= _UP_PROBE_INTERVAL
                 last_probe = now if probe else last_probe
-                if self._client.health_check() == 2 or (probe and reachable(self._probe_endpoints) is False):
+                if self._client.health_check() == 2:
                     self.mark_down("health check")
+                elif probe and self._master_answers() is False:
+                    self.mark_down("it does not answer")
                 continue
-            if reachable(self._probe_endpoints) is False:
+            if self._master_answers() is False:
+                # Refused, or stopped: a setup or close now would freeze the process (GIL held)
+                # for the whole RPC timeout, several times over.
                 self._reachable_since = None
                 continue
             if self._reachable_since is None:

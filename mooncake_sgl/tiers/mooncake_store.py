@@ -41,7 +41,7 @@ from ..api import PageKey, PageView, PutResult, Tier, TierCapabilities, TierKind
 from ..buffers import gather, scatter
 from ..config import MooncakeStoreTierConfig
 from ..errors import TierError
-from .mooncake_link import OK, MasterLink
+from .mooncake_link import OK, RPC_TIMEOUT_MS, MasterLink
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +98,11 @@ class MooncakeStoreTier(Tier):
         # Each setup retry against a dead master blocks ~4.5 s (20 by default); the watcher
         # retries on its own schedule instead. setdefault: an operator's value wins.
         os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
+        # A call to a stopped (not dead) master waits out the client's RPC timeout, 30 s by
+        # default, on a storage thread of SGLang; the GIL is released meanwhile. 3 s is far above
+        # any answer of a live master (milliseconds) and bounds the calls already in flight when
+        # it stops; the watcher's probe marks it down within about a second for every later one.
+        os.environ.setdefault("MC_RPC_TIMEOUT_MS", str(RPC_TIMEOUT_MS))
         self._lock = threading.Lock()
         self._ranges: list[tuple[int, int]] = []  # registered (start, end), sorted by start
         self._staging: mmap.mmap | None = None
