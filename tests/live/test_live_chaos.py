@@ -7,9 +7,9 @@ bit-identical logprobs); a tier that is gone is a miss, recomputed. Each test pr
 (requests, failed, wrong, storage hits per phase, slowest request, time until hits resume), so
 ``pytest -s`` shows them.
 
-Opt-in (``MOONCAKE_SGL_TEST_CHAOS=1``; ``scripts/test.sh`` turns it on): a server start is about a
-minute on two cores and each test runs its traffic for a minute or more. The HA one also needs
-``MOONCAKE_SGL_TEST_HA=1`` and etcd.
+Opt-in (``MOONCAKE_SGL_TEST_CHAOS=1``; ``scripts/test.sh`` leaves it off): on two shared cores
+each test takes 5-7 minutes (server starts of a minute or more, then a minute or two of traffic).
+The HA one also needs ``MOONCAKE_SGL_TEST_HA=1`` and etcd.
 """
 
 from __future__ import annotations
