@@ -43,6 +43,9 @@ pytestmark = pytest.mark.skipif(not os.environ.get("MOONCAKE_SGL_TEST_CHAOS"),
 PROMPT_TOKENS = 1024
 PROMPTS = 3
 PAGES = PROMPTS * (reusable(PROMPT_TOKENS) // 64)
+# SGLang sizes its host pool from the RAM free at start and refuses to start when a shared host
+# has little left; an explicit ratio does not depend on what other processes hold.
+HOST_POOL = ("--hicache-ratio", "2")
 
 
 @dataclass
@@ -173,7 +176,7 @@ DOWN_S = 8.0
 def _master_chaos(servers: Servers, tmp_path: Path, section: str, leader: MooncakeMaster,
                   landed: Callable[[], bool], restart: bool, title: str) -> None:
     tiers = write_tiers(tmp_path / "tiers.yaml", f"tiers:\n  - {section}\n")
-    server = servers.start("server", tiers)
+    server = servers.start("server", tiers, HOST_POOL)
     client = LiveClient(server.url)
     prompts, cold = cold_outputs(client)
     wait_for(landed, 120, f"the backup of {PAGES} pages in the Mooncake Store")
@@ -258,13 +261,17 @@ def test_a_server_killed_during_backups_then_restarted_serves_only_cold_outputs(
                        f'"{master.metadata_url}", segment_size: 128MiB, buffer_size: 32MiB}}')
         tiers = write_tiers(tmp_path / "tiers.yaml",
                             f"tiers:\n  - {{kind: host, capacity: 16MiB}}\n  - {section}\n")
-        first = servers.start("first", tiers)
+        first = servers.start("first", tiers, HOST_POOL)
         client = LiveClient(first.url)
-        prompts = [prompt(PROMPT_TOKENS * 2, seed=60 + i) for i in range(PROMPTS * 2)]
-        cold = [client.generate(ids) for ids in prompts]  # each one's backup starts as it returns
-        _kill_group(first)  # while the last backups are being written
+        # One at a time (a batch could round differently from the single requests later); the
+        # last is the longest (127 pages), and the kill follows its answer at once, while its
+        # backup, queued as it finished, is being written.
+        prompts = [prompt(PROMPT_TOKENS * 2, seed=60 + i) for i in range(PROMPTS)]
+        prompts.append(prompt(PROMPT_TOKENS * 8, seed=70))
+        cold = [client.generate(ids) for ids in prompts]
+        _kill_group(first)
         killed_at = time.monotonic()
-        again = LiveClient(servers.start("restarted", tiers).url)
+        again = LiveClient(servers.start("restarted", tiers, HOST_POOL).url)
         traffic = Traffic(again, prompts, cold, phase="restarted").start()
         try:
             restarted_at = time.monotonic()
