@@ -9,6 +9,7 @@ Primitives, one line each:
 - ``TierUsage``      capacity / used bytes and page count of a tier.
 - ``Tier``           batch contains / get_into / put_from / remove over pages; never raises for a
                      per-page failure (that is a ``False``), raises ``TierError`` only when broken.
+- ``PutResult``      a ``put_from`` answer that also says which pages the tier already held.
 - ``PlacementPolicy`` pure, event-fed object deciding admission, victims, promotion and demotion;
                      never moves bytes, reads no clock, takes no tier lock.
 - ``STATS_SHAPE``    the nesting of ``TieredStore.stats()`` (one namespace per source of counts).
@@ -96,6 +97,19 @@ class TierUsage:
     def holdable_bytes(self) -> int:
         """What the tier can hold now: the budget, or less where the medium has less room."""
         return self.used_bytes + self.free_bytes
+
+
+class PutResult(list):  # list[bool]
+    """What a ``put_from`` may return instead of a plain ``list[bool]``: the same per-key
+    answers, plus ``present[i]``: the tier already held page ``i`` and wrote nothing for it. For a
+    tier whose contents the store does not track (a pool, Mooncake Store), this is the only way the
+    store learns that an acknowledged page was not new there."""
+
+    __slots__ = ("present",)
+
+    def __init__(self, ok: Sequence[bool], present: Sequence[bool]) -> None:
+        super().__init__(ok)
+        self.present = list(present)
 
 
 class Tier(ABC):

@@ -194,3 +194,80 @@ def test_config_show_never_prints_a_secret(tmp_path: Path, capsys: pytest.Captur
     config = load_config_file(f)
     assert "hunter2" not in repr(config) and "hunter2" not in str(config.tiers[1])  # logs, tracebacks
     assert config.tiers[1].secret == "hunter2-pool-secret"  # only printing hides it
+
+
+# "Billion laughs": 10**8 strings once aliases are expanded; must fail fast, not expand.
+_LAUGHS = "tiers: [\n" + "".join(
+    f"  &{a} [{', '.join([f'*{p}'] * 10) if p else ', '.join(['x'] * 10)}],\n"
+    for p, a in zip(["", *"abcdefg"], "abcdefgh")) + "  *h]\n"
+
+
+# Odd YAML where the loader expects names and scalars: each must be a ConfigError (the CLI's exit 2)
+# naming the file and the line, never a traceback. (text, line, words)
+@pytest.mark.parametrize("text,line,words", [
+    ("tiers:\n  - kind: host\n    [a, b]: 1\n", 3, "not a list"),
+    ("tiers:\n  - kind: host\n    {a: 1}: 2\n", 3, "not a map"),
+    ("tiers:\n  - kind: host\n    ? [a]\n    : 1\n", 3, "not a list"),
+    ("tiers:\n  - kind: host\n    1: 2\n", 3, "reads as a number"),
+    ("tiers:\n  - kind: host\n    ~: 2\n", 3, "empty (null)"),
+    ("yes: 1\n", 1, "reads as a true/false"),
+    ("base: &b {1: host}\ntiers:\n  - <<: *b\n", 1, "reads as a number"),
+    ("tiers:\n  - <<: 5\n", 2, "for merging"),
+    ("tiers:\n  - kind: host\n    capacity: [1, 2]\n", 3, "got `array`"),
+    ("tiers:\n  - kind: host\n    capacity: {a: 1}\n", 3, "got `object`"),
+    ("tiers:\n  - kind: host\n    capacity: ~\n", 3, "got `null`"),
+    ("tiers:\n  - kind: host\n    capacity: true\n", 3, "got `bool`"),
+    ("tiers:\n  - kind: host\n    capacity: .inf\n", 3, "got `float`"),
+    ("tiers:\n  - kind: host\n    capacity: " + "9" * 400 + "GiB\n", 3, "larger than any machine"),
+    ("tiers:\n  - kind: lmdb\n    max_readers: " + "9" * 40 + "\n", 3, "between 1 and 65536"),
+    ("tiers:\n  - kind: hbm\n    fraction_of_free: 1e400\n", 3, "out of range"),
+    ("tiers:\n  - kind: pool\n    timeout: .nan\n", 3, "must not be negative"),
+    ("tiers:\n  - kind: pool\n    timeout: 2001-12-14\n", 3, "got `date`"),
+    ("tiers:\n  - kind: host\n    capacity: !!binary aGVsbG8=\n", 3, "got `bytes`"),
+    ("tiers:\n  - kind: [host]\n", 2, "got `list`"),
+    ("tiers:\n  - capacity: 1\n", 2, "missing required field `kind`"),
+    ("policy:\n  pins: {a: 1}\n", 2, "got `object`"),
+    ("namespace_tag: \"\\ud800\"\n", 1, "lone surrogate"),
+    ("tiers:\n  - kind: host\x01\n", 2, "0x0001 is not allowed"),
+    ("tiers: []\n---\ntiers: []\n", 2, "another document"),
+    ("tiers: !!python/object:os.system ls\n", 1, "could not determine a constructor"),
+    ("tiers:\n  - kind: host\n    capacity: 1\n    capacity: 2\n", 4, "duplicate key 'capacity'"),
+    (_LAUGHS, 2, "got `array`"),
+    ("tiers: &a [*a]\n", 1, "got `array`"),
+], ids=lambda v: repr(v)[:40] if isinstance(v, str) else None)
+def test_odd_yaml_is_a_config_error_naming_file_and_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, line: int, words: str) -> None:
+    f = tmp_path / "odd.yaml"
+    f.write_text(text, encoding="utf-8")
+    assert cli_main(["config", "check", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert words in err and str(f) in err, err
+    assert f"line {line} " in err or f"line {line})" in err or f"line {line}:" in err, err
+
+
+@pytest.mark.parametrize("text", ["tiers: " + "[" * 3000 + "]" * 3000 + "\n",
+                                  "tiers:\n" + "".join("  " * i + "a:\n" for i in range(1, 2000))])
+def test_absurdly_deep_nesting_is_a_config_error(tmp_path: Path, text: str) -> None:
+    f = tmp_path / "deep.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=r"nested too deeply.*deep.yaml"):
+        load_config_file(f)
+
+
+def test_json_with_a_lone_surrogate_or_deep_nesting_is_a_config_error(tmp_path: Path) -> None:
+    f = tmp_path / "t.json"
+    f.write_text('{"namespace_tag": "\\ud800"}')
+    with pytest.raises(ConfigError, match="lone surrogate"):
+        load_config_file(f)
+    f.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_config_file(f)
+
+
+def test_yaml_merge_keys_and_anchors_load(tmp_path: Path) -> None:
+    f = tmp_path / "merge.yaml"
+    f.write_text("tiers:\n  - &h {kind: host, capacity: 1GiB}\n  - <<: {kind: pool, timeout: 3s}\n"
+                 "    connections: 2\n")
+    config = load_config_file(f)
+    assert config.tiers[0] == HostTierConfig(capacity=1 << 30)
+    assert config.tiers[1].timeout == 3.0 and config.tiers[1].connections == 2

@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from ..config import ConfigError, LmdbTierConfig, load_config_file
+from ..config import MAX_DURATION, ConfigError, LmdbTierConfig, load_config_file, parse_size
 from .model import Snapshot, as_json, diff, rows
 from .persist import CounterFileError, find_counter_files, read_counters
-from .scrape import ScrapeError, fetch, is_pool, parse, parse_pool
+from .scrape import MAX_BODY_BYTES, ScrapeError, fetch, is_pool, parse, parse_pool
 
 
 class NothingToShow(Exception):
@@ -93,7 +93,7 @@ def _reader(args: argparse.Namespace) -> Callable[[], tuple[str, object]]:
         return from_files
 
     def from_url() -> tuple[str, object]:
-        text = fetch(args.target, args.timeout)
+        text = fetch(args.target, args.timeout, args.max_bytes)
         try:
             if is_pool(text):
                 return "pool", parse_pool(text)
@@ -133,12 +133,21 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     ap.add_argument("--config", help="tiers YAML: read the counter files of its LMDB tier instead")
     ap.add_argument("--json", action="store_true", help="one JSON document per refresh")
     ap.add_argument("--watch", type=float, metavar="N", help="refresh every N seconds until Ctrl-C")
-    ap.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for /metrics")
+    ap.add_argument("--timeout", type=float, default=5.0,
+                    help="seconds in all to read /metrics: connect, headers and body (default 5)")
+    ap.add_argument("--max-bytes", default=str(MAX_BODY_BYTES), metavar="SIZE",
+                    help="refuse a /metrics body larger than this (default 64MiB)")
     args = ap.parse_args(argv)
     if bool(args.target) == bool(args.config):
         ap.error("give either a /metrics URL or --config FILE")
     if args.watch is not None and args.watch <= 0:
         ap.error(f"--watch needs a positive number of seconds, got {args.watch:g}")
+    if not 0 < args.timeout <= MAX_DURATION:
+        ap.error(f"--timeout needs a positive number of seconds, got {args.timeout:g}")
+    try:
+        args.max_bytes = parse_size(args.max_bytes)
+    except ValueError as e:
+        ap.error(f"--max-bytes: {e}")
     try:
         read = _reader(args)
     except (ConfigError, OSError) as e:

@@ -9,10 +9,12 @@ For benchmarks and ``mooncake-sgl stats``::
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import socket
+import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 
 from .model import COUNTERS, GAUGES, POOL_PREFIX, STORE_COUNTERS, Snapshot, TierSample, rank_name
 
@@ -34,14 +36,65 @@ def metrics_url(target: str) -> str:
     return url
 
 
-def fetch(target: str, timeout: float = 5.0) -> str:
-    """The Prometheus text of ``target``'s ``/metrics``."""
+# A SGLang /metrics page is kilobytes to a few MiB (histograms per rank); far more is not ours.
+MAX_BODY_BYTES = 64 << 20
+
+
+def fetch(target: str, timeout: float = 5.0, max_bytes: int = MAX_BODY_BYTES) -> str:
+    """The Prometheus text of ``target``'s ``/metrics``, read within ``timeout`` seconds in all
+    (connect, headers and body: a socket timeout alone restarts at every byte, so a trickling
+    endpoint could hold us for ever) and at most ``max_bytes`` long. ``ScrapeError`` otherwise."""
     url = metrics_url(target)
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ScrapeError(f"cannot read {url}: not an http(s) URL")
+    deadline = time.monotonic() + timeout
+    conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    expired = threading.Event()
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.read().decode("utf-8", "replace")
-    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
+        conn = conn_cls(parts.hostname, parts.port, timeout=timeout)
+    except (http.client.HTTPException, ValueError) as e:
         raise ScrapeError(f"cannot read {url}: {e}") from e
+    try:
+        conn.connect()
+        sock = conn.sock
+
+        def cut() -> None:  # a blocked recv returns at once once its socket is shut down
+            expired.set()
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+        watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), cut)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            conn.request("GET", urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, "")),
+                         headers={"Accept": "text/plain"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise ScrapeError(f"cannot read {url}: HTTP {resp.status} {resp.reason}")
+            if resp.length is not None and resp.length > max_bytes:
+                raise ScrapeError(f"cannot read {url}: its body is {resp.length} bytes, more than "
+                                  f"the {max_bytes} a /metrics page may take")
+            body = bytearray()
+            while chunk := resp.read1(1 << 16):
+                body += chunk
+                if len(body) > max_bytes:
+                    raise ScrapeError(f"cannot read {url}: its body passed {max_bytes} bytes, more "
+                                      "than a /metrics page may take")
+        finally:
+            watchdog.cancel()
+    except (http.client.HTTPException, OSError, ValueError) as e:
+        if expired.is_set():
+            raise ScrapeError(f"cannot read {url}: no complete answer within {timeout:g} s") from None
+        if isinstance(e, ScrapeError):
+            raise
+        raise ScrapeError(f"cannot read {url}: {e}") from e
+    finally:
+        conn.close()
+    if expired.is_set():  # the cut can look like the end of a body sent without a length
+        raise ScrapeError(f"cannot read {url}: no complete answer within {timeout:g} s")
+    return body.decode("utf-8", "replace")
 
 
 def _families(text: str):  # noqa: ANN202 (prometheus_client's own iterator type)
@@ -70,9 +123,9 @@ def parse(text: str, taken_at: float | None = None) -> Snapshot:
                     time.time() if taken_at is None else taken_at, store)
 
 
-def scrape(target: str, timeout: float = 5.0) -> Snapshot:
+def scrape(target: str, timeout: float = 5.0, max_bytes: int = MAX_BODY_BYTES) -> Snapshot:
     """Our per-tier counters as a SGLang server's ``/metrics`` shows them now."""
-    return parse(fetch(target, timeout))
+    return parse(fetch(target, timeout, max_bytes))
 
 
 def parse_pool(text: str) -> dict[str, float]:

@@ -347,12 +347,16 @@ class TieredStore(PlacementWork):
             else:
                 put = tier.put_from
             res = self._guarded(tier, "put", put, batch_keys, batch_pages)
-            written, failed = [], []
-            for i, good in zip(todo, res):
+            held = getattr(res, "present", None) or [False] * len(todo)  # api.PutResult
+            written, failed, was_held = [], [], []
+            for i, good, h in zip(todo, res, held):
                 (written if good else failed).append(i)
                 ok[i] = bool(good)
+                if good:
+                    was_held.append(h)
             new = self._placement.inserted(t, [keys[i] for i in written],
                                            [tier.footprint(sizes[i]) for i in written], parent)
+            new = [f and not h for f, h in zip(new, was_held)]
             # Pages the tier already held were acknowledged without being written again.
             counters.add(writes=sum(new), bytes_written=sum(sizes[i] for i, f in zip(written, new) if f))
             todo = failed

@@ -6,7 +6,11 @@ buffer for pages outside it, and the mapping of Mooncake's return codes to our s
 the master (up/down, the watcher thread that notices a lost master and reconnects) is
 ``mooncake_link.MasterLink``. Return codes:
 
-    0 / -705 ALREADY_EXISTS   put acknowledged (values are immutable; a re-put keeps the first)
+    0                         put acknowledged. Values are immutable and the client answers 0 for
+                              a re-put too (keeping the first), so ``put_from`` asks
+                              ``batch_is_exist`` first, as SGLang's own backend does: a page the
+                              cluster holds is acknowledged without a put and not counted as written
+    -705 ALREADY_EXISTS       acknowledged, not counted as written (another node won the race)
     -200 NO_AVAILABLE_HANDLE  no space: the master evicts asynchronously, so back off and retry
                               within ``put_retry_window``; then ``False`` (never acknowledged)
     -704 NOT_FOUND, -703      a miss
@@ -33,11 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from ..api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
+from ..api import PageKey, PageView, PutResult, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
 from ..buffers import gather, scatter
 from ..config import MooncakeStoreTierConfig
 from ..errors import TierError
-from .mooncake_link import OK, MasterLink
+from .mooncake_link import OK, RPC_TIMEOUT_MS, MasterLink
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +98,11 @@ class MooncakeStoreTier(Tier):
         # Each setup retry against a dead master blocks ~4.5 s (20 by default); the watcher
         # retries on its own schedule instead. setdefault: an operator's value wins.
         os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
+        # A call to a stopped (not dead) master waits out the client's RPC timeout, 30 s by
+        # default, on a storage thread of SGLang; the GIL is released meanwhile. 3 s is far above
+        # any answer of a live master (milliseconds) and bounds the calls already in flight when
+        # it stops; the watcher's probe marks it down within about a second for every later one.
+        os.environ.setdefault("MC_RPC_TIMEOUT_MS", str(RPC_TIMEOUT_MS))
         self._lock = threading.Lock()
         self._ranges: list[tuple[int, int]] = []  # registered (start, end), sorted by start
         self._staging: mmap.mmap | None = None
@@ -102,7 +111,8 @@ class MooncakeStoreTier(Tier):
         self._written_bytes = 0
         self._written_pages = 0
         self._counts: dict[str, int] = dict.fromkeys((
-            "puts", "put_bytes", "put_no_space_retries", "put_failed_no_space", "put_failed",
+            "puts", "put_bytes", "put_already_present", "put_no_space_retries",
+            "put_failed_no_space", "put_failed",
             "put_skipped_down", "gets", "get_bytes", "get_misses", "get_failed", "get_skipped_down",
             "zero_copy_pages", "staged_pages", "too_large"), 0)
         self._plain_cfg = self._replicate_config(pin=False)
@@ -157,26 +167,36 @@ class MooncakeStoreTier(Tier):
             return ok
 
     def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView],
-                 soft_pin: Sequence[bool] | None = None) -> list[bool]:
+                 soft_pin: Sequence[bool] | None = None) -> PutResult:
         """Store pages; ``soft_pin[i]`` writes page ``i`` soft-pinned for ``soft_pin_ttl`` (pages of
         pinned prefixes: the master evicts them last). Pin state is fixed when a page is first
-        written, as Mooncake objects are immutable."""
+        written, as Mooncake objects are immutable. Pages the cluster already holds are
+        acknowledged without a put (``PutResult.present``; counted as ``put_already_present``)."""
         if len(keys) != len(pages):
             raise ValueError(f"{len(keys)} keys but {len(pages)} source pages")
-        ok = [False] * len(keys)
+        ok, present = [False] * len(keys), [False] * len(keys)
         if not keys:
-            return ok
+            return PutResult(ok, present)
         with self._link.session() as client:
             if client is None:
                 self._count("put_skipped_down", len(keys))
-                return ok
+                return PutResult(ok, present)
+            # SGLang hands back pages it backed up before: about half the puts of a serving run.
+            codes = client.batch_is_exist(object_names(keys))
+            self._link.check(codes)
+            if not self._link.up:
+                self._count("put_skipped_down", len(keys))
+                return PutResult(ok, present)
+            for i, c in enumerate(codes):
+                ok[i] = present[i] = c == 1
+            self._count("put_already_present", sum(present))
             pin = [bool(p) and self.config.soft_pin_ttl > 0 for p in soft_pin] if soft_pin \
                 else [False] * len(keys)
             for pinned, cfg in ((False, self._plain_cfg), (True, self._pin_cfg)):
-                idx = [i for i in range(len(keys)) if pin[i] == pinned]
+                idx = [i for i in range(len(keys)) if pin[i] == pinned and not present[i]]
                 if idx:
-                    self._put_with_backoff(client, keys, pages, idx, cfg, ok)
-            return ok
+                    self._put_with_backoff(client, keys, pages, idx, cfg, ok, present)
+            return PutResult(ok, present)
 
     def remove(self, keys: Sequence[PageKey]) -> int:
         if not keys:
@@ -250,23 +270,26 @@ class MooncakeStoreTier(Tier):
     # ------------------------------------------------------------------------------- transfers
 
     def _put_with_backoff(self, client: Any, keys: Sequence[PageKey], pages: Sequence[PageView],
-                          idx: list[int], cfg: Any, ok: list[bool]) -> None:
+                          idx: list[int], cfg: Any, ok: list[bool], present: list[bool]) -> None:
         sizes = {i: page_nbytes(pages[i]) for i in idx}
         deadline = time.monotonic() + self.config.put_retry_window
         delay = 0.005
         while True:
             codes = self._transfer(client, "put", [keys[i] for i in idx], [pages[i] for i in idx],
                                    [sizes[i] for i in idx], cfg)
-            full = []
+            full, written = [], []
             for i, c in zip(idx, codes):
-                if c in (OK, ALREADY_EXISTS):
+                if c == OK:
                     ok[i] = True
+                    written.append(i)
+                elif c == ALREADY_EXISTS:  # written meanwhile by another node: not ours to count
+                    ok[i] = present[i] = True
                 elif c == NO_SPACE:
                     full.append(i)
-            written = [i for i, c in zip(idx, codes) if c in (OK, ALREADY_EXISTS)]
             failed = sum(c not in (OK, ALREADY_EXISTS, NO_SPACE) for c in codes)
             with self._lock:
                 self._counts["puts"] += len(written)
+                self._counts["put_already_present"] += sum(c == ALREADY_EXISTS for c in codes)
                 self._counts["put_bytes"] += sum(sizes[i] for i in written)
                 self._counts["put_failed"] += failed
                 self._written_pages += len(written)

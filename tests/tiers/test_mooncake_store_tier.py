@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,7 +25,7 @@ import pytest
 # tests fail rather than skip, so CI cannot pass without the real master.
 os.environ.setdefault("GLOG_minloglevel", "2")
 
-from mooncake_sgl.api import Tier  # noqa: E402
+from mooncake_sgl.api import Tier, page_nbytes  # noqa: E402
 from mooncake_sgl.config import (  # noqa: E402
     HostTierConfig,
     LmdbTierConfig,
@@ -441,3 +443,113 @@ def _wait(cond, timeout: float) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def test_a_re_put_is_acknowledged_without_a_put_and_not_counted_as_written() -> None:
+    # Mooncake's client answers 0 for a re-put of an existing object, so only an existence check
+    # first tells them apart. A master of its own: its counters are this tier's alone.
+    with MooncakeMaster() as m:
+        tier = mooncake_tier(m)
+        try:
+            _, pages = registered_pages(tier, 8, 4096)
+            keys = [key(i) for i in range(8)]
+            assert tier.put_from(keys[:4], pages[:4]).present == [False] * 4
+            res = tier.put_from(keys, pages)  # 4 pages again, as SGLang hands back backed-up pages
+            assert res == [True] * 8 and res.present == [True] * 4 + [False] * 4
+            master = m.metrics()
+            assert master["master_key_count"] == 8
+            assert master["master_batch_put_start_items_total"] == 8  # no re-put reached the master
+            assert tier.usage().pages == 8 and tier.usage().used_bytes == 8 * 8192
+            stats = tier.stats()
+            assert stats["puts"] == 8 and stats["put_bytes"] == 8 * 8192
+            assert stats["put_already_present"] == 4
+        finally:
+            tier.close()
+
+
+def test_the_store_counts_only_pages_new_to_mooncake_as_written() -> None:
+    with MooncakeMaster() as m:
+        remote = mooncake_tier(m, segment="32MiB")
+        store = TieredStore([HostTier(HostTierConfig(capacity=4 * 8192, pin_memory=False)), remote],
+                            LruPolicy(2))
+        try:
+            pages = [make_page(i, 8192) for i in range(16)]
+            keys = [key(3000 + i) for i in range(16)]
+            for _ in range(3):  # the same pages handed to the store three times
+                assert store.put_from(keys, pages) == [True] * 16
+            counted = store.stats()["tiers"][store.names[1]]["store"]
+            assert m.metrics()["master_key_count"] == 16
+            nbytes = sum(map(page_nbytes, pages))
+            assert counted["writes"] == 16 and counted["bytes_written"] == nbytes
+            assert remote.usage().pages == 16 and remote.usage().used_bytes == nbytes
+        finally:
+            store.close()
+
+
+class _GilWatch:
+    """The longest stretch no Python thread ran: a ticker thread that sleeps 20 ms at a time."""
+
+    def __init__(self) -> None:
+        self.ticks: list[float] = []
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop:
+            self.ticks.append(time.monotonic())
+            time.sleep(0.02)
+
+    def longest_gap_since(self, t0: float) -> float:
+        ticks = [t for t in self.ticks if t >= t0]
+        return max((b - a for a, b in zip(ticks, ticks[1:])), default=0.0)
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join()
+
+
+def test_a_stopped_master_costs_one_bounded_call_and_never_freezes_the_process() -> None:
+    # Story: mooncake_master is SIGSTOPped (a debugger, a frozen VM), then resumed; another time,
+    # killed while stopped and restarted. The kernel still accepts its connections, so the TCP
+    # probe saw it up: every call waited out Mooncake's 30 s RPC timeout, and after
+    # reconnect_after the watcher's fresh setup and close ran against it with the GIL held,
+    # freezing every thread of the process for 19 s.
+    with MooncakeMaster() as m:
+        # Long enough for the client's own recovery after SIGCONT (the default is 10 s); a fresh
+        # client would unmount the old segment and with it the pages.
+        tier = mooncake_tier(m, reconnect_after="5s")
+        gil = _GilWatch()
+        try:
+            _, pages = registered_pages(tier, 4, 4096)
+            keys = [key(i) for i in range(4)]
+            assert tier.put_from(keys, pages) == [True] * 4
+            os.kill(m.pid, signal.SIGSTOP)
+            t0 = time.monotonic()
+            slowest = later = 0.0
+            while time.monotonic() - t0 < 8:  # well past reconnect_after (0.5 s)
+                t = time.monotonic()
+                assert tier.contains(keys) == [False] * 4
+                assert tier.put_from([key(9)], [make_page(9, 4096)]) == [False]
+                took = time.monotonic() - t
+                slowest = max(slowest, took)
+                later = max(later, took) if tier.stats()["connected"] == 0 and t - t0 > 4 else later
+                time.sleep(0.05)
+            assert slowest < 4.0, f"a call took {slowest:.1f} s against a stopped master"
+            assert later < 0.5, f"a call took {later:.2f} s once the master was known stopped"
+            assert gil.longest_gap_since(t0) < 1.0, "the process froze (GIL held) for " \
+                f"{gil.longest_gap_since(t0):.1f} s"
+            os.kill(m.pid, signal.SIGCONT)
+            assert _wait(lambda: tier.contains(keys) == [True] * 4, 10), "not back after SIGCONT"
+            out = [empty_like(p) for p in pages]
+            assert tier.get_into(keys, out) == [True] * 4 and all(map(same, pages, out))
+
+            os.kill(m.pid, signal.SIGSTOP)
+            time.sleep(2)
+            t1 = time.monotonic()
+            m.restart()  # SIGKILL of the stopped master, then the same ports again
+            assert _wait(lambda: tier.put_from([key(10)], [make_page(10, 4096)]) == [True], 20)
+            assert gil.longest_gap_since(t1) < 10.0  # a fresh setup: Mooncake's own close is slow
+        finally:
+            gil.close()
+            tier.close()
