@@ -476,7 +476,7 @@ class PoolServer:
             raise
         self.counters.add("bytes_in", sum(sizes))
         store.commit(entries, [True] * len(entries))
-        return bytes(r is PRESENT or isinstance(r, Entry) for r in res)
+        return bytes(P.PUT_PRESENT if r is PRESENT else int(isinstance(r, Entry)) for r in res)
 
     # ------------------------------------------------------------------------------------- stats
 

@@ -30,7 +30,7 @@ from typing import TypeVar
 
 import xxhash
 
-from ..api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage
+from ..api import PageKey, PageView, PutResult, Tier, TierCapabilities, TierKind, TierUsage
 from ..config import PoolTierConfig
 from ..errors import MooncakeSglError, TierClosed
 from ..pool.counters import Counters
@@ -59,8 +59,8 @@ class PoolTier(Tier):
         self._closed = False
         self._usage: tuple[float, TierUsage] | None = None
         self._pool = ThreadPoolExecutor(len(self._clients), "pool-tier") if len(self._clients) > 1 else None
-        self._counters = Counters(("gets", "get_hits", "puts", "put_ok", "endpoint_failures",
-                                   "skipped_keys"))
+        self._counters = Counters(("gets", "get_hits", "puts", "put_ok", "put_already_present",
+                                   "endpoint_failures", "skipped_keys"))
 
     def reachable(self) -> bool:
         return bool(self._live())
@@ -141,11 +141,15 @@ class PoolTier(Tier):
         self._counters.add("get_hits", sum(out))
         return out
 
-    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
-        out = self._fan_out(keys, False, lambda c, ps: c.put_batch([keys[p] for p in ps],
-                                                                   [pages[p] for p in ps]))
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> PutResult:
+        def put(c: PoolClient, ps: list[int]) -> list[tuple[bool, bool]]:
+            res = c.put_batch([keys[p] for p in ps], [pages[p] for p in ps])
+            return list(zip(res, res.present))
+
+        out = PutResult(*zip(*self._fan_out(keys, (False, False), put))) if keys else PutResult([], [])
         self._counters.add("puts", len(keys))
         self._counters.add("put_ok", sum(out))
+        self._counters.add("put_already_present", sum(out.present))
         self._usage = None
         return out
 

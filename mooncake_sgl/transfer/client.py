@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..api import PageKey, PageView, page_nbytes
+from ..api import PageKey, PageView, PutResult, page_nbytes
 from ..config import parse_endpoint
 from ..errors import AuthError, ProtocolError, TierClosed, TierUnavailable
 from . import protocol as P
@@ -60,6 +60,14 @@ def _per_key(values: Sequence[object], n: int, op: str) -> Sequence[object]:
     if len(values) != n:
         raise ProtocolError(f"{op} reply has {len(values)} entries for {n} keys")
     return values
+
+
+def _put_codes(flags: bytes, n: int, op: str) -> list[int]:
+    """A PUT or COMMIT reply's per-key bytes: 0 refused, 1 written, ``P.PUT_PRESENT`` already
+    stored; any other byte means the stream is not what we think."""
+    if any(f > P.PUT_PRESENT for f in _per_key(flags, n, op)):
+        raise ProtocolError(f"{op} reply has a per-key result other than 0, 1 or {P.PUT_PRESENT}")
+    return list(flags)
 
 
 def _in_segment(offsets: Sequence[int], sizes: Sequence[int], segment_size: int) -> None:
@@ -290,10 +298,12 @@ class PoolClient:
             raise err
         return out
 
-    def put_batch(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
-        """Store pages; per key True when readable (or already present), False when no room."""
+    def put_batch(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> PutResult:
+        """Store pages; per key True when readable, False when no room. ``present`` says which
+        were already stored (nothing written), so a caller counts only new pages as written."""
         sizes = [page_nbytes(p) for p in pages]
-        return self._run_chunks(len(keys), sizes, lambda a, b: self._put(keys[a:b], pages[a:b], sizes[a:b]))
+        codes = self._run_chunks(len(keys), sizes, lambda a, b: self._put(keys[a:b], pages[a:b], sizes[a:b]))
+        return PutResult([c != 0 for c in codes], [c == P.PUT_PRESENT for c in codes])
 
     def get_batch(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
         """Read pages into their segments; False for absent or different-size pages."""
@@ -359,14 +369,15 @@ class PoolClient:
             f.result()
         return done
 
-    def _put(self, keys: Sequence[PageKey], pages: Sequence[PageView], sizes: list[int]) -> list[bool]:
+    def _put(self, keys: Sequence[PageKey], pages: Sequence[PageView], sizes: list[int]) -> list[int]:
+        """Per key: 0 refused, 1 written, ``P.PUT_PRESENT`` already stored."""
         with self._borrow() as link:
             c = link.conn
             if link.mode == "tcp":
                 segs = [seg for page in pages for seg in page]
                 c.send(P.Op.PUT, P.KeysSizes(list(keys), sizes), segs, sum(sizes))
                 flags, _ = c.reply(P.Op.PUT, P.Flags)
-                return list(map(bool, _per_key(flags.flags, len(keys), "PUT")))
+                return _put_codes(flags.flags, len(keys), "PUT")
             deadline = time.monotonic() + c.ok.hold_timeout / 2
             res = c.call(P.Op.RESERVE, P.KeysSizes(list(keys), sizes), P.Reservation)
             _per_key(res.status, len(keys), "RESERVE")
@@ -382,7 +393,8 @@ class PoolClient:
             for i, ok in zip(todo, done):
                 written[i] = ok
             flags = c.call(P.Op.COMMIT, P.CommitReq(res.ticket, bytes(written)), P.Flags).flags
-            return list(map(bool, _per_key(flags, len(keys), "COMMIT")))
+            return [P.PUT_PRESENT if s == P.RESERVE_PRESENT else int(bool(f))
+                    for s, f in zip(res.status, _per_key(flags, len(keys), "COMMIT"))]
 
     def _get(self, keys: Sequence[PageKey], pages: Sequence[PageView], sizes: list[int]) -> list[bool]:
         with self._borrow() as link:

@@ -134,8 +134,13 @@ class KeysSizes(_Msg):
 
 
 class Flags(_Msg):
-    """Per-key results, one byte per key (0 = False, 1 = True)."""
+    """Per-key results, one byte per key (0 = False, 1 = True). A PUT's reply may also say
+    ``PUT_PRESENT``: the page was already stored and nothing was written (true to a client that
+    reads the byte as a bool, so older clients see what they always did)."""
     flags: bytes
+
+
+PUT_PRESENT = 2
 
 
 class Count(_Msg):

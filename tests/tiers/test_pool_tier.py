@@ -9,13 +9,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from mooncake_sgl.api import Tier
-from mooncake_sgl.config import PoolTierConfig
+from mooncake_sgl.api import Tier, page_nbytes
+from mooncake_sgl.config import HostTierConfig, PoolTierConfig
 from mooncake_sgl.errors import TierClosed
+from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.pool.config import PoolServerConfig
 from mooncake_sgl.pool.process import PoolProcess
 from mooncake_sgl.pool.server import PoolServer
+from mooncake_sgl.store import TieredStore
 from mooncake_sgl.tiers import build_tier
+from mooncake_sgl.tiers.host import HostTier
 from mooncake_sgl.tiers.pool import PoolTier
 
 from .conformance import TierConformance, empty_like, key, make_page, same
@@ -209,4 +212,25 @@ def test_a_page_as_large_as_a_slab_is_stored_over_shared_memory_in_a_one_slab_po
         assert tier.get_into([key(9)], [out]) == [True] and same(page, out)
         tier.close()
     finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_the_store_counts_only_pages_new_to_the_pool_as_written(transport: str) -> None:
+    server = _server(4 << 20)
+    host, port = server.address
+    pool = PoolTier(PoolTierConfig(endpoints=[f"{host}:{port}"], transport=transport))
+    store = TieredStore([HostTier(HostTierConfig(capacity=4 * 8192, pin_memory=False)), pool],
+                        LruPolicy(2))
+    try:
+        pages = [make_page(i, 8192) for i in range(16)]
+        keys = [key(4000 + i) for i in range(16)]
+        for _ in range(3):  # SGLang hands the backend pages it has already backed up
+            assert store.put_from(keys, pages) == [True] * 16
+        counted = store.stats()["tiers"][store.names[1]]["store"]
+        assert counted["writes"] == 16 and counted["bytes_written"] == sum(map(page_nbytes, pages))
+        assert pool.stats()["put_already_present"] == 32
+        assert server.stats()["put_present"] == 32
+    finally:
+        store.close()
         server.stop()
