@@ -19,7 +19,7 @@ unchanged by these fields, so KV keys written before sidecars existed stay reada
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .api import PageKey
 
@@ -47,6 +47,7 @@ class KeyNamespace:
     pool: str = KV_POOL  # SGLang's ``PoolName`` value of the objects in this namespace
     segments: tuple[int, ...] = ()  # sidecars: bytes of each zero-copy segment of one page
     chunk: int = 0  # sidecars: bytes per stored part (0: one part per page)
+    weights: str = ""  # fingerprint of the checkpoint ("": not known, as before fingerprints)
     digest: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -58,7 +59,23 @@ class KeyNamespace:
         tp = "tp*" if self.rank_replicated else f"tp{self.tp_rank}/{self.tp_size}"
         return (f"v1|tag={self.tag}|model={self.model}|dtype={self.dtype}|layout={self.layout}"
                 f"|page={self.page_size}|{tp}|pp{self.pp_rank}/{self.pp_size}"
-                f"|cp{self.cp_rank}/{self.cp_size}" + self._sidecar_part())
+                f"|cp{self.cp_rank}/{self.cp_size}" + self._sidecar_part()
+                + (f"|weights={self.weights}" if self.weights else ""))
+
+    def head_groups(self, split: int) -> tuple[KeyNamespace, ...]:
+        """The namespaces of this rank's ``split`` head groups: the lcm-grid ranks
+        ``tp_rank * split ... tp_rank * split + split - 1`` of grid size ``tp_size * split``.
+
+        Raises:
+            ValueError: ``split`` below 1, or a rank-replicated namespace (its pages are whole on
+                every rank; SGLang never splits them).
+        """
+        if split < 1 or (self.rank_replicated and split > 1):
+            raise ValueError(f"head groups: split {split} of a "
+                             f"{'rank-replicated' if self.rank_replicated else 'per-rank'} namespace; "
+                             "split is a positive count, and only per-rank (MHA) pages split")
+        return tuple(replace(self, tp_rank=self.tp_rank * split + i, tp_size=self.tp_size * split)
+                     for i in range(split))
 
     def _sidecar_part(self) -> str:
         if self.pool == KV_POOL:

@@ -77,3 +77,24 @@ def test_replicated_sidecars_are_shared_by_tp_ranks() -> None:
 def test_a_part_of_a_kv_page_or_a_negative_part_is_refused(namespace: KeyNamespace, part: int) -> None:
     with pytest.raises(ValueError, match="part"):
         page_key(namespace, HASH, part)
+
+
+def test_head_groups_are_the_namespaces_of_the_lcm_grid_ranks() -> None:
+    # TP=2 rank 1 with tp_lcm_size 4 holds the heads of grid ranks 2 and 3: the pages a TP=4
+    # server's ranks 2 and 3 store whole.
+    groups = NS.head_groups(2)
+    tp4 = [dataclasses.replace(NS, tp_rank=r, tp_size=4) for r in (2, 3)]
+    assert [page_key(g, HASH) for g in groups] == [page_key(ns, HASH) for ns in tp4]
+    assert NS.head_groups(1) == (NS,)
+
+
+@pytest.mark.parametrize("split", [0, 2])
+def test_head_groups_of_replicated_pages_or_no_groups_are_refused(split: int) -> None:
+    ns = dataclasses.replace(NS, rank_replicated=split == 2)
+    with pytest.raises(ValueError, match="split"):
+        ns.head_groups(split)
+
+
+def test_the_checkpoint_fingerprint_is_in_the_key_and_absent_leaves_old_keys() -> None:
+    assert page_key(dataclasses.replace(NS, weights="ab" * 16), HASH) != page_key(NS, HASH)
+    assert "weights" not in NS.describe()

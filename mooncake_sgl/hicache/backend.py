@@ -42,10 +42,10 @@ from sglang.srt.mem_cache.hicache_storage import (
 from ..api import PageKey
 from ..builtin_config import wait_for_store_server
 from ..config import resolve_config
-from ..keys import KV_POOL, KeyNamespace, page_key
+from ..keys import KV_POOL, KeyNamespace
 from ..metrics.attach import StoreWatch, observe_store
 from ..store import TieredStore, build_store
-from . import layout, sidecars
+from . import fingerprint, layout, sidecars
 
 try:
     from sglang.srt.observability.metrics_collector import StorageMetrics
@@ -126,16 +126,6 @@ def _normalise(results: Any, n: int) -> list[bool]:
     return out + [False] * (n - len(out))
 
 
-def _log_refusals(cfg: Any) -> None:
-    """Say once, at attach, which things SGLang's built-in Mooncake backend does that we do not."""
-    if getattr(cfg, "should_split_heads", False):
-        logger.warning(
-            "mooncake_sgl: refused: split heads (page_head layout with tp_lcm_size=%s > tp_size=%s). "
-            "Each TP rank stores its whole page under its own rank and TP size, so servers with "
-            "another TP size do not share pages with this one.",
-            getattr(cfg, "tp_lcm_size", None), getattr(cfg, "tp_size", None))
-
-
 def load_page_hash() -> float:
     """Build or load SGLang's native page-hash extension now; returns the seconds it took.
 
@@ -196,7 +186,7 @@ class MooncakeSglStorage(HiCacheStorage):
         self.mem_pool_host = None
         self._closed = False
         self._session_ids_seen = False
-        _log_refusals(storage_config)
+        self._weights = fingerprint.checkpoint_fingerprint(storage_config)
         try:
             took = load_page_hash()
         except RuntimeError as e:  # SGLang meets it again at its first hash, and reports it there
@@ -230,22 +220,29 @@ class MooncakeSglStorage(HiCacheStorage):
         logical = getattr(mem_pool_host, "kv_buffer", None) is None
         geometry = (sidecars.logical_geometry(mem_pool_host) if logical
                     else layout.pool_geometry(mem_pool_host))
-        ns = layout.key_namespace(self.storage_config, geometry, self._store_config.namespace_tag)
+        ns = layout.key_namespace(self.storage_config, geometry, self._store_config.namespace_tag,
+                                  self._weights.digest)
+        split = 1 if logical else layout.head_split(self.storage_config, mem_pool_host)
+        kv = sidecars.kv_objects(mem_pool_host, geometry, ns, split)
         if self._store is None:
-            self._store = build_store(layout.sized_for_pages(self._store_config, geometry.page_nbytes),
+            self._store = build_store(layout.sized_for_pages(self._store_config, kv.object_nbytes),
                                       layout.rank_suffix(self.storage_config))
         super().register_mem_pool_host(mem_pool_host)
         with self._pools_lock:
-            self._ns, self._geometry = ns, geometry
-            self._kv = sidecars.kv_objects(mem_pool_host, geometry, ns)
+            self._ns, self._geometry, self._kv = ns, geometry, kv
             self._sidecars.clear()  # derived from the KV namespace: rebuilt on next use
         if not logical:
             self._register_buffers(mem_pool_host)
         if self._watch is None:
             self._watch = observe_store(self._store, self.storage_config, self._metrics_on)
-        logger.info("mooncake_sgl: namespace %s, %d-byte pages in %d segments, local files '%s'",
-                    self._ns.describe(), geometry.page_nbytes, len(geometry.segment_sizes),
-                    layout.rank_suffix(self.storage_config))
+        logger.info("mooncake_sgl: namespace %s, %d-byte pages in %d segments, local files '%s'; "
+                    "model fingerprint %s", self._ns.describe(), geometry.page_nbytes,
+                    len(geometry.segment_sizes), layout.rank_suffix(self.storage_config),
+                    self._weights.summary)
+        if kv.head_groups:
+            logger.info("mooncake_sgl: split heads: each page stored as %d head groups of %d bytes, "
+                        "under lcm-grid ranks %s of %d", split, kv.object_nbytes,
+                        ",".join(str(g.tp_rank) for g in kv.head_groups), kv.head_groups[0].tp_size)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         """Bind a hybrid model's host pool (every ``HostPoolGroup`` entry, KV included).
@@ -302,14 +299,16 @@ class MooncakeSglStorage(HiCacheStorage):
 
     # ------------------------------------------------------------------ keys
 
-    def _keys(self, hashes: list[str]) -> list[PageKey]:
-        if self._ns is None:
+    # A KV page is one object, or one per head group (split heads): ``PoolObjects`` keys, views
+    # and counts them; the methods below turn objects back into pages.
+
+    def _kv_objects(self) -> sidecars.PoolObjects:
+        if self._kv is None:
             raise RuntimeError("no host pool registered yet (register_mem_pool_host)")
-        return [page_key(self._ns, h) for h in hashes]
+        return self._kv
 
     def _parent(self, extra_info: Any) -> PageKey | None:
-        h = layout.parent_hash(extra_info)
-        return page_key(self._ns, h) if h is not None and self._ns is not None else None
+        return sidecars.part_key(self._kv_objects(), layout.parent_hash(extra_info))
 
     def _live(self) -> None:
         if self._closed:
@@ -334,8 +333,9 @@ class MooncakeSglStorage(HiCacheStorage):
         if self._logical_kv():
             return [True] * len(keys)  # no KV bytes; the v2 sidecars carry the page
         start = time.perf_counter()
-        pages = layout.page_views(self.mem_pool_host, self._geometry, host_indices, len(keys))
-        ok = _normalise(self._store.get_into(self._keys(keys), pages), len(keys))
+        kv = self._kv_objects()
+        found = self._store.get_into(kv.keys(keys), kv.views(host_indices, len(keys)))
+        ok = _normalise(kv.present_pages(_normalise(found, len(keys) * kv.parts)), len(keys))
         self._record(self._prefetch_pgs, self._prefetch_bw, sum(ok), start)
         return ok
 
@@ -351,8 +351,10 @@ class MooncakeSglStorage(HiCacheStorage):
         if not self._writer or self._logical_kv():
             return [True] * len(keys)
         start = time.perf_counter()
-        pages = layout.page_views(self.mem_pool_host, self._geometry, host_indices, len(keys))
-        ok = _normalise(self._store.put_from(self._keys(keys), pages, self._parent(extra_info)), len(keys))
+        kv = self._kv_objects()
+        stored = self._store.put_from(kv.keys(keys), kv.views(host_indices, len(keys)),
+                                      self._parent(extra_info))
+        ok = _normalise(kv.present_pages(_normalise(stored, len(keys) * kv.parts)), len(keys))
         self._record(self._backup_pgs, self._backup_bw, sum(ok), start)
         return ok
 
@@ -364,12 +366,14 @@ class MooncakeSglStorage(HiCacheStorage):
         self._live()
         if not keys:
             return 0
-        return int(self._store.exists_prefix(self._keys(keys), self._parent(extra_info)))
+        kv = self._kv_objects()
+        return int(self._store.exists_prefix(kv.keys(keys), self._parent(extra_info))) // kv.parts
 
     @_boundary(lambda *a, **k: False)
     def exists(self, key: str) -> bool:
         self._live()
-        return bool(self._store.contains(self._keys([key]))[0])
+        found = self._store.contains(self._kv_objects().keys([key]))
+        return bool(found) and all(found)
 
     # ------------------------------------------------------------------ hybrid pools (v2)
 
@@ -389,7 +393,7 @@ class MooncakeSglStorage(HiCacheStorage):
         kv = self._objects(KV_POOL)
         prior = layout.parent_hash(extra_info)
         kv_pages = len(keys) if kv.logical else int(
-            self._store.exists_prefix(kv.keys(keys), sidecars.part_key(kv, prior)))
+            self._store.exists_prefix(kv.keys(keys), sidecars.part_key(kv, prior))) // kv.parts
         looked_up = [(self._objects(t.name), t) for t in pool_transfers or ()] if kv_pages else []
         evidence = [sidecars.evidence(self._store, objects, t, keys, kv_pages, prior)
                     for objects, t in looked_up]
@@ -449,8 +453,10 @@ class MooncakeSglStorage(HiCacheStorage):
         if target_locations is None:
             target_locations = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
         # Filled in place, so they must already be contiguous CPU pages (flat_page_view checks).
-        pages = [layout.flat_page_view(self._geometry, t) for t in target_locations]
-        ok = _normalise(self._store.get_into(self._keys(keys), pages), len(keys))
+        kv = self._kv_objects()
+        objects = kv.objects_of([layout.flat_page_view(self._geometry, t) for t in target_locations])
+        found = self._store.get_into(kv.keys(keys), objects)
+        ok = _normalise(kv.present_pages(_normalise(found, len(keys) * kv.parts)), len(keys))
         return [t if good else None for t, good in zip(target_locations, ok, strict=True)]
 
     @_boundary(lambda *a, **k: False)
@@ -467,8 +473,9 @@ class MooncakeSglStorage(HiCacheStorage):
         if not self._writer:
             return True
         src = [v.detach().to("cpu").contiguous() for v in values]  # keeps the copies alive
-        pages = [layout.flat_page_view(self._geometry, t) for t in src]
-        return all(_normalise(self._store.put_from(self._keys(keys), pages), len(keys)))
+        kv = self._kv_objects()
+        objects = kv.objects_of([layout.flat_page_view(self._geometry, t) for t in src])
+        return all(_normalise(self._store.put_from(kv.keys(keys), objects), len(keys) * kv.parts))
 
     # ------------------------------------------------------------------ lifecycle, metrics
 

@@ -8,6 +8,8 @@
   concatenation is byte-identical to the zero-copy page, so both paths share keys and bytes.
 - ``key_namespace`` / ``rank_suffix``: a ``HiCacheStorageConfig`` plus the pool → the key namespace
   and the per-process name of local files.
+- ``head_split`` / ``head_group_views``: SGLang's split heads, each page as one object per head group
+  of the lcm grid (``keys.KeyNamespace.head_groups`` names them).
 
 Everything reads SGLang objects through ``getattr`` with defaults, so configs and pools of older
 releases (0.5.5 had no PP/CP/DCP fields) still work.
@@ -182,8 +184,60 @@ def is_storage_writer(cfg: Any) -> bool:
     return not is_rank_replicated(cfg) or int(getattr(cfg, "tp_rank", 0)) == 0
 
 
-def key_namespace(cfg: Any, geometry: PoolGeometry, tag: str = "") -> KeyNamespace:
-    """The namespace every key of this process lives in (model, dtype, layout, page, ranks, tag).
+def head_split(cfg: Any, pool: Any) -> int:
+    """Head groups per page this rank stores apart: ``tp_lcm_size // tp_size`` where SGLang set
+    ``should_split_heads`` (an MHA pool in the ``page_head`` layout with ``tp_lcm_size > tp_size``),
+    else 1.
+
+    Raises:
+        ValueError: a ``tp_lcm_size`` that is not a multiple of ``tp_size``, a pool that is not
+            ``page_head``, or a pool whose heads do not divide into the groups (a model with fewer
+            KV heads than ``tp_lcm_size``: SGLang replicates those heads, so no lcm-grid rank owns
+            a distinct share of them).
+    """
+    if not getattr(cfg, "should_split_heads", False):
+        return 1
+    tp_size = int(getattr(cfg, "tp_size", 1) or 1)
+    lcm = int(getattr(cfg, "tp_lcm_size", 0) or 0)
+    if lcm <= tp_size or lcm % tp_size:
+        raise ValueError(f"split heads: tp_lcm_size {lcm} must be a multiple of tp_size {tp_size} "
+                         "and larger than it")
+    split = lcm // tp_size
+    pool_layout = str(getattr(pool, "layout", ""))
+    heads = int(getattr(pool, "head_num", 0) or 0)
+    if pool_layout != "page_head":
+        raise ValueError(f"split heads need the page_head host layout, the host pool has {pool_layout!r}")
+    if not heads or heads % split:
+        raise ValueError(f"split heads: this rank's {heads} KV heads do not divide into tp_lcm_size "
+                         f"{lcm} / tp_size {tp_size} = {split} groups; choose a tp_lcm_size that "
+                         "divides the model's KV head count times tp_size")
+    return split
+
+
+def head_group_views(page: PageView, split: int) -> list[PageView]:
+    """A ``page_head`` page cut into its ``split`` head groups, each a view of its share of every
+    segment (K heads g, V heads g), aliasing the page.
+
+    In ``page_head`` a page's K (and V) block is ``(heads, page_size, layers, head_dim)``, heads
+    outermost, so head group ``g`` is the ``g``-th equal share of each block: the bytes SGLang's
+    ``get_split_heads_page_buffer_meta`` points at, and the whole page of lcm-grid rank ``g`` on a
+    server of TP size ``tp_lcm_size``.
+
+    Raises:
+        ValueError: a segment that does not divide into ``split`` equal shares.
+    """
+    if split == 1:
+        return [page]
+    for seg in page:
+        if seg.nbytes % split:
+            raise ValueError(f"a {seg.nbytes}-byte segment does not divide into {split} head groups")
+    return [[seg[g * (seg.nbytes // split):(g + 1) * (seg.nbytes // split)] for seg in page]
+            for g in range(split)]
+
+
+def key_namespace(cfg: Any, geometry: PoolGeometry, tag: str = "", weights: str = "") -> KeyNamespace:
+    """The namespace every key of this process lives in (model and its checkpoint fingerprint
+    ``weights``, dtype, layout, page, ranks, tag).
 
     The DP rank is left out on purpose: attention-TP rank r holds the same heads in every DP group,
     so DP groups share pages through shared tiers.
@@ -202,6 +256,7 @@ def key_namespace(cfg: Any, geometry: PoolGeometry, tag: str = "") -> KeyNamespa
         cp_size=cp_size,
         rank_replicated=is_rank_replicated(cfg),
         tag=tag,
+        weights=weights,
     )
 
 

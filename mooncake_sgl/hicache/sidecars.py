@@ -56,13 +56,25 @@ class PoolObjects:
     geometry: layout.PoolGeometry
     namespace: KeyNamespace
     chunk: int  # bytes per stored part; 0 = the page is one object (the KV pool itself)
+    # Split heads (KV only): one namespace per head group of a page, each group its own object
+    # (``layout.head_group_views``); empty when the page is stored whole.
+    head_groups: tuple[KeyNamespace, ...] = ()
 
     @property
     def parts(self) -> int:
         """Stored objects per page."""
+        if self.head_groups:
+            return len(self.head_groups)
         if not self.chunk:
             return 1
         return max(1, -(-self.geometry.page_nbytes // self.chunk))
+
+    @property
+    def object_nbytes(self) -> int:
+        """Bytes of the largest stored object of a page (what a host slot must hold)."""
+        if self.head_groups:
+            return self.geometry.page_nbytes // len(self.head_groups)
+        return min(self.chunk, self.geometry.page_nbytes) if self.chunk else self.geometry.page_nbytes
 
     @property
     def logical(self) -> bool:
@@ -71,6 +83,8 @@ class PoolObjects:
 
     def keys(self, hashes: Sequence[str]) -> list[PageKey]:
         """Keys of every stored object of ``hashes``' pages, page by page, parts in order."""
+        if self.head_groups:
+            return [page_key(ns, h) for h in hashes for ns in self.head_groups]
         if not self.chunk:
             return [page_key(self.namespace, h) for h in hashes]
         n = self.parts
@@ -82,9 +96,16 @@ class PoolObjects:
         Raises:
             ValueError: indices outside the pool or not ``npages`` whole pages.
         """
-        pages = layout.page_views(self.pool, self.geometry, host_indices, npages)
+        return self.objects_of(layout.page_views(self.pool, self.geometry, host_indices, npages))
+
+    def objects_of(self, pages: Sequence[PageView]) -> list[PageView]:
+        """Whole pages (zero-copy or flat views) → the views of their stored objects, in ``keys``
+        order."""
+        if self.head_groups:
+            split = len(self.head_groups)
+            return [group for page in pages for group in layout.head_group_views(page, split)]
         if not self.chunk:
-            return pages
+            return list(pages)
         return [part for page in pages for part in chunk_page(page, self.chunk)]
 
     def present_pages(self, found: Sequence[bool]) -> list[bool]:
@@ -126,8 +147,16 @@ def is_rank_replicated(cfg: Any, name: str, pool: Any) -> bool:
     return not hasattr(pool, "v_buffer")
 
 
-def kv_objects(pool: Any, geometry: layout.PoolGeometry, namespace: KeyNamespace) -> PoolObjects:
-    return PoolObjects(name=KV_POOL, pool=pool, geometry=geometry, namespace=namespace, chunk=0)
+def kv_objects(pool: Any, geometry: layout.PoolGeometry, namespace: KeyNamespace, split: int = 1
+               ) -> PoolObjects:
+    """The KV pool's objects: whole pages, or ``split`` head groups per page (split heads).
+
+    Raises:
+        ValueError: ``split`` > 1 for a rank-replicated namespace.
+    """
+    groups = namespace.head_groups(split) if split > 1 else ()
+    return PoolObjects(name=KV_POOL, pool=pool, geometry=geometry, namespace=namespace, chunk=0,
+                       head_groups=groups)
 
 
 def logical_geometry(pool: Any) -> layout.PoolGeometry:
@@ -140,7 +169,7 @@ def logical_geometry(pool: Any) -> layout.PoolGeometry:
 def sidecar_objects(cfg: Any, kv: PoolObjects, name: str, pool: Any) -> PoolObjects:
     """A sidecar pool in the namespace derived from the KV pool's; parts of one KV page each."""
     geometry = layout.pool_geometry(pool)
-    chunk = kv.geometry.page_nbytes or geometry.page_nbytes
+    chunk = kv.object_nbytes or geometry.page_nbytes
     namespace = dataclasses.replace(
         kv.namespace, dtype=geometry.dtype, layout=geometry.layout, page_size=geometry.page_size,
         rank_replicated=is_rank_replicated(cfg, name, pool), pool=name,

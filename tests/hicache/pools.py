@@ -30,16 +30,18 @@ KINDS = ("mha", "mla")
 MODEL = "toy-org/toy-model"
 
 
-def build_pool(kind: str, layout: str, allocator_type: str = "default", pin_memory: bool = False) -> Any:
-    """A real ``MHATokenToKVPoolHost`` / ``MLATokenToKVPoolHost`` over CPU memory."""
+def build_pool(kind: str, layout: str, allocator_type: str = "default", pin_memory: bool = False,
+               heads: int = HEADS) -> Any:
+    """A real ``MHATokenToKVPoolHost`` / ``MLATokenToKVPoolHost`` over CPU memory (MHA: ``heads``
+    KV heads on this rank)."""
     cpu = torch.device("cpu")
     if kind == "mha":
-        k = tuple(torch.zeros(DEVICE_TOKENS, HEADS, HEAD_DIM, dtype=DTYPE) for _ in range(LAYERS))
-        v = tuple(torch.zeros(DEVICE_TOKENS, HEADS, HEAD_DIM, dtype=DTYPE) for _ in range(LAYERS))
+        k = tuple(torch.zeros(DEVICE_TOKENS, heads, HEAD_DIM, dtype=DTYPE) for _ in range(LAYERS))
+        v = tuple(torch.zeros(DEVICE_TOKENS, heads, HEAD_DIM, dtype=DTYPE) for _ in range(LAYERS))
         bufs = KVBuffers(k=k, v=v, k_data_ptrs=torch.tensor([t.data_ptr() for t in k], dtype=torch.uint64),
                          v_data_ptrs=torch.tensor([t.data_ptr() for t in v], dtype=torch.uint64),
                          layout=KVBufferLayout.NHD)
-        info = MHABufferInfo(buffers=bufs, page_size=PAGE, head_num=HEADS, head_dim=HEAD_DIM,
+        info = MHABufferInfo(buffers=bufs, page_size=PAGE, head_num=heads, head_dim=HEAD_DIM,
                              v_head_dim=HEAD_DIM, dtype=DTYPE, device=cpu)
         with host_memory_budget_scope(1 << 30):
             return MHATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, pin_memory=pin_memory, device="cpu",

@@ -170,9 +170,9 @@ def test_block_groups_through_the_backend(attached) -> None:
     assert (r.kv_hit_pages, r.extra_pool_hit_pages[PoolName.SWA]) == (6, 2)
 
 
-def test_session_id_and_split_heads_are_refused_with_a_log_line(attached, caplog) -> None:
+def test_session_id_is_refused_with_a_log_line(attached, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="mooncake_sgl.hicache.backend"):
-        backend, setup = attached("mha+mamba", should_split_heads=True, tp_lcm_size=4)
+        backend, setup = attached("mha+mamba")
         keys = setup.hashes(setup.tokens(1, seed=46))
         mamba = PoolTransfer(name=PoolName.MAMBA, host_indices=setup.side.alloc(1), keys=keys,
                              hit_policy=TRAILING)
@@ -180,7 +180,6 @@ def test_session_id_and_split_heads_are_refused_with_a_log_line(attached, caplog
             assert backend.batch_set_v2([mamba], HiCacheStorageExtraInfo(
                 extra_info={"session_id": "s-1"})) == {PoolName.MAMBA: [True]}
     messages = [r.getMessage() for r in caplog.records]
-    assert sum("refused: split heads" in m for m in messages) == 1
     assert sum("refused: the session id" in m for m in messages) == 1
 
 
