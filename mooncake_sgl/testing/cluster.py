@@ -16,9 +16,10 @@ namespace, is ``10.231.N.254`` (that is how tests, the router and clients here r
 the addresses exist only on the bridge and inside the namespaces made here.
 
 What a namespace changes for the components: SGLang cannot see the cgroup filesystem there, so its
-HiCache host pool is given a size (``--hicache-size``); shared memory between a pool and a client
-needs the same host, since the pool's Unix socket is in the abstract namespace, which is per network
-namespace (``transport: auto`` then picks TCP, as between real hosts).
+HiCache host pool is given a size (``HICACHE_SIZING``; ``--hicache-size`` in ``extra`` also does);
+shared memory between a pool and a client needs the same host, since the pool's Unix socket is in
+the abstract namespace, which is per network namespace (``transport: auto`` then picks TCP, as
+between real hosts).
 
 Teardown: ``close()`` (also on ``__exit__``, Ctrl-C and interpreter exit) stops every component,
 SIGKILLs whatever still runs in a namespace, and deletes the namespaces and the bridge. A cluster
@@ -52,8 +53,10 @@ from .mooncake_master import MooncakeMaster
 SUBNET = "10.231"
 PREFIX = "mcsgl"  # of every bridge, namespace and veth made here
 BRIDGE_HOST = 254
-# SGLang's host pool, in GB: its automatic size reads cgroup limits a namespace cannot see.
-HICACHE_SIZE_GB = 1
+# SGLang's host pool is sized explicitly: its automatic size reads cgroup limits a namespace cannot
+# see (it then refuses to start). A ratio, not ``--hicache-size`` (whole GB): twice the device pool,
+# SGLang's own default ratio, is megabytes for a tiny model. Either flag given later wins.
+HICACHE_SIZING = ("--hicache-ratio", "2")
 _STATE = Path(tempfile.gettempdir()) / "mooncake-sgl-cluster"
 
 
@@ -112,8 +115,13 @@ class Etcd:
         return f"{self.host.addr}:{self.client_port}"
 
     def start(self, timeout_s: float = 30.0) -> Etcd:
-        for _ in range(3):  # a picked port can be taken meanwhile: pick again
-            self.client_port, self.peer_port = pick_port(), pick_port()
+        """Start (again: on the same ports and data, as the masters know it) and wait for health."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self
+        again = bool(self.client_port)
+        for _ in range(1 if again else 3):  # a picked port can be taken meanwhile: pick again
+            if not again:
+                self.client_port, self.peer_port = pick_port(), pick_port()
             peer = f"http://{self.host.addr}:{self.peer_port}"
             client = f"http://{self.endpoint}"
             log = open(self.workdir / "etcd.log", "ab")
@@ -251,6 +259,18 @@ class Cluster:
             raise RuntimeError(f"pool client in {host.netns} failed: {out.stderr[-2000:]}")
         return out.stdout.strip().splitlines()[-1]
 
+    def disk(self, size: str) -> Path:
+        """A file system of its own, ``size`` big (tmpfs: ``64m``), for a tier whose disk fills up."""
+        path = self.workdir / f"disk-{len(self._stops)}"
+        path.mkdir(parents=True)
+        out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True, text=True, timeout=30)
+        if out.returncode:
+            raise ClusterUnavailable(f"cannot mount a {size} tmpfs at {path}: {out.stderr.strip()}")
+        self._track(None, lambda: subprocess.run(["umount", "-l", str(path)], capture_output=True,
+                                                 timeout=30))
+        return path
+
     # ---------------------------------------------------------------------------- components
 
     def _track(self, host: Host | None, stop: Callable[[], None]) -> None:
@@ -287,7 +307,7 @@ class Cluster:
 
         cpu = not has_gpu()
         args = ours_args(tiers) if tiers is not None else ()
-        sizing = ("--hicache-size", str(HICACHE_SIZE_GB)) if tiers is not None else ()
+        sizing = HICACHE_SIZING if tiers is not None else ()
 
         def cmd(port: int) -> list[str]:
             return [*host.prefix, *launch_command(str(model), port, args, cpu=cpu, host=host.addr,
@@ -298,6 +318,8 @@ class Cluster:
                                 env=server_env(cpu, {"PYTHONPATH": _package_root(), **(env or {})}),
                                 host=host.addr)
         self._track(host, server.stop)
+        if tiers is not None:
+            _check_host_memory()
         return server.start()
 
     def router(self, worker_urls: Sequence[str], policy: str, extra: Sequence[str] = (),
@@ -344,6 +366,21 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# SGLang refuses a HiCache host pool unless this much more than the pool is available
+# (``HICACHE_HOST_MEMORY_RESERVE_BYTES`` in ``pool_host/base.py``), after loading the model.
+SGLANG_HOST_RESERVE = 10 << 30
+
+
+def _check_host_memory() -> None:
+    """Fail now, saying why, where SGLang would refuse the host pool after a minute of start-up."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    if available < SGLANG_HOST_RESERVE:
+        raise RuntimeError(f"SGLang will refuse its HiCache host pool: it wants 10 GiB of RAM left over, "
+                           f"{available / 2**30:.1f} GiB is available now")
 
 
 def _package_root() -> str:
