@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bench.server import LaunchedServer, launch_command, ours_args, server_env
+from ..hicache.cpu_compat import HOST_RESERVE_ENV
 from ..pool.process import PoolProcess
 from ..procs import pick_port
 from .mooncake_master import MooncakeMaster
@@ -315,7 +316,8 @@ class Cluster:
 
         name = name or f"sglang-{host.index}-{len(self._stops)}"
         server = LaunchedServer(cmd, pick_port(), self.workdir / f"{name}.log", health_timeout_s,
-                                env=server_env(cpu, {"PYTHONPATH": _package_root(), **(env or {})}),
+                                env=server_env(cpu, {"PYTHONPATH": _package_root(),
+                                                     HOST_RESERVE_ENV: str(HOST_RESERVE), **(env or {})}),
                                 host=host.addr)
         self._track(host, server.stop)
         if tiers is not None:
@@ -368,9 +370,10 @@ class Cluster:
         self.close()
 
 
-# SGLang refuses a HiCache host pool unless this much more than the pool is available
-# (``HICACHE_HOST_MEMORY_RESERVE_BYTES`` in ``pool_host/base.py``), after loading the model.
-SGLANG_HOST_RESERVE = 10 << 30
+# What SGLang keeps back from a HiCache host pool's size check on the cluster's servers (its own
+# 10 GiB is for a GPU server's host: on a machine shared with other servers it refuses the tiny
+# pools of these whenever the others hold the RAM). Arbitrary: what a CPU server's own start needs.
+HOST_RESERVE = 1 << 30
 
 
 def _check_host_memory() -> None:
@@ -378,9 +381,8 @@ def _check_host_memory() -> None:
     import psutil
 
     available = psutil.virtual_memory().available
-    if available < SGLANG_HOST_RESERVE:
-        raise RuntimeError(f"SGLang will refuse its HiCache host pool: it wants 10 GiB of RAM left over, "
-                           f"{available / 2**30:.1f} GiB is available now")
+    if available < 2 * HOST_RESERVE:
+        raise RuntimeError(f"too little RAM for another live server: {available / 2**30:.1f} GiB available")
 
 
 def _package_root() -> str:
