@@ -212,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     cells: list[dict[str, Any]] = []
     for kv in args.kv:
         cells += run_kv(kv, args, model, conversations, workdir)
+        if args.json:  # after each KV setup too: a long run interrupted keeps what it measured
+            Path(args.json).write_text(json.dumps({"args": vars(args), "cells": cells}, indent=2,
+                                                  default=str))
     title = (f"3 servers behind sglang-router: {spec.conversations} conversations x {spec.turns} turns, "
              f"{args.max_parallel} at once")
     print(title)
