@@ -1,4 +1,16 @@
-"""``ServerProcess``: the life cycle shared by the server subprocesses we start (our pool server,
+"""What every server subprocess we start shares: the ports it listens on and its life cycle.
+
+``pick_port()``: a TCP port for a server that binds it only later (SGLang, ``mooncake_master``,
+etcd, the router, a pool restarted on its old port). A port from the kernel's ``bind(0)`` is the
+wrong choice: it comes from the ephemeral range (``/proc/sys/net/ipv4/ip_local_port_range``), which
+every ``bind(0)`` and outgoing ``connect()`` of every process draws from, so between our release and
+the server's bind it can be taken; it once was, by the SGLang scheduler's own listening socket
+(``[Errno 98]`` in the HTTP server, the scheduler spinning). So the pick is random from below that
+range and outside SGLang's own range for the ports it picks the same way (22000-29999), checked
+free on every address, never handed out twice by this process; callers still retry on a bind
+failure, since another process can take any port.
+
+``ServerProcess``: the life cycle shared by the server subprocesses we start (our pool server,
 the real ``mooncake_master``): a private work folder with the log, graceful stop with a SIGKILL
 fallback, a crash-like kill, the log's tail for error messages, and use as a context manager.
 Subclasses set ``_proc`` in ``start()`` and may keep other files in ``workdir``.
@@ -7,11 +19,84 @@ Subclasses set ``_proc`` in ``start()`` and may keep other files in ``workdir``.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
+import threading
 from typing import Any
+
+# Where picked ports come from: from here up to the ephemeral range (or SGLang's range, whichever
+# is lower). Arbitrary; low enough to leave the range wide, above the well-known services' ports.
+PORT_LOW = 10000
+# SGLang's get_free_port_below_ephemeral draws from here (nccl_port and the like): keep out.
+SGLANG_PORTS = range(22000, 30000)
+_DEFAULT_EPHEMERAL_LOW = 32768
+
+_handed_out: set[int] = set()
+_handed_lock = threading.Lock()
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (what ``bind(0)`` and ``connect()`` pick from)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split()[:2])
+        return low, high
+    except (OSError, ValueError):
+        return _DEFAULT_EPHEMERAL_LOW, 60999
+
+
+def port_is_free(port: int, host: str = "0.0.0.0") -> bool:
+    """Nothing bound to ``port`` on ``host`` (``0.0.0.0``: on any IPv4 address) right now.
+
+    Without SO_REUSEADDR, so a port in TIME_WAIT counts as taken: a server that sets the option
+    could bind it, one that does not (etcd, the master) could not."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_port(host: str = "0.0.0.0", low: int | None = None, high: int | None = None) -> int:
+    """A free TCP port below the ephemeral range and outside SGLang's, for a server that binds
+    it later; never one this process handed out before (while others are left).
+
+    Args:
+        host: the address the server will bind; ``0.0.0.0`` checks every local IPv4 address.
+        low, high: the inclusive range to pick from (default: ``PORT_LOW`` up to the ephemeral
+            range's start, less SGLang's range).
+    Raises:
+        OSError: no free port in the range.
+    """
+    eph_low, _ = ephemeral_range()
+    low = PORT_LOW if low is None else low
+    high = min(eph_low, SGLANG_PORTS.start) - 1 if high is None else high
+    candidates = [p for p in range(low, high + 1) if p not in SGLANG_PORTS]
+    if not candidates:
+        raise OSError(f"no ports to pick from in {low}-{high} (ephemeral range starts at {eph_low})")
+    random.shuffle(candidates)
+    with _handed_lock:
+        fresh = [p for p in candidates if p not in _handed_out]
+        for port in fresh or candidates:
+            if port_is_free(port, host) and (host == "0.0.0.0" or port_is_free(port)):
+                _handed_out.add(port)
+                return port
+    raise OSError(f"no free TCP port in {low}-{high} on {host}")
+
+
+BIND_FAILURE_MARKERS = ("address already in use", "errno 98", "eaddrinuse",
+                        "error while attempting to bind")
+
+
+def says_bind_failed(text: str) -> bool:
+    """Does a server's log say it could not bind its port."""
+    low = text.lower()
+    return any(m in low for m in BIND_FAILURE_MARKERS)
 
 
 class ServerProcess:

@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Union
 
+from ..procs import pick_port, says_bind_failed
 from .client import SglangClient
 
 # What a CPU server needs (the project's notes on live CPU serving have the reasons): the torch
@@ -86,19 +88,19 @@ def has_gpu() -> bool:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a server to bind later: below the ephemeral range, checked free (see
+    ``mooncake_sgl.procs.pick_port``); the launcher still retries on a bind failure."""
+    return pick_port()
 
 
 def launch_command(model_path: str, port: int, variant_args: tuple[str, ...], *, cpu: bool,
-                   extra: tuple[str, ...] = ()) -> list[str]:
+                   extra: tuple[str, ...] = (), host: str = "127.0.0.1") -> list[str]:
     """``python -m sglang.launch_server`` for one variant; ``extra`` flags come last and win."""
     hicache = HICACHE in variant_args
     platform = (CPU_FLAGS + (CPU_HICACHE_FLAGS if hicache else ())) if cpu else \
         (GPU_FLAGS + (GPU_HICACHE_FLAGS if hicache else ()))
     return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
-            "--host", "127.0.0.1", "--port", str(port), *platform, *variant_args, *extra]
+            "--host", host, "--port", str(port), *platform, *variant_args, *extra]
 
 
 def server_env(cpu: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -137,37 +139,120 @@ def stop_tree(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
     proc.wait()
 
 
+# A command line for a port: a list (its ``--port`` value is replaced on a retry) or a function.
+Command = Union[list[str], Callable[[int], list[str]]]
+BIND_ATTEMPTS = 3
+# What SGLang's HTTP server (uvicorn) logs when it could not bind its port, and when it gave up:
+# the process itself can linger after that (its scheduler children keep it alive), so the log, not
+# the exit, says the server is dead. Other lines saying "address already in use" are not enough:
+# the transfer engine, for one, logs them while it tries ports of its own.
+HTTP_BIND_FAILED = "error while attempting to bind on address"
+HTTP_DEAD_MARKERS = (HTTP_BIND_FAILED, "Application startup failed")
+POLL_S = 0.5
+
+
+class ServerDied(RuntimeError):
+    """The server's process exited, or its HTTP server did, before it became healthy."""
+
+
 class LaunchedServer:
     """One live server in its own process group; waits for ``/health``; on exit stops the server
-    and everything it started (scheduler and detokenizer children included)."""
+    and everything it started (scheduler and detokenizer children included).
 
-    def __init__(self, cmd: list[str], port: int, log_path: Path, health_timeout_s: float = 900.0,
-                 env: dict[str, str] | None = None):
-        self.cmd = cmd
+    Start-up fails within about a second of the server's death: of its process, or of its HTTP
+    server (found in its log: SGLang's process can stay alive after uvicorn gave up). When the
+    port could not be bound, it starts again on a new one (``BIND_ATTEMPTS`` in all): ``port``
+    and ``url`` are the ones in use after ``start()``.
+    """
+
+    def __init__(self, cmd: Command, port: int, log_path: Path, health_timeout_s: float = 900.0,
+                 env: dict[str, str] | None = None, host: str = "127.0.0.1",
+                 pick: Callable[[], int] = pick_port):
+        self._cmd = cmd
         self.port = port
+        self.host = host
         self.log_path = Path(log_path)
         self.health_timeout_s = health_timeout_s
         self.env = env
         self.proc: subprocess.Popen | None = None
+        self.attempts = 0
+        self._pick = pick
         self._log: IO[bytes] | None = None
 
     @property
+    def cmd(self) -> list[str]:
+        """The command line for the current port."""
+        if callable(self._cmd):
+            return self._cmd(self.port)
+        cmd = list(self._cmd)
+        for i, arg in enumerate(cmd[:-1]):
+            if arg == "--port":
+                cmd[i + 1] = str(self.port)
+        return cmd
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> LaunchedServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     env=self.env if self.env is not None else dict(os.environ))
+        deadline = time.monotonic() + self.health_timeout_s
         try:
-            SglangClient(self.url).wait_healthy(self.health_timeout_s, alive=lambda: self.proc.poll() is None)
+            while True:
+                self.attempts += 1
+                offset = self._log.tell()
+                self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, start_new_session=True,
+                                             env=self.env if self.env is not None else dict(os.environ))
+                try:
+                    self._wait_healthy(deadline, offset)
+                    return self
+                except ServerDied as e:
+                    since = self._log_since(offset)
+                    exited = self.proc.poll() is not None
+                    bind = HTTP_BIND_FAILED in since or (exited and says_bind_failed(since))
+                    if not bind or self.attempts >= BIND_ATTEMPTS:
+                        raise
+                    self._kill_attempt()
+                    old, self.port = self.port, self._pick()
+                    self._log.write(f"\n[launcher] {e}; port {old} could not be bound: starting again "
+                                    f"on port {self.port}\n".encode())
+                    self._log.flush()
         except BaseException as e:
             self.stop()
             raise RuntimeError(f"server on port {self.port} did not start: {e}\n--- log tail ---\n"
                                f"{self.log_tail()}") from e
-        return self
+
+    def _wait_healthy(self, deadline: float, offset: int) -> None:
+        client = SglangClient(self.url)
+        while True:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise ServerDied(f"the server exited with code {self.proc.returncode}")
+            if any(m in self._log_since(offset) for m in HTTP_DEAD_MARKERS):
+                raise ServerDied("the server's HTTP server died (its log says so)")
+            if client.healthy():
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not healthy after {self.health_timeout_s:.0f}s")
+            time.sleep(POLL_S)
+
+    def _log_since(self, offset: int) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _kill_attempt(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            stop_tree(self.proc, grace_s=0.0)
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def __enter__(self) -> LaunchedServer:
         return self.start()
@@ -176,11 +261,13 @@ class LaunchedServer:
         self.stop()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            stop_tree(self.proc)
-            try:  # stragglers of the group, should any have escaped the tree walk
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                stop_tree(self.proc)
+            try:  # stragglers of the group, should any have escaped the tree walk (or outlived
+                # a parent that exited on its own)
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):
                 pass
         if self._log is not None:
             self._log.close()

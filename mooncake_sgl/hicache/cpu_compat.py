@@ -30,6 +30,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 import types
 from collections.abc import Callable
@@ -120,6 +121,23 @@ def unpinned_host_pools() -> bool:
     return True
 
 
+# Bytes SGLang keeps back from a HiCache host pool's size check (10 GiB in sglang 0.5.23, sized for
+# a GPU server's host); set for test servers on a shared CPU machine (mooncake_sgl/testing/cluster.py)
+# whose tiny pools would otherwise be refused whenever other processes hold the RAM.
+HOST_RESERVE_ENV = "MOONCAKE_SGL_HOST_RESERVE"
+
+
+def host_reserve() -> int | None:
+    """SGLang's host-pool reserve set from ``$MOONCAKE_SGL_HOST_RESERVE``; the bytes, or None."""
+    value = os.environ.get(HOST_RESERVE_ENV)
+    if not value:
+        return None
+    from sglang.srt.mem_cache.pool_host import base
+
+    base.HICACHE_HOST_MEMORY_RESERVE_BYTES = int(value)
+    return int(value)
+
+
 def direct_io_ops() -> list[str]:
     """Bind torch ``direct`` ops into the pool modules that lack them; the names bound."""
     from .cpu_kvcacheio import DIRECT_OPS
@@ -167,6 +185,9 @@ def apply() -> list[str]:
     if unpinned_host_pools():
         applied.append("unpinned host pools")
     applied += [f"torch {name}" for name in direct_io_ops()]
+    reserve = host_reserve()
+    if reserve is not None:
+        applied.append(f"host pool reserve {reserve} bytes (${HOST_RESERVE_ENV})")
     if applied:
         logger.info("mooncake_sgl: no accelerator here (sglang %s); applied: %s", version, ", ".join(applied))
     return applied

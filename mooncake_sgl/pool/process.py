@@ -5,8 +5,11 @@
         pool.kill()                                           # SIGKILL, as a crash
         pool.start()                                          # again, on the same port
 
-Config keys are ``PoolServerConfig`` fields. The server's log goes to ``log_path``; its tail is in
-every start error.
+Config keys are ``PoolServerConfig`` fields. Port 0 (the default) is a port picked below the
+ephemeral range (``procs.pick_port``), not the kernel's: the server keeps it across restarts, and a
+kernel-picked port could be any process's outgoing port by the time of a restart. ``prefix`` goes
+before the command (``["ip", "netns", "exec", "NS"]`` to run it on another host). The server's log
+goes to ``log_path``; its tail is in every start error.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
-from ..procs import ServerProcess
+from ..procs import ServerProcess, pick_port
 from .config import PoolServerConfig, parse_config
 
 
@@ -30,13 +34,19 @@ class PoolStartError(RuntimeError):
 
 
 class PoolProcess(ServerProcess):
-    def __init__(self, startup_timeout: float = 30.0, **config: Any):
+    def __init__(self, startup_timeout: float = 30.0, prefix: Sequence[str] = (), **config: Any):
         config.setdefault("port", 0)
         self.config: PoolServerConfig = parse_config(config, "PoolProcess", PoolServerConfig)
         super().__init__("mooncake_sgl_pool_", "pool.log")
         self._startup_timeout = startup_timeout
+        self._prefix = list(prefix)
+        self._picked = self.config.port == 0
+        self._ran = False  # became ready once: later starts keep the port clients know
         self.host = self.config.host
-        self.port = self.config.port
+        self.port = self.config.port or self._pick()
+
+    def _pick(self) -> int:
+        return pick_port("0.0.0.0" if self._prefix else self.host)
 
     @property
     def endpoint(self) -> str:
@@ -48,17 +58,18 @@ class PoolProcess(ServerProcess):
             return self
         cfg_path = os.path.join(self.workdir, "pool.json")
         data = msgspec.to_builtins(self.config)
-        data["port"] = self.port
-        with open(cfg_path, "w") as f:
-            json.dump(data, f)
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         deadline = time.monotonic() + self._startup_timeout
+        first = not self._ran
         while True:
+            data["port"] = self.port
+            with open(cfg_path, "w") as f:
+                json.dump(data, f)
             with open(self.log_path, "ab") as log:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "mooncake_sgl.pool", "--config", cfg_path],
+                    [*self._prefix, sys.executable, "-m", "mooncake_sgl.pool", "--config", cfg_path],
                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=env,
                     start_new_session=True)
             assert self._proc.stdout is not None
@@ -76,11 +87,15 @@ class PoolProcess(ServerProcess):
                 hostport = line.split()[1]
                 self.host, _, port = hostport.rpartition(":")
                 self.port = int(port)
+                self._ran = True
                 return self
             self._proc.wait()
             # A restart on a fixed port can race the old socket's release: retry until the deadline.
+            # A first start on a port we picked takes another one instead.
             if time.monotonic() > deadline or "Address already in use" not in self.log_tail():
                 raise PoolStartError(f"pool server exited with code {self._proc.returncode} before "
                                      f"READY:\n{self.log_tail()}")
+            if first and self._picked:
+                self.port = self._pick()
             time.sleep(0.2)
 

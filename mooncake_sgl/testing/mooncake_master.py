@@ -6,9 +6,9 @@
         m.restart()                          # same ports, so clients find it again
         m.metrics()["master_evicted_key_count"]  # the master's /metrics as a dict
 
-Ports are picked free just before the first start (and re-picked if another process takes one
-meanwhile), so read the addresses after ``start()``/``__enter__``. The binary comes from the
-installed wheel (``mooncake-transfer-engine[-non-cuda]``), or from
+Ports are picked free, below the ephemeral range, just before the first start (and re-picked if
+another process takes one meanwhile), so read the addresses after ``start()``/``__enter__``. The
+binary comes from the installed wheel (``mooncake-transfer-engine[-non-cuda]``), or from
 ``$MOONCAKE_MASTER_BIN``. It needs ``libibverbs.so.1`` (Debian: ``apt-get install libibverbs1``).
 The master's log goes to a temporary file (``log_path``); its tail is in every start error.
 """
@@ -20,7 +20,6 @@ import importlib.util
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -28,7 +27,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..procs import ServerProcess
+from ..procs import ServerProcess, pick_port
 
 MASTER_BIN_ENV = "MOONCAKE_MASTER_BIN"
 
@@ -74,28 +73,29 @@ def _die_with_parent() -> None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (the kernel's pick for a bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nothing listens on right now, below the ephemeral range (``procs.pick_port``: a
+    kernel-picked one could be taken by any process's next connect before the master binds it)."""
+    return pick_port(host)
 
 
 class MooncakeMaster(ServerProcess):
     """One ``mooncake_master`` subprocess with RPC, metrics and HTTP metadata on 127.0.0.1.
 
     ``lease_ttl`` (e.g. ``"1s"``) shortens Mooncake's 10 s read lease so eviction tests run fast;
-    ``extra_args`` are passed through verbatim (``["--eviction_high_watermark_ratio=0.8"]``).
+    ``extra_args`` are passed through verbatim (``["--eviction_high_watermark_ratio=0.8"]``);
+    ``prefix`` goes before the command (``["ip", "netns", "exec", "NS"]`` for another host).
     Ports are chosen once and kept across ``restart()``. The master is SIGKILLed if the thread
     that started it dies, so start it from a long-lived thread (the test's or the benchmark's).
     """
 
     def __init__(self, *, host: str = "127.0.0.1", lease_ttl: str | None = None,
                  client_ttl_s: int | None = None, extra_args: Sequence[str] = (),
-                 startup_timeout: float = 30.0) -> None:
+                 startup_timeout: float = 30.0, prefix: Sequence[str] = ()) -> None:
         self.host = host
-        self.rpc_port = free_port(host)
-        self.metrics_port = free_port(host)
-        self.http_metadata_port = free_port(host)
+        self._prefix = list(prefix)
+        # Run under a prefix (``ip netns exec NS``), ``host`` is not an address of ours to check.
+        self._pick_host = "0.0.0.0" if prefix else host
+        self.rpc_port, self.metrics_port, self.http_metadata_port = self._pick_ports()
         self._lease_ttl = lease_ttl
         self._client_ttl_s = client_ttl_s
         self._extra_args = list(extra_args)
@@ -123,8 +123,11 @@ class MooncakeMaster(ServerProcess):
 
     # -------------------------------------------------------------------------------- lifecycle
 
+    def _pick_ports(self) -> tuple[int, int, int]:
+        return pick_port(self._pick_host), pick_port(self._pick_host), pick_port(self._pick_host)
+
     def _argv(self) -> list[str]:
-        argv = [self._binary,
+        argv = [*self._prefix, self._binary,
                 f"--rpc_address={self.host}", f"--rpc_port={self.rpc_port}",
                 f"--metrics_host={self.host}", f"--metrics_port={self.metrics_port}",
                 "--enable_http_metadata_server=true",
@@ -150,8 +153,7 @@ class MooncakeMaster(ServerProcess):
             except _EarlyExit as e:
                 if self._started_once or attempt == _START_ATTEMPTS - 1:
                     raise MasterStartError(str(e)) from None
-                self.rpc_port, self.metrics_port, self.http_metadata_port = (
-                    free_port(self.host), free_port(self.host), free_port(self.host))
+                self.rpc_port, self.metrics_port, self.http_metadata_port = self._pick_ports()
         raise AssertionError("unreachable")
 
     def _start_once(self) -> MooncakeMaster:

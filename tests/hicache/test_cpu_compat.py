@@ -113,3 +113,14 @@ def test_nothing_is_adapted_on_an_unchecked_sglang_or_with_an_accelerator(
     monkeypatch.setattr(cpu_compat, "no_accelerator", lambda: False)
     assert cpu_compat.apply() == []
     assert cpu_compat.platform_hook() is None  # never claims a platform
+
+
+def test_the_host_pool_reserve_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang.srt.mem_cache.pool_host import base
+
+    monkeypatch.setattr(base, "HICACHE_HOST_MEMORY_RESERVE_BYTES", base.HICACHE_HOST_MEMORY_RESERVE_BYTES)
+    monkeypatch.delenv(cpu_compat.HOST_RESERVE_ENV, raising=False)
+    assert cpu_compat.host_reserve() is None and base.HICACHE_HOST_MEMORY_RESERVE_BYTES == 10 << 30
+    monkeypatch.setenv(cpu_compat.HOST_RESERVE_ENV, str(1 << 30))
+    assert cpu_compat.host_reserve() == 1 << 30
+    assert base.HICACHE_HOST_MEMORY_RESERVE_BYTES == 1 << 30

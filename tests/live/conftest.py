@@ -47,8 +47,8 @@ class Servers:
 
     def start(self, name: str, tiers: Path, extra: tuple[str, ...] = (),
               env: dict[str, str] | None = None) -> LaunchedServer:
-        port = free_port()
-        server = LaunchedServer(serve_command(port, self.model, tiers, extra), port,
+        # A function of the port: the launcher starts again on another one if it cannot be bound.
+        server = LaunchedServer(lambda port: serve_command(port, self.model, tiers, extra), free_port(),
                                 self.logs / f"{name}.log", HEALTH_TIMEOUT_S,
                                 env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
         self.started.append(server)

@@ -262,3 +262,16 @@ def _flood(endpoint: str, remove_ids: list[int], size: int) -> None:
         ok = client.put_batch([key(i) for i in ids], pages_of([content(i, size) for i in ids]))
         assert ok == [True] * 16
     client.close()
+
+
+def test_a_pool_on_port_0_gets_a_port_below_the_ephemeral_range_and_keeps_it() -> None:
+    # A kernel-picked port is in the ephemeral range: by a restart, any outgoing connection of any
+    # process may hold it. A picked one is below it, and the restart finds it free.
+    from mooncake_sgl.procs import ephemeral_range
+
+    with PoolProcess(capacity="16MiB", slab_size="1MiB") as pool:
+        port = pool.port
+        assert port < ephemeral_range()[0]
+        pool.kill()
+        pool.start()
+        assert pool.port == port

@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Three live SGLang servers on three hosts behind sglang-router: what a shared KV pool buys.
+
+  python scripts/bench_cluster.py --json cluster.json            # all six cells
+  python scripts/bench_cluster.py --kv pool --policies round_robin --conversations 8
+
+Hosts are network namespaces on one bridge (mooncake_sgl/testing/cluster.py; needs root). A
+multi-turn workload of many conversations goes through the router, at most --max-parallel
+conversations at once. Cells: router policy (round_robin, cache_aware) x KV:
+  own       each server its own tiers (host DRAM + its own LMDB);
+  pool      host DRAM + one shared `mooncake-sgl pool` on a fourth host (TCP: another host);
+  mooncake  host DRAM + the Mooncake Store (its master on the fourth host, each server a segment).
+Per cell: the cached share of prompt tokens against the reachable share (whole pages of the
+previous turn), TTFT mean/p50/p99, throughput, and the tier each of our page hits came from (our
+/metrics). Each KV setup starts its servers once; each cell starts cold (storage and caches
+emptied) behind a router of its own. The question: does a shared pool let round-robin match
+cache-aware routing, and by how much does it beat isolated tiers?
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mooncake_sgl.bench.client import SglangClient  # noqa: E402
+from mooncake_sgl.bench.two_instances import Sent, reachable_tokens, summarise  # noqa: E402
+from mooncake_sgl.bench.workloads import BenchRequest, MultiTurnSpec, multiturn  # noqa: E402
+from mooncake_sgl.metrics.model import diff, merge  # noqa: E402
+from mooncake_sgl.metrics.scrape import scrape  # noqa: E402
+from mooncake_sgl.testing.cluster import Cluster  # noqa: E402
+from mooncake_sgl.testing.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
+
+POLICIES = ("round_robin", "cache_aware")
+KVS = ("own", "pool", "mooncake")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def tiers_yaml(kv: str, workdir: Path, i: int, host_addr: str, shared: str, host_cap: str) -> Path:
+    host = f"  - {{kind: host, capacity: {host_cap}}}\n"
+    if kv == "own":
+        slow = f'  - {{kind: lmdb, path: "{workdir / f"lmdb{i}"}", capacity: 4GiB}}\n'
+    elif kv == "pool":
+        slow = f'  - {{kind: pool, endpoints: ["{shared}"]}}\n'
+    else:
+        slow = (f'  - {{kind: mooncake_store, master: "{shared}", local_hostname: "{host_addr}", '
+                f'segment_size: 256MiB, buffer_size: 64MiB}}\n')
+    path = workdir / f"tiers-{kv}-{i}.yaml"
+    path.write_text("tiers:\n" + host + slow)
+    return path
+
+
+def drive(url: str, conversations: list[list[BenchRequest]], max_parallel: int, bar: Any) -> list[Sent]:
+    """Each conversation's turns in order through the router; ``max_parallel`` conversations at once."""
+    client = SglangClient(url)
+    sent: list[Sent] = []
+    lock = threading.Lock()
+
+    def converse(c: int) -> None:
+        for req in conversations[c]:
+            res = client.generate(req)
+            with lock:
+                sent.append(Sent(0, reachable_tokens(req), res))
+                if bar is not None:
+                    bar.update(1)
+
+    with ThreadPoolExecutor(max(1, max_parallel)) as ex:
+        list(ex.map(converse, range(len(conversations))))
+    return sent
+
+
+def hit_sources(before: list[Any], after: list[Any]) -> dict[str, float]:
+    """Our page hits per tier over all servers, between two sets of scrapes."""
+    per_tier = diff(merge(before), merge(after)).by_tier()
+    return {tier: s.hits for tier, s in per_tier.items()}
+
+
+def run_kv(kv: str, args: argparse.Namespace, model: Path, conversations: list[list[BenchRequest]],
+           workdir: Path) -> list[dict[str, Any]]:
+    cells = []
+    with Cluster(4, workdir / f"cluster-{kv}") as c:
+        servers_hosts, kv_host = c.hosts[:3], c.hosts[3]
+        shared = ""
+        if kv == "pool":
+            shared = c.pool(kv_host, capacity=args.pool_capacity).endpoint
+        elif kv == "mooncake":
+            shared = c.master(kv_host).rpc_address
+        log(f"[{kv}] starting 3 servers (logs in {c.workdir})")
+        extra = ("--max-total-tokens", str(args.max_total_tokens), "--enable-metrics", *args.server_arg)
+
+        def start(h: Any) -> Any:
+            tiers = tiers_yaml(kv, workdir, h.index, h.addr, shared, args.host_capacity)
+            return c.sglang(h, model, tiers, extra=extra, health_timeout_s=args.health_timeout)
+
+        with ThreadPoolExecutor(3) as ex:  # start-ups overlap
+            servers = list(ex.map(start, servers_hosts))
+        for policy in args.policies:
+            for s in servers:  # cold: nothing in our tiers (a shared one empties once), nor in SGLang's
+                SglangClient(s.url).clear_storage()
+                SglangClient(s.url).flush_cache()
+            router = c.router([s.url for s in servers], policy)
+            before = [scrape(s.url) for s in servers]
+            bar = None
+            if not args.no_progress:
+                from tqdm import tqdm
+
+                bar = tqdm(total=sum(map(len, conversations)), desc=f"{policy}/{kv}", unit="req",
+                           file=sys.stderr)
+            t0 = time.monotonic()
+            sent = drive(router.url, conversations, args.max_parallel, bar)
+            wall = time.monotonic() - t0
+            if bar is not None:
+                bar.close()
+            after = [scrape(s.url) for s in servers]
+            router.stop()
+            summary = summarise(sent)
+            summary.update({"policy": policy, "kv": kv, "wall_s": wall,
+                            "throughput_req_s": len(sent) / wall if wall else 0.0,
+                            "throughput_prompt_tok_s": summary["prompt_tokens"] / wall if wall else 0.0,
+                            "hits_by_tier": hit_sources(before, after)})
+            log(f"[{policy}/{kv}] cached {summary['cached_share']:.1%} of reachable "
+                f"{summary['reachable_share']:.1%}, TTFT p50 {summary['ttft_p50_s'] * 1e3:.0f} ms, "
+                f"{summary['errors']} errors")
+            cells.append(summary)
+    return cells
+
+
+def table(cells: list[dict[str, Any]]) -> str:
+    header = ("policy", "kv", "cached", "reachable", "TTFT mean", "p50", "p99", "req/s", "errors",
+              "hits by tier")
+    rows = [(c["policy"], c["kv"], f"{c['cached_share']:.1%}", f"{c['reachable_share']:.1%}",
+             f"{c['ttft_mean_s'] * 1e3:.0f} ms", f"{c['ttft_p50_s'] * 1e3:.0f} ms",
+             f"{c['ttft_p99_s'] * 1e3:.0f} ms", f"{c['throughput_req_s']:.2f}", str(c["errors"]),
+             ", ".join(f"{t} {h:.0f}" for t, h in c["hits_by_tier"].items() if h) or "-") for c in cells]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    return "\n".join(lines + ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows])
+
+
+def plot(cells: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{c['policy']}\n{c['kv']}" for c in cells]
+    x = range(len(cells))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax1.bar([i - 0.2 for i in x], [c["cached_share"] * 100 for c in cells], 0.4, label="cached")
+    ax1.bar([i + 0.2 for i in x], [c["reachable_share"] * 100 for c in cells], 0.4, label="reachable")
+    ax1.set_ylabel("% of prompt tokens")
+    ax1.set_xticks(list(x), labels, fontsize=8)
+    ax1.legend()
+    ax2.bar([i - 0.2 for i in x], [c["ttft_p50_s"] * 1e3 for c in cells], 0.4, label="p50")
+    ax2.bar([i + 0.2 for i in x], [c["ttft_p99_s"] * 1e3 for c in cells], 0.4, label="p99")
+    ax2.set_ylabel("TTFT (ms)")
+    ax2.set_xticks(list(x), labels, fontsize=8)
+    ax2.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = MultiTurnSpec()
+    p.add_argument("--policies", type=lambda s: s.split(","), default=list(POLICIES))
+    p.add_argument("--kv", type=lambda s: s.split(","), default=list(KVS), help="own,pool,mooncake")
+    p.add_argument("--conversations", type=int, default=12)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--first-turn-tokens", type=int, default=2048)
+    p.add_argument("--user-tokens", type=int, default=256)
+    p.add_argument("--output-tokens", type=int, default=16)
+    p.add_argument("--max-parallel", type=int, default=3, help="conversations in flight at once")
+    p.add_argument("--model-path", help="default: a tiny random Llama written for the run")
+    p.add_argument("--max-total-tokens", type=int, default=16384)
+    p.add_argument("--host-capacity", default="64MiB", help="our host DRAM tier on each server")
+    p.add_argument("--pool-capacity", default="2GiB")
+    p.add_argument("--server-arg", action="append", default=[], help="one more sglang flag (repeatable)")
+    p.add_argument("--health-timeout", type=float, default=900.0)
+    p.add_argument("--workdir", default="out/bench_cluster")
+    p.add_argument("--json", help="write every cell's numbers here")
+    p.add_argument("--plot", default="bench_cluster.png")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    for k in args.kv:
+        if k not in KVS:
+            p.error(f"--kv: {k!r} is none of {', '.join(KVS)}")
+    for pol in args.policies:
+        if pol not in POLICIES:
+            p.error(f"--policies: {pol!r} is none of {', '.join(POLICIES)}")
+    workdir = Path(args.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    model = Path(args.model_path) if args.model_path else write_tiny_llama(workdir / "model", TinyLlama())
+    spec = MultiTurnSpec(conversations=args.conversations, turns=args.turns,
+                         first_turn_tokens=args.first_turn_tokens, user_tokens=args.user_tokens,
+                         output_tokens=args.output_tokens, vocab_size=d.vocab_size, seed=d.seed)
+    rounds = multiturn(spec)
+    conversations = [[rounds[t][c] for t in range(spec.turns)] for c in range(spec.conversations)]
+    cells: list[dict[str, Any]] = []
+    for kv in args.kv:
+        cells += run_kv(kv, args, model, conversations, workdir)
+        if args.json:  # after each KV setup too: a long run interrupted keeps what it measured
+            Path(args.json).write_text(json.dumps({"args": vars(args), "cells": cells}, indent=2,
+                                                  default=str))
+    title = (f"3 servers behind sglang-router: {spec.conversations} conversations x {spec.turns} turns, "
+             f"{args.max_parallel} at once")
+    print(title)
+    print(table(cells))
+    if args.plot:
+        plot(cells, Path(args.plot), title)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "cells": cells}, indent=2, default=str))
+    return 1 if any(c["errors"] for c in cells) else 0
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM tears the cluster down as Ctrl-C does
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the cluster's teardown already ran on the way out
+        sys.exit(130)
