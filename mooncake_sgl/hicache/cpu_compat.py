@@ -134,8 +134,15 @@ def host_reserve() -> int | None:
         return None
     from sglang.srt.mem_cache.pool_host import base
 
-    base.HICACHE_HOST_MEMORY_RESERVE_BYTES = int(value)
-    return int(value)
+    from ..config import parse_size
+
+    try:
+        reserve = parse_size(value)
+    except ValueError as e:  # a typo must not quietly keep SGLang's 10 GiB, nor crash the plug-in
+        logger.error("mooncake_sgl: $%s ignored: %s", HOST_RESERVE_ENV, e)
+        return None
+    base.HICACHE_HOST_MEMORY_RESERVE_BYTES = reserve
+    return reserve
 
 
 def direct_io_ops() -> list[str]:

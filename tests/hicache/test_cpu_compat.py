@@ -124,3 +124,17 @@ def test_the_host_pool_reserve_follows_the_environment(monkeypatch: pytest.Monke
     monkeypatch.setenv(cpu_compat.HOST_RESERVE_ENV, str(1 << 30))
     assert cpu_compat.host_reserve() == 1 << 30
     assert base.HICACHE_HOST_MEMORY_RESERVE_BYTES == 1 << 30
+    monkeypatch.setenv(cpu_compat.HOST_RESERVE_ENV, "2GiB")
+    assert cpu_compat.host_reserve() == 2 << 30
+
+
+def test_a_malformed_host_pool_reserve_is_logged_and_changes_nothing(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from sglang.srt.mem_cache.pool_host import base
+
+    monkeypatch.setattr(base, "HICACHE_HOST_MEMORY_RESERVE_BYTES", 10 << 30)
+    monkeypatch.setenv(cpu_compat.HOST_RESERVE_ENV, "12XB")
+    with caplog.at_level(logging.ERROR, logger=cpu_compat.logger.name):
+        assert cpu_compat.host_reserve() is None
+    assert base.HICACHE_HOST_MEMORY_RESERVE_BYTES == 10 << 30
+    assert "MOONCAKE_SGL_HOST_RESERVE" in caplog.text and "12XB" in caplog.text
