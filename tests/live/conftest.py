@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from mooncake_sgl.bench.server import LaunchedServer, free_port
+from mooncake_sgl.hicache.cpu_compat import HOST_RESERVE_ENV
 from mooncake_sgl.testing.tiny_model import write_tiny_llama
 
 from .probe import LiveClient
@@ -26,6 +27,9 @@ from .probe import LiveClient
 REPO = Path(__file__).resolve().parents[2]
 SERVE = REPO / "scripts" / "serve_cpu.sh"
 HEALTH_TIMEOUT_S = 420.0
+# SGLang refuses any HiCache host pool while less than 10 GiB of RAM is free beside it (sized for a
+# GPU host); these servers' pools are a few MiB, and a busy machine must not make them flaky.
+TEST_HOST_RESERVE = "1GiB"
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +54,8 @@ class Servers:
         # A function of the port: the launcher starts again on another one if it cannot be bound.
         server = LaunchedServer(lambda port: serve_command(port, self.model, tiers, extra), free_port(),
                                 self.logs / f"{name}.log", HEALTH_TIMEOUT_S,
-                                env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+                                env={**os.environ, "PYTHONPATH": str(REPO),
+                                     HOST_RESERVE_ENV: TEST_HOST_RESERVE, **(env or {})})
         self.started.append(server)
         server.start()
         return server
