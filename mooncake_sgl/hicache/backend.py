@@ -24,6 +24,7 @@ Error boundary: every public method catches ``Exception`` and answers a miss (``
 
 from __future__ import annotations
 
+import abc
 import functools
 import logging
 import threading
@@ -37,14 +38,16 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageConfig,
     PoolTransfer,
     PoolTransferResult,
+    disabled_l3_layout,
 )
 
 from ..api import PageKey
 from ..builtin_config import wait_for_store_server
-from ..config import resolve_config
-from ..keys import KV_POOL, KeyNamespace
+from ..config import resolve_config, tier_kind
+from ..keys import KV_POOL, KeyNamespace, page_key
 from ..metrics.attach import StoreWatch, observe_store
 from ..store import TieredStore, build_store
+from ..tiers.mooncake_store import object_name
 from . import fingerprint, layout, sidecars
 
 try:
@@ -413,12 +416,27 @@ class MooncakeSglStorage(HiCacheStorage):
                      ) -> dict[Any, list[bool]]:
         """Store each transfer's pages from its pool's host slots; ``True`` once readable."""
         self._live()
-        session = (getattr(extra_info, "extra_info", None) or {}).get("session_id")
-        if session is not None and not self._session_ids_seen:
-            self._session_ids_seen = True
-            logger.warning("mooncake_sgl: refused: the session id SGLang passes with stored pages "
-                           "(%r) is not published: this backend emits no stored-KV events", session)
+        self._refuse_session_id(extra_info)
         return {t.name: self._pool_io(t, extra_info, write=True) for t in transfers}
+
+    def _refuse_session_id(self, extra_info: Any) -> None:
+        """Say once that a session id given with stored pages goes nowhere, and why.
+
+        In SGLang 0.5.23 only the unified-cache external linker passes one
+        (``--enable-unified-cache-external-linker``), and it builds SGLang's own ``MooncakeStore``,
+        never a ``--hicache-storage-backend``; that backend hands it to Mooncake as
+        ``ReplicateConfig.session_ids`` so that Mooncake's stored-KV events name the session. We
+        write our own objects and emit no stored-KV events, and the installed Mooncake client's
+        ``ReplicateConfig`` may not have the field at all. The pages are stored as usual.
+        """
+        session = (getattr(extra_info, "extra_info", None) or {}).get("session_id")
+        if session is None or self._session_ids_seen:
+            return
+        self._session_ids_seen = True
+        logger.warning("mooncake_sgl: refused: the session id %r given with stored pages is not "
+                       "published: this backend emits no stored-KV events (the pages are stored; "
+                       "SGLang's HiCache controller never passes one, only its unified-cache "
+                       "external linker, which uses SGLang's own MooncakeStore)", session)
 
     def _pool_io(self, transfer: PoolTransfer, extra_info: Any, write: bool) -> list[bool]:
         # One pool's failure is that pool's miss; the other pools of the call still move.
@@ -496,6 +514,60 @@ class MooncakeSglStorage(HiCacheStorage):
         if self._store is not None:
             self._store.close()
 
+    def describe_l3_object_layout(self, *, sidecar_pool_specs: Any = (),
+                                  swa_trailing_pages: int | None = None,
+                                  page_size: int | None = None) -> dict[str, Any]:
+        """Our answer to ``GET /get_hicache_l3_cache_layout`` (and the scheduler's startup info).
+
+        Always ``enabled: false``: external KV routers compute the built-in backend's object keys
+        (``{key_prefix}_{page_hash}{suffix}``) and look them up in Mooncake; ours are a namespace
+        digest and the raw page hash, which that formula cannot produce, so an ``enabled`` reply
+        would send routers after keys that never exist. ``hicache_object_layout.mooncake_sgl``
+        says what our keys are instead (formats, namespace, page bytes, tiers), identical on every
+        rank because SGLang merges the ranks' replies and refuses ones that differ.
+
+        Never raises: the scheduler calls it while starting up.
+        """
+        try:
+            if self._closed:
+                return disabled_l3_layout("the mooncake_sgl backend is closed", backend="mooncake",
+                                          page_size=page_size)
+            if self._ns is None or self._geometry is None or self._store is None:
+                return disabled_l3_layout("no host pool registered yet (register_mem_pool_host)",
+                                          backend="mooncake", page_size=page_size)
+            return self._l3_layout(page_size)
+        except Exception as e:
+            return disabled_l3_layout(f"mooncake_sgl could not describe its layout: "
+                                      f"{type(e).__name__}: {e}", backend="mooncake", page_size=page_size)
+
+    def _l3_layout(self, page_size: int | None) -> dict[str, Any]:
+        ns, geometry = self._ns, self._geometry
+        ours = {
+            "namespace": _rank_template(ns),
+            "namespace_digest": f"BLAKE2b-{8 * len(ns.digest)} of the namespace, this rank's "
+                                "{tp_rank}, {pp_rank}, {cp_rank} filled in",
+            "page_key": "namespace_digest bytes, b'h', the page hash's 32 bytes (its 64 hex digits)",
+            "object_key": {"pool": "page_key", "lmdb": "page_key",
+                           "mooncake_store": _object_key_template(ns)},
+            "page_bytes": geometry.page_nbytes,
+            "page_segments": list(geometry.segment_sizes),
+            "tiers": [{"kind": tier_kind(cfg), "name": name, "shared": tier.capabilities.shared}
+                      for cfg, name, tier in zip(self._store_config.tiers, self._store.names,
+                                                 self._store.tiers, strict=True)],
+            "sidecar_pools": sorted(self._host_pools),
+        }
+        return {
+            "enabled": False,
+            "backend": "mooncake",
+            "page_size": page_size,
+            "reason": "mooncake_sgl object keys are a namespace digest and the page hash, not the "
+                      "built-in backend's '{key_prefix}_{page_hash}{suffix}' that external routers "
+                      "compute; see hicache_object_layout.mooncake_sgl",
+            "hicache_object_layout": {"pools": [], "is_mla_backend": ns.rank_replicated,
+                                      "pp_rank": ns.pp_rank, "pp_size": ns.pp_size,
+                                      "mooncake_sgl": ours},
+        }
+
     def _record(self, pgs: list[int], bws: list[float], pages: int, start: float) -> None:
         if not self._metrics_on or pages <= 0:
             return
@@ -521,3 +593,59 @@ class MooncakeSglStorage(HiCacheStorage):
     def store_stats(self) -> dict[str, object]:
         """The tiered store's own counters (for ``mooncake-sgl stats`` and tests)."""
         return self._store.stats() if self._store is not None else {}
+
+
+def _rank_template(ns: KeyNamespace) -> str:
+    """``ns.describe()`` with this process's TP/PP/CP ranks as ``{tp_rank}``-style placeholders.
+
+    Raises: ``ValueError`` if the namespace string no longer shows a rank where expected (the
+    template would not fill back to this rank's namespace).
+    """
+    text, ranks = ns.describe(), {}
+    for axis, rank, size in (("tp", ns.tp_rank, ns.tp_size), ("pp", ns.pp_rank, ns.pp_size),
+                             ("cp", ns.cp_rank, ns.cp_size)):
+        if axis == "tp" and ns.rank_replicated:
+            continue  # MLA: one namespace for every TP rank
+        token = f"|{axis}{rank}/{size}|" if axis != "cp" else f"|{axis}{rank}/{size}"
+        if token not in text:
+            raise ValueError(f"namespace {text!r} shows no {token!r}")
+        text = text.replace(token, token.replace(f"{axis}{rank}/", f"{axis}{{{axis}_rank}}/"), 1)
+        ranks[f"{{{axis}_rank}}"] = str(rank)
+    filled = text
+    for placeholder, rank in ranks.items():
+        filled = filled.replace(placeholder, rank, 1)
+    if filled != ns.describe():
+        raise ValueError(f"namespace template {text!r} does not fill back to {ns.describe()!r}")
+    return text
+
+
+def _object_key_template(ns: KeyNamespace) -> str:
+    """The Mooncake Store object key of a page, from the functions that build it."""
+    probe = "f" * 64
+    name = object_name(page_key(ns, probe))
+    digest = ns.digest.hex()
+    if digest not in name or not name.endswith(probe):
+        raise ValueError(f"Mooncake object key {name!r} is not built from the namespace digest "
+                         "and the page hash")
+    return name[:-len(probe)].replace(digest, "{namespace_digest}", 1) + "{page_hash}"
+
+
+def _serve_layout_queries() -> None:
+    """Let SGLang's scheduler ask us for our L3 layout.
+
+    ``Scheduler._hicache_l3_layout`` (its startup info and ``GET /get_hicache_l3_cache_layout``)
+    calls ``describe_l3_object_layout`` only on instances of the built-in ``MooncakeStore``; any
+    other backend under the name ``mooncake`` is answered "Mooncake storage is not attached",
+    which is false. A virtual subclass (``ABCMeta.register``) passes that check without
+    inheriting any of the built-in's code; nothing else in sglang 0.5.23 tests for the class.
+    """
+    try:
+        from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
+    except Exception as e:  # another sglang: its scheduler then answers for us
+        logger.info("mooncake_sgl: SGLang's MooncakeStore is not importable (%s); "
+                    "/get_hicache_l3_cache_layout will not reach this backend", e)
+        return
+    abc.ABCMeta.register(MooncakeStore, MooncakeSglStorage)
+
+
+_serve_layout_queries()

@@ -43,7 +43,9 @@ def register() -> None:
       default mmap allocator when ``mooncake.store`` cannot be imported;
     - the zero-copy ``batch_get_v1``/``batch_set_v1`` path is used (implemented);
     - ``layer_first`` is rewritten to ``page_first``/``page_first_direct`` (all are supported);
-    - ``describe_l3_object_layout`` reports "disabled" (it only serves the built-in class).
+    - SGLang asks only instances of its ``MooncakeStore`` for ``describe_l3_object_layout``
+      (``GET /get_hicache_l3_cache_layout``); ``backend.py`` registers our class as a virtual
+      subclass so that our own answer is given.
     """
     os.environ.setdefault(REUSE_TE_ENV, "0")
     cpu_compat.apply()
