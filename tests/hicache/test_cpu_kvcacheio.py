@@ -52,7 +52,8 @@ def test_backup_then_load_round_trips(device_slots: str) -> None:
         pool.load_to_device_per_layer(None, host, elsewhere, layer, "direct")
     after = [t[elsewhere] for t in _device_layers(pool)]
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
-    assert all(torch.equal(t[_pages_of(40, 1)], u) for t, u in zip(_device_layers(pool), untouched, strict=True))
+    layers = _device_layers(pool)
+    assert all(torch.equal(t[_pages_of(40, 1)], u) for t, u in zip(layers, untouched, strict=True))
 
 
 def test_whole_pages_are_recognised_only_when_aligned_and_in_order() -> None:
