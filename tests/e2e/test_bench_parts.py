@@ -61,7 +61,8 @@ def test_sse_stream_and_cached_token_details() -> None:
              b"data: " + json.dumps({"output_ids": [5, 6], "meta_info": {
                  "prompt_tokens": 10, "completion_tokens": 2, "cached_tokens": 8,
                  "cached_tokens_details": {"device": 1, "host": 3, "storage": 4,
-                                           "storage_backend": "MooncakeSglStorage"}}}).encode(),
+                                           "storage_backend": "MooncakeSglStorage"},
+                 "queue_time": 0.25, "forward_entry_time": 1.7e9, "storage_prefetch_wait": None}}).encode(),
              b"data: [DONE]", b"data: {\"never\": 1}"]
     chunks = list(parse_sse_lines(lines))
     assert len(chunks) == 2
@@ -70,6 +71,7 @@ def test_sse_stream_and_cached_token_details() -> None:
     assert (r.prompt_tokens, r.output_tokens, r.cached_tokens) == (10, 2, 8)
     assert (r.device_tokens, r.host_tokens, r.storage_tokens) == (1, 3, 4)
     assert r.storage_backend == "MooncakeSglStorage"
+    assert r.steps == {"queue_time": 0.25, "forward_entry_time": 1.7e9}  # what the server sent
     plain = RequestResult(rid="b", round=0, prompt_tokens=0)
     apply_meta(plain, {"prompt_tokens": 7, "cached_tokens": 5})
     assert plain.device_tokens == 5 and plain.storage_tokens == 0
