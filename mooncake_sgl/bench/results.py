@@ -165,11 +165,20 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:,.0f} B"
 
 
+def storage_bytes_per_token(variant: dict[str, Any]) -> float | None:
+    """KV bytes per storage token, from the variant's own rounds: bytes our tiers read over the
+    tokens SGLang reported from storage (``None`` without either)."""
+    read = sum(t["read_bytes"] for r in variant["rounds"] for t in r.get("tiers", []))
+    tokens = sum(r["storage_tokens"] for r in variant["rounds"])
+    return read / tokens if read > 0 and tokens > 0 else None
+
+
 def per_request_vs_base(variants: Sequence[dict[str, Any]], base_label: str = "no-hicache"
                         ) -> list[dict[str, Any]]:
     """Every reuse-round request of every other variant against the same request (same id, same
-    round) of ``base_label``: TTFT both ways, where its cached tokens came from, and ``slower``
-    when it took longer than recomputing. Empty without the base variant."""
+    round) of ``base_label``: TTFT both ways, where its cached tokens came from, ``slower`` when it
+    took longer than recomputing, and (where the server sent its steps) how long it waited for the
+    storage prefetch and the rate that makes. Empty without the base variant."""
     base = next((v for v in variants if v["label"] == base_label), None)
     if base is None:
         return []
@@ -178,15 +187,20 @@ def per_request_vs_base(variants: Sequence[dict[str, Any]], base_label: str = "n
     for v in variants:
         if v is base:
             continue
+        per_token = storage_bytes_per_token(v)
         for r in v["requests"]:
             b = recompute.get((r["rid"], r["round"]))
             if r["round"] == 0 or r["error"] or b is None or b["ttft_s"] <= 0:
                 continue
+            wait = (r.get("steps") or {}).get("storage_prefetch_wait")
+            rate = (r["storage_tokens"] * per_token / wait / 1e9
+                    if wait and per_token and r["storage_tokens"] else None)
             out.append({"variant": v["label"], "round": r["round"], "rid": r["rid"],
                         "prompt_tokens": r["prompt_tokens"], "device_tokens": r["device_tokens"],
                         "host_tokens": r["host_tokens"], "storage_tokens": r["storage_tokens"],
                         "ttft_s": r["ttft_s"], "base_ttft_s": b["ttft_s"],
-                        "ratio": r["ttft_s"] / b["ttft_s"], "slower": r["ttft_s"] > b["ttft_s"]})
+                        "ratio": r["ttft_s"] / b["ttft_s"], "slower": r["ttft_s"] > b["ttft_s"],
+                        "prefetch_wait_s": wait, "prefetch_gbps": rate})
     return out
 
 
@@ -196,10 +210,12 @@ def per_request_table(rows: Sequence[dict[str, Any]], base_label: str = "no-hica
     if not rows:
         return ""
     header = ["variant", "round", "request", "prompt tok", "device tok", "host tok", "storage tok",
-              "TTFT ms", f"{base_label} ms", "ratio", ""]
+              "prefetch wait ms", "prefetch GB/s", "TTFT ms", f"{base_label} ms", "ratio", ""]
     body = [[r["variant"], str(r["round"]), r["rid"], f"{r['prompt_tokens']:,}", f"{r['device_tokens']:,}",
-             f"{r['host_tokens']:,}", f"{r['storage_tokens']:,}", _fmt_ms(r["ttft_s"]),
-             _fmt_ms(r["base_ttft_s"]), f"{r['ratio']:.2f}x",
+             f"{r['host_tokens']:,}", f"{r['storage_tokens']:,}",
+             "-" if r.get("prefetch_wait_s") is None else _fmt_ms(r["prefetch_wait_s"]),
+             "-" if r.get("prefetch_gbps") is None else f"{r['prefetch_gbps']:.2f}",
+             _fmt_ms(r["ttft_s"]), _fmt_ms(r["base_ttft_s"]), f"{r['ratio']:.2f}x",
              "SLOWER than recompute" if r["slower"] else ""] for r in rows]
     widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(header)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths)).rstrip(),

@@ -167,9 +167,12 @@ def test_per_request_table_flags_every_hit_slower_than_recompute() -> None:
                                          ([_req("a", 1, 2.0), _req("b", 1, 4.0)], 1.0)])
     ours = variant_result("ours", [([_req("a", 0, 2.1), _req("b", 0, 4.1)], 1.0),
                                    ([_req("a", 1, 0.5, 960), _req("b", 1, 4.4, 960)], 1.0)])
+    ours["rounds"][1]["tiers"] = [{"read_bytes": 2 * 960 * 1000.0}]  # 1,000 bytes per token
+    ours["requests"][2]["steps"] = {"storage_prefetch_wait": 0.002}
     rows = per_request_vs_base([base, ours])
     assert [(r["rid"], r["round"], r["slower"]) for r in rows] == [("a", 1, False), ("b", 1, True)]
     assert rows[1]["ratio"] == pytest.approx(1.1)
+    assert rows[0]["prefetch_gbps"] == pytest.approx(0.48) and rows[1]["prefetch_gbps"] is None
     table = per_request_table(rows)
     slow = [line for line in table.splitlines() if "SLOWER" in line]
     assert len(slow) == 1 and " b " in slow[0] and "4,400" in slow[0] and "4,000" in slow[0]
