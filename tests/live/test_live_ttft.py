@@ -38,7 +38,10 @@ def _round(client: SglangClient, ids: list[list[int]], label: str) -> list[Reque
 
 def test_storage_hits_are_never_slower_than_their_cold_runs(servers: Servers, tmp_path: Path) -> None:
     tiers = write_tiers(tmp_path / "tiers.yaml", "tiers:\n  - {kind: host, capacity: 512MiB}\n")
-    server = servers.start("ttft", tiers, ("--max-total-tokens", "32768", "--enable-metrics"))
+    # An explicit host pool: SGLang's default sizing refuses to start when a shared machine has less
+    # than its 10 GiB reserve free.
+    server = servers.start("ttft", tiers, ("--max-total-tokens", "32768", "--hicache-ratio", "2",
+                                           "--enable-metrics"))
     client, probe = SglangClient(server.url), LiveClient(server.url)
     ids = [prompt(n, seed=26 + i) for i, n in enumerate(LENGTHS)]
 
