@@ -59,4 +59,5 @@ def test_storage_hits_are_never_slower_than_their_cold_runs(servers: Servers, tm
 
     report = [f"{n} tokens: cold {c.ttft_s:.2f} s, from storage {h.ttft_s:.2f} s ({h.steps})"
               for n, c, h in zip(LENGTHS, cold, hits, strict=True)]
+    print("\n".join(report))  # shown with -rP: the figures a passing run measured
     assert all(h.ttft_s <= NOISE * c.ttft_s for c, h in zip(cold, hits, strict=True)), report
