@@ -22,9 +22,10 @@ from .probe import LiveClient, prompt, reusable
 # Prompt lengths (tokens): both above the 4,096-token prefill chunk, so the cold runs are chunked
 # as main.sh's long documents are, and far enough apart that one hit waits on the other's batch.
 LENGTHS = (4_160, 9_280)
-# Beyond noise: a hit may take this much longer than its cold run before the test calls it slower
-# (a shared 2-core machine; the regression it guards against took 1.8x).
-NOISE = 1.25
+# With ~99% of each prompt from storage a hit must beat its cold run by far more than a shared
+# machine's noise: at most half of it. Measured: 0.03-0.06x; before the attention adaptation the
+# 4,160-token hit took 0.91x (it waited on the other hit's whole-prompt attention).
+AT_MOST = 0.5
 ATTEMPTS = 6
 
 
@@ -61,4 +62,4 @@ def test_storage_hits_are_never_slower_than_their_cold_runs(servers: Servers, tm
     report = [f"{n} tokens: cold {c.ttft_s:.2f} s, from storage {h.ttft_s:.2f} s ({h.steps})"
               for n, c, h in zip(LENGTHS, cold, hits, strict=True)]
     print("\n".join(report))  # shown with -rP: the figures a passing run measured
-    assert all(h.ttft_s <= NOISE * c.ttft_s for c, h in zip(cold, hits, strict=True)), report
+    assert all(h.ttft_s <= AT_MOST * c.ttft_s for c, h in zip(cold, hits, strict=True)), report
