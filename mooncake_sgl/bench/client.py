@@ -10,7 +10,7 @@ import json
 import time
 import urllib.parse
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .workloads import BenchRequest
@@ -30,6 +30,14 @@ class RequestResult:
     storage_tokens: int = 0
     storage_backend: str = ""
     error: str = ""
+    # The server's own steps of this request (``STEPS``; SGLang sends them with ``--enable-metrics``).
+    steps: dict[str, float] = field(default_factory=dict)
+
+
+# meta_info keys of SGLang's per-request time stats: wall-clock stamps (received, forward entry,
+# prefill finished) and durations in seconds (queued, of which waiting for the storage prefetch).
+STEPS = ("request_received_ts", "forward_entry_time", "prefill_finished_time", "queue_time",
+         "storage_prefetch_wait")
 
 
 def parse_sse_lines(lines: Iterable[bytes]) -> Iterable[dict[str, Any]]:
@@ -60,6 +68,7 @@ def apply_meta(result: RequestResult, meta: dict[str, Any]) -> None:
         result.storage_backend = str(details.get("storage_backend", ""))
     else:
         result.device_tokens = result.cached_tokens
+    result.steps = {k: float(meta[k]) for k in STEPS if isinstance(meta.get(k), (int, float))}
 
 
 class SglangClient:

@@ -163,3 +163,101 @@ def _fmt_bytes(n: float) -> str:
         if n >= div:
             return f"{n / div:,.1f} {unit}"
     return f"{n:,.0f} B"
+
+
+def storage_bytes_per_token(variant: dict[str, Any]) -> float | None:
+    """KV bytes per storage token, from the variant's own rounds: bytes our tiers read over the
+    tokens SGLang reported from storage (``None`` without either)."""
+    read = sum(t["read_bytes"] for r in variant["rounds"] for t in r.get("tiers", []))
+    tokens = sum(r["storage_tokens"] for r in variant["rounds"])
+    return read / tokens if read > 0 and tokens > 0 else None
+
+
+def per_request_vs_base(variants: Sequence[dict[str, Any]], base_label: str = "no-hicache"
+                        ) -> list[dict[str, Any]]:
+    """Every reuse-round request of every other variant against the same request (same id, same
+    round) of ``base_label``: TTFT both ways, where its cached tokens came from, ``slower`` when it
+    took longer than recomputing, and (where the server sent its steps) how long it waited for the
+    storage prefetch and the rate that makes. Empty without the base variant."""
+    base = next((v for v in variants if v["label"] == base_label), None)
+    if base is None:
+        return []
+    recompute = {(r["rid"], r["round"]): r for r in base["requests"] if not r["error"]}
+    out = []
+    for v in variants:
+        if v is base:
+            continue
+        per_token = storage_bytes_per_token(v)
+        for r in v["requests"]:
+            b = recompute.get((r["rid"], r["round"]))
+            if r["round"] == 0 or r["error"] or b is None or b["ttft_s"] <= 0:
+                continue
+            wait = (r.get("steps") or {}).get("storage_prefetch_wait")
+            rate = (r["storage_tokens"] * per_token / wait / 1e9
+                    if wait and per_token and r["storage_tokens"] else None)
+            out.append({"variant": v["label"], "round": r["round"], "rid": r["rid"],
+                        "prompt_tokens": r["prompt_tokens"], "device_tokens": r["device_tokens"],
+                        "host_tokens": r["host_tokens"], "storage_tokens": r["storage_tokens"],
+                        "ttft_s": r["ttft_s"], "base_ttft_s": b["ttft_s"],
+                        "ratio": r["ttft_s"] / b["ttft_s"], "slower": r["ttft_s"] > b["ttft_s"],
+                        "prefetch_wait_s": wait, "prefetch_gbps": rate})
+    return out
+
+
+def per_request_table(rows: Sequence[dict[str, Any]], base_label: str = "no-hicache") -> str:
+    """``per_request_vs_base`` as a table, a row per request, each hit slower than recompute
+    flagged, and a closing count; empty when there is nothing to compare."""
+    if not rows:
+        return ""
+    header = ["variant", "round", "request", "prompt tok", "device tok", "host tok", "storage tok",
+              "prefetch wait ms", "prefetch GB/s", "TTFT ms", f"{base_label} ms", "ratio", ""]
+    body = [[r["variant"], str(r["round"]), r["rid"], f"{r['prompt_tokens']:,}", f"{r['device_tokens']:,}",
+             f"{r['host_tokens']:,}", f"{r['storage_tokens']:,}",
+             "-" if r.get("prefetch_wait_s") is None else _fmt_ms(r["prefetch_wait_s"]),
+             "-" if r.get("prefetch_gbps") is None else f"{r['prefetch_gbps']:.2f}",
+             _fmt_ms(r["ttft_s"]), _fmt_ms(r["base_ttft_s"]), f"{r['ratio']:.2f}x",
+             "SLOWER than recompute" if r["slower"] else ""] for r in rows]
+    widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths)).rstrip(),
+             "  ".join("-" * w for w in widths[:-1])]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)).rstrip() for row in body]
+    for label in dict.fromkeys(r["variant"] for r in rows):
+        mine = [r for r in rows if r["variant"] == label]
+        slow = sum(r["slower"] for r in mine)
+        lines.append(f"{label}: {slow} of {len(mine)} reuse requests slower than recompute ({base_label})")
+    return "\n".join(lines)
+
+
+def io_rates(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
+    """One round's storage-hit copies from two readings of SGLang's io series (runner.SGLANG_IO):
+    calls and mean GB/s of our ``batch_get_v1`` (the prefetch from our tiers into the host pool), and
+    bytes and GB/s of the load-back from the host pool to the device. Empty without readings."""
+    if before is None or after is None:
+        return {}
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    calls = d.get("prefetch_calls", 0.0)
+    load_s = d.get("load_back_s", 0.0)
+    return {"prefetch_calls": calls,
+            "prefetch_gbps": d.get("prefetch_gbps_sum", 0.0) / calls if calls else 0.0,
+            "load_back_bytes": d.get("load_back_bytes", 0.0), "load_back_s": load_s,
+            "load_back_gbps": d.get("load_back_bytes", 0.0) / load_s / 1e9 if load_s > 0 else 0.0}
+
+
+def io_table(variants: Sequence[dict[str, Any]]) -> str:
+    """Per variant and round with prefetch calls: their mean GB/s, and the load-back's bytes and GB/s."""
+    header = ["variant", "round", "prefetch calls", "prefetch GB/s (mean per call)", "load-back",
+              "load-back GB/s"]
+    out = []
+    for v in variants:
+        for r in v["rounds"]:
+            io = r.get("io") or {}
+            if not io.get("prefetch_calls"):
+                continue
+            out.append([v["label"], str(r["round"]), f"{io['prefetch_calls']:,.0f}",
+                        f"{io['prefetch_gbps']:.2f}", _fmt_bytes(io["load_back_bytes"]),
+                        f"{io['load_back_gbps']:.2f}" if io["load_back_s"] > 0 else "-"])
+    if not out:
+        return ""
+    widths = [max(len(h), *(len(row[i]) for row in out)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    return "\n".join(lines + ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in out])

@@ -21,12 +21,22 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..metrics import Snapshot, diff, rows, scrape
-from ..metrics.scrape import ScrapeError
+from ..metrics import Snapshot, diff, rows
+from ..metrics.scrape import ScrapeError, fetch, parse
 from ..testing.tiny_model import TinyLlama, write_tiny_llama
 from .client import RequestResult, SglangClient
 from .console import log as log_line
-from .results import plot_side_by_side, recompute_summary, side_by_side_table, tier_table, variant_result
+from .results import (
+    io_rates,
+    io_table,
+    per_request_table,
+    per_request_vs_base,
+    plot_side_by_side,
+    recompute_summary,
+    side_by_side_table,
+    tier_table,
+    variant_result,
+)
 from .server import LaunchedServer, Variant, free_port, has_gpu, launch_command, parse_variant, server_env
 from .workloads import BenchRequest, LongContextSpec, MultiTurnSpec, long_context, multiturn
 
@@ -90,14 +100,39 @@ def run_round(client: SglangClient, batch: list[BenchRequest], max_parallel: int
     return results, time.perf_counter() - start
 
 
-def tier_snapshot(client: SglangClient) -> Snapshot | None:
-    """Our per-tier counters from the server's ``/metrics`` (``None``: no series there, e.g. a
-    server without our backend or without ``--enable-metrics``)."""
+# SGLang's own series for the two copies of a storage hit: our batch_get_v1 calls (L3 -> host, the
+# GB/s of each call as the backend measured it) and the load-back (host -> device).
+SGLANG_IO = {
+    "prefetch_gbps_sum": "sglang:prefetch_bandwidth_sum",
+    "prefetch_calls": "sglang:prefetch_bandwidth_count",
+    "load_back_bytes": "sglang:load_back_bytes_total",
+    "load_back_s": "sglang:load_back_duration_seconds_sum",
+}
+
+
+def sglang_io(text: str) -> dict[str, float]:
+    """The ``SGLANG_IO`` series in a ``/metrics`` text, summed over label sets (absent: 0)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {name: key for key, name in SGLANG_IO.items()}
+    out = dict.fromkeys(SGLANG_IO, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = wanted.get(sample.name)
+            if key is not None:
+                out[key] += float(sample.value)
+    return out
+
+
+def tier_snapshot(client: SglangClient) -> tuple[Snapshot | None, dict[str, float] | None]:
+    """Our per-tier counters and SGLang's io series from the server's ``/metrics`` (``None``: not
+    there, e.g. a server without our backend or without ``--enable-metrics``)."""
     try:
-        snap = scrape(f"{client.host}:{client.port}")
+        text = fetch(f"{client.host}:{client.port}")
     except ScrapeError:
-        return None
-    return snap if snap.tiers else None
+        return None, None
+    snap = parse(text)
+    return (snap if snap.tiers else None), sglang_io(text)
 
 
 def tier_sources(before: Snapshot | None, after: Snapshot | None) -> list[dict[str, Any]]:
@@ -127,15 +162,17 @@ def run_variant(client: SglangClient, label: str, rounds: list[list[BenchRequest
                 client.flush_cache()
             if bar is not None:
                 bar.set_postfix(round=i)
-            before = tier_snapshot(client)
+            before, io_before = tier_snapshot(client)
             recorded.append(run_round(client, batch, max_parallel, bar))
-            sources.append(tier_sources(before, tier_snapshot(client)))
+            after, io_after = tier_snapshot(client)
+            sources.append((tier_sources(before, after), io_rates(io_before, io_after)))
     finally:
         if bar is not None:
             bar.close()
     out = variant_result(label, recorded)
-    for r, tiers in zip(out["rounds"], sources):
+    for r, (tiers, io) in zip(out["rounds"], sources):
         r["tiers"] = tiers
+        r["io"] = io
     out["storage_cleared_at_start"] = cleared
     return out
 
@@ -172,6 +209,14 @@ def run(args: argparse.Namespace, workload: str, rounds: list[list[BenchRequest]
     print(side_by_side_table(results))
     for line in recompute_summary(results):
         print(line)
+    per_request = per_request_vs_base(results)
+    if per_request:
+        print("each reuse request against recomputing it (same request, same round, no HiCache):")
+        print(per_request_table(per_request))
+    io = io_table(results)
+    if io:
+        print("storage hits' copies, per round (SGLang's /metrics: our batch_get_v1 calls, its load-back):")
+        print(io)
     tiers = tier_table(results)
     if tiers:
         print("where our pages came from, per round (the backend's own series on /metrics):")
@@ -183,6 +228,7 @@ def run(args: argparse.Namespace, workload: str, rounds: list[list[BenchRequest]
     if args.json:
         Path(args.json).write_text(json.dumps({"workload": workload, "args": vars(args),
                                                "summary": recompute_summary(results),
+                                               "per_request": per_request,
                                                "variants": results}, indent=2, default=str))
     return 1 if any(r["errors"] for v in results for r in v["rounds"]) else 0
 

@@ -1,7 +1,8 @@
 """What a live SGLang server needs to run HiCache on a host without CUDA, applied from our plug-in.
 
 sglang 0.5.23 starts on a CPU-only host with ``SGLANG_USE_CPU_ENGINE=1 ... --device cpu``, but its
-HiCache path has three CUDA assumptions (facts and sglang file:line in the project's notes):
+HiCache path has three CUDA assumptions (facts and sglang file:line in the project's notes), and
+its CPU attention wastes what a cache hit saves (4):
 
 1. ``sgl_kernel`` has no CPU build on PyPI, yet ``kernels/ops/kvcache/cache_move.py`` imports eight
    ``*_cpu`` names from it at module level. ``sgl_kernel_standin`` makes ``import sgl_kernel``
@@ -12,12 +13,16 @@ HiCache path has three CUDA assumptions (facts and sglang file:line in the proje
 3. The host pools bind their host<->device copy ops only on CUDA/ROCm/XPU; ``direct_io_ops`` binds
    torch versions of the ``direct`` io backend's three ops where a pool module has none
    (``cpu_kvcacheio``). Servers then run with ``--hicache-io-backend direct``.
+4. The ``torch_native`` attention backend computes a sequence's attention for every token of it,
+   cached prefix included, and keeps the new tokens' rows: a storage hit saved no attention, and a
+   12k-token hit cost what recomputing it did. ``extend_attention_new_tokens`` makes it compute the
+   new tokens' rows only (``cpu_attention``; the same rows, bit for bit).
 
 Every adaptation is gated twice: on "no accelerator in this process" (on a GPU host nothing here
 does anything), and on the sglang versions in ``CHECKED_SGLANG``. On another sglang version nothing
 is patched and one log line says so; the server then fails (or not) exactly as sglang does alone.
 
-Timing: (2) and (3) run in ``register()`` of the ``sglang.srt.plugins`` entry point, which SGLang
+Timing: (2), (3) and (4) run in ``register()`` of the ``sglang.srt.plugins`` entry point, which SGLang
 calls at the start of every process it spawns, before any pool exists. (1) cannot wait that long:
 the scheduler's module imports reach ``cache_move`` before ``load_plugins()`` runs. The earliest
 hook SGLang offers is platform discovery (``sglang.srt.platforms`` entry points are called when
@@ -54,6 +59,7 @@ POOL_MODULES = (
 
 _STANDIN_MARK = "__mooncake_sgl_standin__"
 _UNPINNED_MARK = "__mooncake_sgl_unpinned__"
+_NEW_TOKENS_MARK = "__mooncake_sgl_new_tokens__"
 
 
 def no_accelerator() -> bool:
@@ -162,6 +168,31 @@ def direct_io_ops() -> list[str]:
     return bound
 
 
+def extend_attention_new_tokens() -> bool:
+    """``TorchNativeAttnBackend`` attends from new tokens only in extend. True if patched now.
+
+    Skipped (``False``, one log line) when the method's parameters are not those of sglang 0.5.23.
+    """
+    import inspect
+
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    from .cpu_attention import EXTEND_PARAMETERS, make_sdpa_forward_extend
+
+    original = TorchNativeAttnBackend._run_sdpa_forward_extend
+    if getattr(original, _NEW_TOKENS_MARK, False):
+        return False
+    found = tuple(inspect.signature(original).parameters)
+    if found != EXTEND_PARAMETERS:
+        logger.warning("mooncake_sgl: TorchNativeAttnBackend._run_sdpa_forward_extend takes %s, not the "
+                       "parameters this adaptation was written for; left as it is", ", ".join(found))
+        return False
+    patched = make_sdpa_forward_extend(original)
+    setattr(patched, _NEW_TOKENS_MARK, True)
+    TorchNativeAttnBackend._run_sdpa_forward_extend = patched  # type: ignore[method-assign]
+    return True
+
+
 def platform_hook() -> None:
     """``sglang.srt.platforms`` entry point: installs the ``sgl_kernel`` stand-in, claims nothing.
 
@@ -192,6 +223,8 @@ def apply() -> list[str]:
     if unpinned_host_pools():
         applied.append("unpinned host pools")
     applied += [f"torch {name}" for name in direct_io_ops()]
+    if extend_attention_new_tokens():
+        applied.append("torch_native extend attention over new tokens only")
     reserve = host_reserve()
     if reserve is not None:
         applied.append(f"host pool reserve {reserve} bytes (${HOST_RESERVE_ENV})")

@@ -61,7 +61,8 @@ def test_sse_stream_and_cached_token_details() -> None:
              b"data: " + json.dumps({"output_ids": [5, 6], "meta_info": {
                  "prompt_tokens": 10, "completion_tokens": 2, "cached_tokens": 8,
                  "cached_tokens_details": {"device": 1, "host": 3, "storage": 4,
-                                           "storage_backend": "MooncakeSglStorage"}}}).encode(),
+                                           "storage_backend": "MooncakeSglStorage"},
+                 "queue_time": 0.25, "forward_entry_time": 1.7e9, "storage_prefetch_wait": None}}).encode(),
              b"data: [DONE]", b"data: {\"never\": 1}"]
     chunks = list(parse_sse_lines(lines))
     assert len(chunks) == 2
@@ -70,6 +71,7 @@ def test_sse_stream_and_cached_token_details() -> None:
     assert (r.prompt_tokens, r.output_tokens, r.cached_tokens) == (10, 2, 8)
     assert (r.device_tokens, r.host_tokens, r.storage_tokens) == (1, 3, 4)
     assert r.storage_backend == "MooncakeSglStorage"
+    assert r.steps == {"queue_time": 0.25, "forward_entry_time": 1.7e9}  # what the server sent
     plain = RequestResult(rid="b", round=0, prompt_tokens=0)
     apply_meta(plain, {"prompt_tokens": 7, "cached_tokens": 5})
     assert plain.device_tokens == 5 and plain.storage_tokens == 0
@@ -151,3 +153,45 @@ def test_tier_table_lists_each_round_and_tier_and_stays_empty_without_series() -
     lines = table.splitlines()
     assert len(lines) == 4 and "1.9 MiB" in lines[2] and "2.0 GiB" in lines[3] and "4.0 KiB" in lines[3]
     assert tier_table([{"label": "no-hicache", "rounds": [{"round": 0, "tiers": []}]}]) == ""
+
+
+def _req(rid: str, rnd: int, ttft: float, storage: int = 0) -> RequestResult:
+    return RequestResult(rid=rid, round=rnd, prompt_tokens=1000, output_tokens=4, ttft_s=ttft,
+                         latency_s=ttft + 0.1, cached_tokens=storage, storage_tokens=storage)
+
+
+def test_per_request_table_flags_every_hit_slower_than_recompute() -> None:
+    from mooncake_sgl.bench.results import per_request_table, per_request_vs_base
+
+    base = variant_result("no-hicache", [([_req("a", 0, 2.0), _req("b", 0, 4.0)], 1.0),
+                                         ([_req("a", 1, 2.0), _req("b", 1, 4.0)], 1.0)])
+    ours = variant_result("ours", [([_req("a", 0, 2.1), _req("b", 0, 4.1)], 1.0),
+                                   ([_req("a", 1, 0.5, 960), _req("b", 1, 4.4, 960)], 1.0)])
+    ours["rounds"][1]["tiers"] = [{"read_bytes": 2 * 960 * 1000.0}]  # 1,000 bytes per token
+    ours["requests"][2]["steps"] = {"storage_prefetch_wait": 0.002}
+    rows = per_request_vs_base([base, ours])
+    assert [(r["rid"], r["round"], r["slower"]) for r in rows] == [("a", 1, False), ("b", 1, True)]
+    assert rows[1]["ratio"] == pytest.approx(1.1)
+    assert rows[0]["prefetch_gbps"] == pytest.approx(0.48) and rows[1]["prefetch_gbps"] is None
+    table = per_request_table(rows)
+    slow = [line for line in table.splitlines() if "SLOWER" in line]
+    assert len(slow) == 1 and " b " in slow[0] and "4,400" in slow[0] and "4,000" in slow[0]
+    assert "ours: 1 of 2 reuse requests slower than recompute (no-hicache)" in table
+    assert per_request_vs_base([ours]) == [] and per_request_table([]) == ""
+
+
+def test_io_rates_of_a_round_from_two_readings() -> None:
+    from mooncake_sgl.bench.results import io_rates, io_table
+    from mooncake_sgl.bench.runner import sglang_io
+
+    text = ('sglang:prefetch_bandwidth_sum{tp_rank="0"} 3.0\nsglang:prefetch_bandwidth_count{tp_rank="0"} 2\n'
+            'sglang:load_back_bytes_total{tp_rank="0"} 4e9\n'
+            'sglang:load_back_duration_seconds_sum{tp_rank="0"} 2.0\n')
+    before = sglang_io("")
+    assert before == dict.fromkeys(before, 0.0)
+    io = io_rates(before, sglang_io(text))
+    assert io["prefetch_calls"] == 2 and io["prefetch_gbps"] == pytest.approx(1.5)
+    assert io["load_back_gbps"] == pytest.approx(2.0)
+    assert io_rates(None, before) == {}
+    table = io_table([{"label": "ours", "rounds": [{"round": 1, "io": io}, {"round": 0, "io": {}}]}])
+    assert len(table.splitlines()) == 3 and "1.50" in table and "2.00" in table

@@ -1,0 +1,65 @@
+"""A prompt served from our storage tiers is never slower than computing it (issue 26).
+
+What ``scripts/main.sh`` does, at the smallest size that showed it: two long prompts, each first
+computed alone, then both at once (after ``/flush_cache``) with their prefixes from our host tier. sglang's
+``torch_native`` attention used to attend from every token of a sequence, cached prefix included,
+so a hit paid the whole prompt's attention again; a hit that shared a batch with a longer one paid
+for that one's too, and came out slower than its cold run (6,890-token prompts: 8.1 s from storage,
+4.6 s recomputed). TTFT is timed by the streaming client, the way the benchmark times it.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from mooncake_sgl.bench.client import RequestResult, SglangClient
+from mooncake_sgl.bench.workloads import BenchRequest
+
+from .conftest import Servers, write_tiers
+from .probe import LiveClient, prompt, reusable
+
+# Prompt lengths (tokens): both above the 4,096-token prefill chunk, so the cold runs are chunked
+# as main.sh's long documents are, and far enough apart that one hit waits on the other's batch.
+LENGTHS = (4_160, 9_280)
+# With ~99% of each prompt from storage a hit must beat its cold run by far more than a shared
+# machine's noise: at most half of it. Measured: 0.03-0.06x; before the attention adaptation the
+# 4,160-token hit took 0.91x (it waited on the other hit's whole-prompt attention).
+AT_MOST = 0.5
+ATTEMPTS = 6
+
+
+def _round(client: SglangClient, ids: list[list[int]], label: str) -> list[RequestResult]:
+    requests = [BenchRequest(f"{label}-{i}", 0, p, 4, 0) for i, p in enumerate(ids)]
+    with ThreadPoolExecutor(len(requests)) as pool:
+        results = list(pool.map(client.generate, requests))
+    assert not any(r.error for r in results), results
+    return results
+
+
+def test_storage_hits_are_never_slower_than_their_cold_runs(servers: Servers, tmp_path: Path) -> None:
+    tiers = write_tiers(tmp_path / "tiers.yaml", "tiers:\n  - {kind: host, capacity: 512MiB}\n")
+    # An explicit host pool: SGLang's default sizing refuses to start when a shared machine has less
+    # than its 10 GiB reserve free.
+    server = servers.start("ttft", tiers, ("--max-total-tokens", "32768", "--hicache-ratio", "2",
+                                           "--enable-metrics"))
+    client, probe = SglangClient(server.url), LiveClient(server.url)
+    ids = [prompt(n, seed=26 + i) for i, n in enumerate(LENGTHS)]
+
+    # Each cold run alone: what computing the prompt costs, with no other request to wait for.
+    cold = [_round(client, [p], f"cold{i}")[0] for i, p in enumerate(ids)]
+    assert all(r.cached_tokens == 0 for r in cold), cold
+    # Backups land after a request finishes and a flush can overtake one: retry until both
+    # prompts come whole from storage in the same round.
+    for _ in range(ATTEMPTS):
+        probe.flush()
+        hits = _round(client, ids, "hit")
+        if all(r.storage_tokens == reusable(n) for r, n in zip(hits, LENGTHS, strict=True)):
+            break
+    else:
+        raise AssertionError(f"no round with both prompts from storage: {hits}")
+
+    report = [f"{n} tokens: cold {c.ttft_s:.2f} s, from storage {h.ttft_s:.2f} s ({h.steps})"
+              for n, c, h in zip(LENGTHS, cold, hits, strict=True)]
+    print("\n".join(report))  # shown with -rP: the figures a passing run measured
+    assert all(h.ttft_s <= AT_MOST * c.ttft_s for c, h in zip(cold, hits, strict=True)), report
