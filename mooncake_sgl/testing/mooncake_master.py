@@ -24,7 +24,8 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from ..procs import ServerProcess, pick_port
@@ -204,6 +205,58 @@ class MooncakeMaster(ServerProcess):
         self.kill()
         return self.start()
 
+    def role(self) -> str:
+        """``leader`` or ``standby`` for a master of an HA set; ``""`` when it does not answer."""
+        try:
+            with urllib.request.urlopen(f"{self.metrics_url}/role", timeout=2) as r:
+                return r.read().decode().strip()
+        except OSError:
+            return ""
+
 
     def __repr__(self) -> str:
         return f"MooncakeMaster(rpc={self.rpc_address}, metadata={self.metadata_url}, pid={self.pid})"
+
+
+@contextmanager
+def ha_masters(workdir: Path, n: int = 2) -> Iterator[tuple[str, list[MooncakeMaster]]]:
+    """Mooncake's HA deployment on 127.0.0.1: one etcd and ``n`` masters electing a leader through
+    it. Yields the ``master`` a client is given (``etcd://host:port``) and the masters; on exit
+    every master is resumed (a test may have SIGSTOPped one) and stopped, then etcd."""
+    if shutil.which("etcd") is None:
+        raise MasterStartError("etcd not found (Debian: apt-get install etcd-server)")
+    client_port, peer_port = pick_port(), pick_port()
+    client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+    etcd = subprocess.Popen(
+        ["etcd", "--data-dir", str(workdir / "etcd"), "--listen-client-urls", client,
+         "--advertise-client-urls", client, "--listen-peer-urls", peer,
+         "--initial-advertise-peer-urls", peer, "--initial-cluster", f"default={peer}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+    endpoint = f"127.0.0.1:{client_port}"
+    ha = ["--enable_ha=true", "--ha_backend_type=etcd", f"--ha_backend_connstring={endpoint}",
+          f"--etcd_endpoints={endpoint}"]
+    masters = [MooncakeMaster(extra_args=ha) for _ in range(n)]
+    try:
+        deadline = time.monotonic() + 10
+        while not _etcd_healthy(client):
+            if etcd.poll() is not None or time.monotonic() > deadline:
+                raise MasterStartError(f"etcd did not start on {client}")
+            time.sleep(0.1)
+        for m in masters:
+            m.start()
+        yield f"etcd://{endpoint}", masters
+    finally:
+        for m in masters:
+            with suppress(ProcessLookupError, TypeError):  # gone, or never started
+                os.kill(m.pid, signal.SIGCONT)  # type: ignore[arg-type]
+            m.stop()
+        etcd.kill()
+        etcd.wait(10)
+
+
+def _etcd_healthy(client_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{client_url}/health", timeout=0.5) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False

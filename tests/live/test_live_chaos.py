@@ -19,20 +19,16 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import threading
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from mooncake_sgl.bench.server import LaunchedServer
-from mooncake_sgl.testing import MooncakeMaster, free_port
-from mooncake_sgl.tiers.mooncake_link import reachable
+from mooncake_sgl.testing import MooncakeMaster, ha_masters
 
 from .conftest import Servers, wait_for, write_tiers
 from .probe import LiveClient, Output, prompt, reusable
@@ -133,42 +129,6 @@ def cold_outputs(client: LiveClient) -> tuple[list[list[int]], list[Output]]:
 # ------------------------------------------------------------------------------ mooncake_master
 
 
-@contextmanager
-def ha_pair(tmp_path: Path) -> Iterator[tuple[str, list[MooncakeMaster]]]:
-    """etcd and two HA masters; yields the tier's ``master`` (``etcd://...``) and the masters."""
-    client_port, peer_port = free_port(), free_port()
-    etcd = subprocess.Popen(
-        ["etcd", "--data-dir", str(tmp_path / "etcd"), "--listen-client-urls",
-         f"http://127.0.0.1:{client_port}", "--advertise-client-urls", f"http://127.0.0.1:{client_port}",
-         "--listen-peer-urls", f"http://127.0.0.1:{peer_port}", "--initial-advertise-peer-urls",
-         f"http://127.0.0.1:{peer_port}", "--initial-cluster", f"default=http://127.0.0.1:{peer_port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"127.0.0.1:{client_port}"
-    ha = ["--enable_ha=true", "--ha_backend_type=etcd", f"--ha_backend_connstring={endpoint}",
-          f"--etcd_endpoints={endpoint}"]
-    masters = [MooncakeMaster(extra_args=ha), MooncakeMaster(extra_args=ha)]
-    try:
-        wait_for(lambda: reachable([("127.0.0.1", client_port)]), 10, "etcd")
-        for m in masters:
-            m.start()
-        yield f"etcd://{endpoint}", masters
-    finally:
-        for m in masters:
-            with contextlib.suppress(ProcessLookupError, TypeError):  # gone, or never started
-                os.kill(m.pid, signal.SIGCONT)
-            m.stop()
-        etcd.kill()
-        etcd.wait(10)
-
-
-def role(m: MooncakeMaster) -> str:
-    try:
-        with urllib.request.urlopen(f"{m.metrics_url}/role", timeout=2) as r:
-            return r.read().decode().strip()
-    except OSError:
-        return ""
-
-
 STOPPED_S = 15.0  # longer than reconnect_after (10 s): the watcher's setup must not run against it
 DOWN_S = 8.0
 
@@ -232,9 +192,9 @@ def test_a_master_stopped_then_killed_under_traffic_fails_no_request(servers: Se
                     reason="opt-in (MOONCAKE_SGL_TEST_HA=1) and needs etcd")
 def test_an_ha_leader_stopped_then_killed_under_traffic_fails_no_request(servers: Servers,
                                                                           tmp_path: Path) -> None:
-    with ha_pair(tmp_path) as (master, masters):
-        wait_for(lambda: any(role(m) == "leader" for m in masters), 30, "an elected leader")
-        leader = next(m for m in masters if role(m) == "leader")
+    with ha_masters(tmp_path) as (master, masters):
+        wait_for(lambda: any(m.role() == "leader" for m in masters), 30, "an elected leader")
+        leader = next(m for m in masters if m.role() == "leader")
         section = (f'{{kind: mooncake_store, master: "{master}", segment_size: 128MiB, '
                    'buffer_size: 32MiB}')
         _master_chaos(servers, tmp_path, section, leader,

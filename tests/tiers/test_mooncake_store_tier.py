@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import numpy as np
@@ -38,10 +37,9 @@ from mooncake_sgl.keys import KeyNamespace, page_key  # noqa: E402
 from mooncake_sgl.policy import build_policy  # noqa: E402
 from mooncake_sgl.policy.lru import LruPolicy  # noqa: E402
 from mooncake_sgl.store import TieredStore  # noqa: E402
-from mooncake_sgl.testing import MooncakeMaster, free_port  # noqa: E402
+from mooncake_sgl.testing import MooncakeMaster, ha_masters  # noqa: E402
 from mooncake_sgl.tiers.host import HostTier  # noqa: E402
 from mooncake_sgl.tiers.lmdb import LmdbTier  # noqa: E402
-from mooncake_sgl.tiers.mooncake_link import reachable  # noqa: E402
 from mooncake_sgl.tiers.mooncake_store import MooncakeStoreTier, object_name  # noqa: E402
 
 from .conformance import TierConformance, empty_like, key, make_page, same  # noqa: E402
@@ -383,57 +381,32 @@ def test_master_killed_and_restarted_under_sglang_calls(caplog, tmp_path) -> Non
 def test_ha_masters_over_etcd_fail_over_and_the_tier_follows_the_leader(tmp_path) -> None:
     """The HA deployment of the guide: two masters elect a leader through etcd, the tier is given
     ``etcd://...`` as its master; the leader is killed and the tier serves again via the other."""
-    client_port, peer_port = free_port(), free_port()
-    etcd = subprocess.Popen(
-        ["etcd", "--data-dir", str(tmp_path / "etcd"), "--listen-client-urls",
-         f"http://127.0.0.1:{client_port}", "--advertise-client-urls", f"http://127.0.0.1:{client_port}",
-         "--listen-peer-urls", f"http://127.0.0.1:{peer_port}", "--initial-advertise-peer-urls",
-         f"http://127.0.0.1:{peer_port}", "--initial-cluster", f"default=http://127.0.0.1:{peer_port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"127.0.0.1:{client_port}"
-    ha = ["--enable_ha=true", "--ha_backend_type=etcd", f"--ha_backend_connstring={endpoint}",
-          f"--etcd_endpoints={endpoint}"]
-    masters = [MooncakeMaster(extra_args=ha), MooncakeMaster(extra_args=ha)]
     tier = None
-    try:
-        assert _wait(lambda: reachable([("127.0.0.1", client_port)]), 10), "etcd did not start"
-        for m in masters:
-            m.start()
-        tier = MooncakeStoreTier(MooncakeStoreTierConfig(
-            master=f"etcd://{endpoint}", segment_size="16MiB", buffer_size="4MiB", reconnect_after="1s",
-            put_retry_window="0.5s"))
-        page = make_page(1, 4096)
-        assert _wait(lambda: tier.put_from([key(1)], [page]) == [True], 20), "no leader reached"
-        leader = next(m for m in masters if _role(m) == "leader")
-        leader.kill()
-        slowest = 0.0
+    with ha_masters(tmp_path) as (master, masters):
+        try:
+            tier = MooncakeStoreTier(MooncakeStoreTierConfig(
+                master=master, segment_size="16MiB", buffer_size="4MiB", reconnect_after="1s",
+                put_retry_window="0.5s"))
+            page = make_page(1, 4096)
+            assert _wait(lambda: tier.put_from([key(1)], [page]) == [True], 20), "no leader reached"
+            leader = next(m for m in masters if m.role() == "leader")
+            leader.kill()
+            slowest = 0.0
 
-        def put_again() -> bool:
-            nonlocal slowest
-            t0 = time.monotonic()
-            ok = tier.put_from([key(2)], [page]) == [True]
-            slowest = max(slowest, time.monotonic() - t0)
-            return ok
+            def put_again() -> bool:
+                nonlocal slowest
+                t0 = time.monotonic()
+                ok = tier.put_from([key(2)], [page]) == [True]
+                slowest = max(slowest, time.monotonic() - t0)
+                return ok
 
-        assert _wait(put_again, 40), "the tier never reached the new leader"
-        assert slowest < 1.5, f"a call took {slowest:.2f}s during the fail-over"
-        out = empty_like(page)
-        assert tier.get_into([key(2)], [out]) == [True] and same(page, out)
-    finally:
-        if tier is not None:
-            tier.close()
-        for m in masters:
-            m.stop()
-        etcd.terminate()
-        etcd.wait(10)
-
-
-def _role(m: MooncakeMaster) -> str:
-    try:
-        with urllib.request.urlopen(f"{m.metrics_url}/role", timeout=2) as r:
-            return r.read().decode().strip()
-    except OSError:
-        return ""
+            assert _wait(put_again, 40), "the tier never reached the new leader"
+            assert slowest < 1.5, f"a call took {slowest:.2f}s during the fail-over"
+            out = empty_like(page)
+            assert tier.get_into([key(2)], [out]) == [True] and same(page, out)
+        finally:
+            if tier is not None:
+                tier.close()
 
 
 def _wait(cond, timeout: float) -> bool:
