@@ -356,6 +356,9 @@ class Cluster:
                 pass
         for host in self.hosts:
             self.kill_host(host)
+            # Deleting our end deletes the pair now; left to the namespace, it goes only once the
+            # last killed process in it has been reaped, and may outlive this call.
+            _ip("link", "del", host.veth, check=False)
             _ip("netns", "del", host.netns, check=False)
         if self.bridge:
             _ip("link", "del", self.bridge, check=False)
@@ -411,6 +414,7 @@ def _clean_stale() -> None:
                         os.kill(int(pid_s), signal.SIGKILL)
                     except ProcessLookupError:
                         pass
+                _ip("link", "del", f"{PREFIX}{net}v{name.removeprefix(f'{PREFIX}{net}h')}", check=False)
                 _ip("netns", "del", name, check=False)
         _ip("link", "del", f"{PREFIX}{net}", check=False)
         owner.unlink(missing_ok=True)
