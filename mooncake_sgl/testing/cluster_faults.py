@@ -190,7 +190,12 @@ def kill_leader(masters: Sequence[Any], role: Callable[[Any], str]) -> tuple[Cal
                                                                            Callable[[], None]]:
     """The master whose ``role()`` is ``leader`` SIGKILLed; healing waits for a new leader."""
     def inject() -> None:
-        leader = next(m for m in masters if role(m) == "leader")
+        # After an earlier fault the masters may still be electing: wait for the leader to kill.
+        deadline = time.monotonic() + 60
+        while (leader := next((m for m in masters if role(m) == "leader"), None)) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("no master was leader within 60 s, nothing to kill")
+            time.sleep(0.2)
         leader.kill()
 
     def heal() -> None:

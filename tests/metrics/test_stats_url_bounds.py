@@ -86,10 +86,12 @@ def http_server(answer: Callable[[socket.socket, threading.Event], None]) -> Ite
         listener.close()
 
 
-_MEASURED = ("import resource, sys, time; from mooncake_sgl.metrics.cli import main; t = time.monotonic(); "
+# Peak RSS from VmHWM, this process's own: getrusage's ru_maxrss keeps the high-water mark of the
+# process that exec'd it, so a child of a large pytest reported pytest's size.
+_MEASURED = ("import re, sys, time; from mooncake_sgl.metrics.cli import main; t = time.monotonic(); "
              "rc = main(sys.argv[1:]); "
-             "print(f'RESULT {rc} {time.monotonic() - t:.2f} "
-             "{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}', file=sys.stderr)")
+             "hwm = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)); "
+             "print(f'RESULT {rc} {time.monotonic() - t:.2f} {hwm // 1024}', file=sys.stderr)")
 
 
 def run_stats(*args: str) -> tuple[int, float, int, str]:
