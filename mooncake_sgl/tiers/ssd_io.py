@@ -90,12 +90,15 @@ def _pwritev_all(fd: int, segments: list[memoryview], offset: int) -> None:
         if done <= 0:
             raise OSError(f"pwritev wrote {done} bytes")
         offset += done
-        while batch and done >= batch[0].nbytes:
-            done -= batch[0].nbytes
-            batch.pop(0)
-            pending.pop(0)
-        if done:
-            pending[0] = pending[0][done:]
+        _consume(pending, done)
+
+
+def _consume(pending: list[memoryview], n: int) -> None:
+    """Drop the first ``n`` bytes of ``pending`` (what one vectored call moved)."""
+    while pending and n >= pending[0].nbytes:
+        n -= pending.pop(0).nbytes
+    if n:
+        pending[0] = pending[0][n:]
 
 
 def _pwritev_direct(direct_fd: int, fd: int, segments: list[memoryview], offset: int) -> None:
@@ -120,12 +123,7 @@ def _preadv_all(fd: int, segments: list[memoryview], offset: int) -> int:
             return total
         offset += got
         total += got
-        while batch and got >= batch[0].nbytes:
-            got -= batch[0].nbytes
-            batch.pop(0)
-            pending.pop(0)
-        if got:
-            pending[0] = pending[0][got:]
+        _consume(pending, got)
     return total
 
 
