@@ -17,7 +17,6 @@ Sizes are bytes or strings like ``64GiB``/``512MB``; durations are seconds or ``
 from __future__ import annotations
 
 import functools
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -27,9 +26,11 @@ from typing import Any, Literal, Union
 
 import msgspec
 
+from . import envs
 from .errors import ConfigError
+from .units import parse_duration, parse_size
 
-CONFIG_ENV = "MOONCAKE_SGL_CONFIG"
+CONFIG_ENV = envs.MOONCAKE_SGL_CONFIG.name
 
 # Keys SGLang itself reads from extra_config (or the dynamic-backend loader does); we ignore them.
 SGLANG_OWN_KEYS = frozenset({
@@ -38,55 +39,18 @@ SGLANG_OWN_KEYS = frozenset({
     "hicache_storage_pass_prefix_keys", "file_storage_path",
 })
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-_DURATION_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "m": 60.0, "min": 60.0, "h": 3600.0}
-# Upper bounds, so an absurd value is a config error naming its key instead of an OverflowError
-# deep inside mmap, LMDB or a socket call. Both far beyond any real setting (64 PiB, 30 days).
-MAX_SIZE = 1 << 56
-MAX_DURATION = 30 * 86400.0
+# Tier kinds by speed, fastest first; kinds of one speed share a number. The one statement of the
+# order: a store config must list its tiers in it, and the stats views sort by it.
+TIER_SPEED = {"hbm": 0, "host": 1, "pool": 2, "mooncake_store": 2, "lmdb": 3}
+
+
+def _speed_order() -> str:
+    return ", ".join("/".join(k for k, s in TIER_SPEED.items() if s == speed)
+                     for speed in sorted(set(TIER_SPEED.values())))
+
+
 # A value the config prints in place of a secret (``config show``, logs).
 REDACTED = "<redacted>"
-
-
-def parse_size(value: int | str) -> int:
-    """``64GiB`` → 68719476736. Raises ``ValueError`` naming the accepted forms."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a size like 64GiB or a byte count, got {value!r}")
-    if isinstance(value, int):
-        size = value
-    else:
-        m = _SIZE_RE.match(str(value))
-        if not m or m.group(2).lower() not in _UNITS:
-            raise ValueError(f"expected a size like 64GiB, 512MiB, 10GB or a byte count, got {value!r}")
-        scaled = float(m.group(1)) * _UNITS[m.group(2).lower()]
-        if not math.isfinite(scaled):  # hundreds of digits: int() of it would be an OverflowError
-            raise ValueError(f"size {value!r} is larger than any machine (at most {MAX_SIZE} bytes)")
-        size = int(scaled)
-    if size < 0:
-        raise ValueError(f"size must not be negative, got {value!r}")
-    if size > MAX_SIZE:
-        raise ValueError(f"size {value!r} is larger than any machine (at most {MAX_SIZE} bytes)")
-    return size
-
-
-def parse_duration(value: float | int | str) -> float:
-    """``250ms`` → 0.25 (seconds)."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a duration like 5s or 250ms, got {value!r}")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        m = _SIZE_RE.match(str(value))
-        if not m or m.group(2).lower() not in _DURATION_UNITS:
-            raise ValueError(f"expected a duration like 5s, 250ms or 2m, got {value!r}")
-        seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
-    if not seconds >= 0:  # also NaN
-        raise ValueError(f"duration must not be negative, got {value!r}")
-    if seconds > MAX_DURATION:
-        raise ValueError(f"duration {value!r} is longer than 30 days")
-    return seconds
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -101,7 +65,7 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = envs.XDG_CACHE_HOME.get() or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "mooncake_sgl"
 
 
@@ -326,6 +290,9 @@ class PolicyConfig(_Section):
                                  f"{'this' if len(stray) == 1 else 'these'}, and the policy is "
                                  f"`{self.name}`; add `name: heat` to the policy section, or remove "
                                  f"{'it' if len(stray) == 1 else 'them'}")
+        if self.pins and self.name == "lru":
+            raise ValueError("`pins`: the lru policy keeps no pins, so they would be silently ignored; "
+                             "use `name: adaptive` or `name: heat`, or remove them")
         if self.half_life is not None and self.sketch != "decay":
             raise ValueError("`half_life`: only the decay sketch has a half-life; remove it or set "
                              "`sketch: decay`")
@@ -362,11 +329,9 @@ class StoreConfig(_Section):
         for kind in set(kinds):
             if kinds.count(kind) > 1 and kind != "pool":
                 raise ValueError(f"tier kind '{kind}' is configured more than once")
-        order = {"hbm": 0, "host": 1, "pool": 2, "mooncake_store": 2, "lmdb": 3}
-        ranks = [order[k] for k in kinds]
+        ranks = [TIER_SPEED[k] for k in kinds]
         if ranks != sorted(ranks):
-            raise ValueError(f"tiers must be listed fastest first (hbm, host, pool/mooncake_store, "
-                             f"lmdb); got {kinds}")
+            raise ValueError(f"tiers must be listed fastest first ({_speed_order()}); got {kinds}")
 
 
 # --------------------------------------------------------------------------------------- loading
@@ -619,8 +584,8 @@ def resolve_config(extra_config: Mapping[str, Any] | None = None, storage_config
     if extra:
         return ResolvedConfig(parse_config(extra, bc.EXTRA_SOURCE), bc.EXTRA_SOURCE,
                               tuple(_not_read(environ, CONFIG_ENV, *later_builtin)))
-    if environ.get(CONFIG_ENV):
-        path = environ[CONFIG_ENV]
+    path = envs.MOONCAKE_SGL_CONFIG.get(environ)
+    if path:
         return ResolvedConfig(_our_file(path), f"${CONFIG_ENV}={path}",
                               tuple(_not_read(environ, *later_builtin)))
     if bc.FILE_ENV in environ or "MOONCAKE_MASTER" in environ or "MOONCAKE_CLIENT" in environ:
@@ -675,7 +640,7 @@ def _resolve_builtin(extra: dict[str, Any], theirs: list[str], ours: list[str], 
                               "its extra-config keys only beside master_server_address (or "
                               "client_server_address) and would ignore it here: add "
                               "master_server_address", key=stray[0], source=bc.EXTRA_SOURCE)
-        if theirs and environ.get(CONFIG_ENV):
+        if theirs and envs.MOONCAKE_SGL_CONFIG.is_set(environ):
             raise ConfigError(f"`{theirs[0]}` applies to SGLang's built-in Mooncake config, but "
                               f"${CONFIG_ENV} names ours, which comes first; use namespace_tag there",
                               key=theirs[0], source=bc.EXTRA_SOURCE)

@@ -55,6 +55,8 @@ def test_durations(text: object, expected: float) -> None:
     # A heat knob under another policy (the default is adaptive) would be silently ignored.
     ({"policy": {"admission_min_hits": 3}}, "policy.admission_min_hits", "add `name: heat`"),
     ({"policy": {"name": "lru", "sketch": "decay"}}, "policy.sketch", "only the heat policy"),
+    # LRU keeps no pins: they were silently ignored.
+    ({"policy": {"name": "lru", "pins": [{"prefix_hash": "ab"}]}}, "policy.pins", "lru policy keeps no pins"),
 ])
 def test_bad_values_name_the_key_and_source(data: dict, key: str, words: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -67,6 +69,23 @@ def test_bad_values_name_the_key_and_source(data: dict, key: str, words: str) ->
 def test_impossible_tier_order_is_refused() -> None:
     with pytest.raises(ConfigError, match="fastest first"):
         parse_config({"tiers": [{"kind": "lmdb"}, {"kind": "host"}]}, "x.yaml")
+
+
+def test_every_tier_kind_has_a_speed_and_the_error_lists_them_in_order() -> None:
+    import typing
+
+    from mooncake_sgl.config import TIER_SPEED, TierConfig, tier_kind
+
+    kinds = {t.__struct_config__.tag for t in typing.get_args(TierConfig)}
+    assert set(TIER_SPEED) == kinds
+    assert tier_kind(HostTierConfig()) == "host"
+    with pytest.raises(ConfigError, match="hbm, host, pool/mooncake_store, lmdb"):
+        parse_config({"tiers": [{"kind": "lmdb"}, {"kind": "hbm", "capacity": "1GiB"}]}, "x.yaml")
+
+
+def test_pins_are_kept_by_the_policies_that_pin() -> None:
+    for name in ("adaptive", "heat"):
+        assert parse_config({"policy": {"name": name, "pins": [{"prefix_hash": "ab"}]}}, "x").policy.pins
 
 
 def test_duplicate_tier_kind_is_refused() -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Union
 
+from .. import envs
 from ..procs import pick_port, says_bind_failed
 from .client import SglangClient
 
@@ -45,7 +46,7 @@ HICACHE = "--enable-hierarchical-cache"
 
 # SGLang's own shutdown can hang on CPU (a scheduler waiting on a CUDA core-dump timeout); after
 # this long a stop becomes SIGKILL of every process the server started.
-STOP_GRACE_S = float(os.environ.get("MOONCAKE_SGL_STOP_GRACE", "5"))
+STOP_GRACE_S = envs.MOONCAKE_SGL_STOP_GRACE.get()
 
 
 @dataclass(frozen=True)

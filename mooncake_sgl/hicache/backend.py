@@ -237,7 +237,8 @@ class MooncakeSglStorage(HiCacheStorage):
         if not logical:
             self._register_buffers(mem_pool_host)
         if self._watch is None:
-            self._watch = observe_store(self._store, self.storage_config, self._metrics_on)
+            self._watch = observe_store(self._store, self.storage_config, self._metrics_on,
+                                        layout.reports_local_usage(self.storage_config))
         logger.info("mooncake_sgl: namespace %s, %d-byte pages in %d segments, local files '%s'; "
                     "model fingerprint %s", self._ns.describe(), geometry.page_nbytes,
                     len(geometry.segment_sizes), layout.rank_suffix(self.storage_config),

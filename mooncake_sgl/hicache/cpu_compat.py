@@ -35,10 +35,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
-import os
 import sys
 import types
 from collections.abc import Callable
+
+from .. import envs
 
 logger = logging.getLogger(__name__)
 
@@ -130,22 +131,19 @@ def unpinned_host_pools() -> bool:
 # Bytes SGLang keeps back from a HiCache host pool's size check (10 GiB in sglang 0.5.23, sized for
 # a GPU server's host); set for test servers on a shared CPU machine (mooncake_sgl/testing/cluster.py)
 # whose tiny pools would otherwise be refused whenever other processes hold the RAM.
-HOST_RESERVE_ENV = "MOONCAKE_SGL_HOST_RESERVE"
+HOST_RESERVE_ENV = envs.MOONCAKE_SGL_HOST_RESERVE.name
 
 
 def host_reserve() -> int | None:
     """SGLang's host-pool reserve set from ``$MOONCAKE_SGL_HOST_RESERVE``; the bytes, or None."""
-    value = os.environ.get(HOST_RESERVE_ENV)
-    if not value:
-        return None
     from sglang.srt.mem_cache.pool_host import base
 
-    from ..config import parse_size
-
     try:
-        reserve = parse_size(value)
+        reserve = envs.MOONCAKE_SGL_HOST_RESERVE.get()
     except ValueError as e:  # a typo must not quietly keep SGLang's 10 GiB, nor crash the plug-in
         logger.error("mooncake_sgl: $%s ignored: %s", HOST_RESERVE_ENV, e)
+        return None
+    if reserve is None:
         return None
     base.HICACHE_HOST_MEMORY_RESERVE_BYTES = reserve
     return reserve

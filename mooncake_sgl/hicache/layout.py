@@ -268,16 +268,28 @@ def rank_suffix(cfg: Any) -> str:
     process and many readers), because only the writer stores pages and every rank reads them.
     """
     cp_rank, cp_size = _cp_coordinates(cfg)
-    parts = [] if is_rank_replicated(cfg) else [f"tp{int(getattr(cfg, 'tp_rank', 0))}"]
+    shared = _tp_ranks_share_local_files(cfg)
+    parts = [] if shared else [f"tp{int(getattr(cfg, 'tp_rank', 0))}"]
     parts.append(f"pp{int(getattr(cfg, 'pp_rank', 0) or 0)}")
     if cp_size > 1:
         parts.append(f"cp{cp_rank}")
     dp_rank = int(getattr(cfg, "dp_rank", 0) or 0)
     if dp_rank:
         parts.append(f"dp{dp_rank}")
-    if is_rank_replicated(cfg):
+    if shared:
         parts.insert(0, "mla")
     return "_".join(parts)
+
+
+def reports_local_usage(cfg: Any) -> bool:
+    """Whether this rank reports the usage of its local files (``rank_suffix``'s directory), so that
+    a sum over ranks counts each byte once: where TP ranks share the directory, TP rank 0 does."""
+    return not _tp_ranks_share_local_files(cfg) or int(getattr(cfg, "tp_rank", 0)) == 0
+
+
+def _tp_ranks_share_local_files(cfg: Any) -> bool:
+    # The one statement of which ranks share a directory (``rank_suffix``, ``reports_local_usage``).
+    return is_rank_replicated(cfg)
 
 
 def parent_hash(extra_info: Any) -> str | None:

@@ -14,8 +14,8 @@ accelerator the same call applies the adaptations of ``cpu_compat`` that a live 
 from __future__ import annotations
 
 import logging
-import os
 
+from .. import envs
 from . import cpu_compat
 
 logger = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ BACKEND_CLASS = "MooncakeSglStorage"
 # is importable: without the package the bootstrap raises ImportError, and with it the engine
 # initialises with MOONCAKE_PROTOCOL (default ``rdma``) and fails the start on hosts without RDMA.
 # An explicit value set by the user still wins.
-REUSE_TE_ENV = "SGLANG_HICACHE_MOONCAKE_REUSE_TE"
+REUSE_TE_ENV = envs.SGLANG_HICACHE_MOONCAKE_REUSE_TE.name
 
 
 def register() -> None:
@@ -47,7 +47,7 @@ def register() -> None:
       (``GET /get_hicache_l3_cache_layout``); ``backend.py`` registers our class as a virtual
       subclass so that our own answer is given.
     """
-    os.environ.setdefault(REUSE_TE_ENV, "0")
+    envs.SGLANG_HICACHE_MOONCAKE_REUSE_TE.set_default(0)
     cpu_compat.apply()
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 

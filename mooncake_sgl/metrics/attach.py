@@ -1,6 +1,7 @@
 """The one call the SGLang backend makes: observe a store for as long as the backend lives.
 
-    watch = observe_store(store, storage_config, enabled=storage_config.enable_storage_metrics)
+    watch = observe_store(store, storage_config, enabled=storage_config.enable_storage_metrics,
+                          reports_local_usage=layout.reports_local_usage(storage_config))
     ...
     watch.close()   # before the store closes: final counter file, final metrics sync
 """
@@ -43,15 +44,16 @@ class StoreWatch:
             p.close()
 
 
-def usage_reported_elsewhere(store: TieredStore, storage_config: Any) -> frozenset[str]:
+def usage_reported_elsewhere(store: TieredStore, storage_config: Any,
+                             reports_local_usage: bool) -> frozenset[str]:
     """Tiers whose usage another rank of the deployment reports, so that sums over ranks count each
-    byte once: a shared tier (pool, Mooncake Store) is reported by the all-zero rank; the LMDB
-    directory the TP ranks of an MLA model share (``hicache.layout.rank_suffix``) by TP rank 0."""
-    labels = rank_labels(storage_config)
-    first = all(v == 0 for v in labels.values())
-    mla_follower = bool(getattr(storage_config, "is_mla_model", False)) and labels["tp_rank"] != 0
+    byte once: a shared tier (pool, Mooncake Store) is reported by the all-zero rank; the local
+    (LMDB) files by the rank ``reports_local_usage`` says (``hicache.layout`` decides which ranks
+    share a directory)."""
+    first = all(v == 0 for v in rank_labels(storage_config).values())
     return frozenset(n for t, n in zip(store.tiers, store.names)
-                     if (t.capabilities.shared and not first) or (isinstance(t, LmdbTier) and mla_follower))
+                     if (t.capabilities.shared and not first)
+                     or (isinstance(t, LmdbTier) and not reports_local_usage))
 
 
 def _without_usage(stats: dict[str, Any], tiers: frozenset[str]) -> dict[str, Any]:
@@ -61,11 +63,13 @@ def _without_usage(stats: dict[str, Any], tiers: frozenset[str]) -> dict[str, An
     return stats
 
 
-def observe_store(store: TieredStore, storage_config: Any, enabled: bool) -> StoreWatch:
+def observe_store(store: TieredStore, storage_config: Any, enabled: bool,
+                  reports_local_usage: bool) -> StoreWatch:
     """Start exporting ``store``'s counters (when ``enabled``) and persisting them (always, when the
-    store has an LMDB tier). Never raises: observability must not stop a backend from attaching."""
+    store has an LMDB tier); ``reports_local_usage`` as ``hicache.layout.reports_local_usage``.
+    Never raises: observability must not stop a backend from attaching."""
     labels = rank_labels(storage_config)
-    elsewhere = usage_reported_elsewhere(store, storage_config)
+    elsewhere = usage_reported_elsewhere(store, storage_config, reports_local_usage)
     exporter = None
     if enabled:
         try:

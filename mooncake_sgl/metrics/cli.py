@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from ..config import MAX_DURATION, ConfigError, LmdbTierConfig, load_config_file, parse_size
+from ..config import ConfigError, LmdbTierConfig, load_config_file, parse_size
+from ..units import MAX_DURATION
 from .model import Snapshot, as_json, diff, rows
 from .persist import CounterFileError, find_counter_files, read_counters
 from .scrape import MAX_BODY_BYTES, ScrapeError, fetch, is_pool, parse, parse_pool

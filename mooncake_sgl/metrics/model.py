@@ -30,8 +30,9 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ..config import TIER_SPEED
+
 PREFIX = "mooncake_sgl_"
-TIER_NAMES = ("hbm", "host", "pool", "mooncake_store", "lmdb")
 # SGLang's own storage collector labels by these (and more), so our series join its series.
 RANK_LABELS = ("tp_rank", "pp_rank", "dp_rank", "attn_cp_rank")
 _RANK_SHORT = {"tp_rank": "tp", "pp_rank": "pp", "dp_rank": "dp", "attn_cp_rank": "cp"}
@@ -135,11 +136,12 @@ class Snapshot:
         out: dict[str, TierSample] = {}
         for (_, tier), s in self.tiers.items():
             out[tier] = out[tier].plus(s) if tier in out else s
-        return dict(sorted(out.items(), key=lambda kv: (kv[1].position, _name_order(kv[0]))))
+        return dict(sorted(out.items(), key=lambda kv: (kv[1].position, _speed(kv[0]), kv[0])))
 
 
-def _name_order(tier: str) -> int:
-    return TIER_NAMES.index(tier) if tier in TIER_NAMES else len(TIER_NAMES)
+def _speed(tier: str) -> int:
+    # Samples of the same position (several stores summed) fall back to the config's tier order.
+    return TIER_SPEED.get(tier, len(TIER_SPEED))
 
 
 def rank_name(labels: Mapping[str, object]) -> str:

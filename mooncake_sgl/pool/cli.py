@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 
+from .. import envs
 from ..errors import MooncakeSglError
 
 
@@ -35,7 +36,7 @@ def _serve(argv: list[str]) -> int:
                     "bind host (0: a free one, shown in the READY line)")
     ap.add_argument("--secret", help="shared secret (prefer the config file or $MOONCAKE_SGL_POOL_SECRET)")
     args = ap.parse_args(argv)
-    secret = args.secret or os.environ.get("MOONCAKE_SGL_POOL_SECRET")
+    secret = args.secret or envs.MOONCAKE_SGL_POOL_SECRET.get() or None
     try:
         cfg = load_pool_config(args.config, {"host": args.host, "port": args.port,
                                              "capacity": args.capacity, "secret": secret,
@@ -73,7 +74,7 @@ def _query(argv: list[str], what: str) -> int:
 
     ap = argparse.ArgumentParser(prog=f"mooncake-sgl pool {what}")
     ap.add_argument("endpoint", nargs="?", default="127.0.0.1:7480")
-    ap.add_argument("--secret", default=os.environ.get("MOONCAKE_SGL_POOL_SECRET", ""))
+    ap.add_argument("--secret", default=envs.MOONCAKE_SGL_POOL_SECRET.get())
     ap.add_argument("--tenant", default="", help="tenant name on a multi-tenant pool (its pages' "
                     "counters are shown; --secret is then that tenant's)")
     ap.add_argument("--timeout", type=float, default=3.0)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import mmap
-import os
 import threading
 import time
 from bisect import bisect_right
@@ -37,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import envs
 from ..api import PageKey, PageView, PutResult, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
 from ..buffers import gather, scatter
 from ..config import MooncakeStoreTierConfig
@@ -97,12 +97,12 @@ class MooncakeStoreTier(Tier):
         self._ms = _load_mooncake()
         # Each setup retry against a dead master blocks ~4.5 s (20 by default); the watcher
         # retries on its own schedule instead. setdefault: an operator's value wins.
-        os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
+        envs.MC_STORE_CLIENT_SETUP_RETRIES.set_default(1)
         # A call to a stopped (not dead) master waits out the client's RPC timeout, 30 s by
         # default, on a storage thread of SGLang; the GIL is released meanwhile. 3 s is far above
         # any answer of a live master (milliseconds) and bounds the calls already in flight when
         # it stops; the watcher's probe marks it down within about a second for every later one.
-        os.environ.setdefault("MC_RPC_TIMEOUT_MS", str(RPC_TIMEOUT_MS))
+        envs.MC_RPC_TIMEOUT_MS.set_default(RPC_TIMEOUT_MS)
         self._lock = threading.Lock()
         self._ranges: list[tuple[int, int]] = []  # registered (start, end), sorted by start
         self._staging: mmap.mmap | None = None

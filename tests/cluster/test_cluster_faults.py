@@ -14,13 +14,13 @@ flakes blocks every landing.
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 from pathlib import Path
 
 import pytest
 
+from mooncake_sgl import envs
 from mooncake_sgl.testing import cluster_faults as F
 from mooncake_sgl.testing.cluster import Cluster
 from mooncake_sgl.testing.tiny_model import write_tiny_llama
@@ -46,7 +46,7 @@ tiers:
 
 
 @needs_netns
-@pytest.mark.skipif(not os.environ.get("MOONCAKE_SGL_TEST_CLUSTER_FAULTS"),
+@pytest.mark.skipif(not envs.MOONCAKE_SGL_TEST_CLUSTER_FAULTS.get(),
                     reason="opt-in (MOONCAKE_SGL_TEST_CLUSTER_FAULTS=1): failed once in a full suite run "
                            "around the master fault, cause not yet found")
 def test_each_fault_costs_no_request_and_no_output_and_hits_resume(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ every layout, prefix semantics, keys, metrics, and failures that must read as mi
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import subprocess
@@ -205,6 +206,21 @@ def test_key_namespace_covers_model_ranks_and_layout(tmp_path) -> None:
         layout.rank_suffix(pools.storage_config("mla", "page_first", tmp_path, tp_rank=0, tp_size=2))
     assert layout.rank_suffix(pools.storage_config("mha", "page_first", tmp_path, tp_rank=1, tp_size=2)) != \
         layout.rank_suffix(pools.storage_config("mha", "page_first", tmp_path, tp_rank=0, tp_size=2))
+
+
+@pytest.mark.parametrize("mla", [False, True])
+def test_each_local_directory_has_exactly_one_rank_reporting_its_usage(mla: bool) -> None:
+    # Whatever ranks share a directory (``rank_suffix``), one of them reports it: the fact that
+    # metrics/attach.py used to restate on its own.
+    from collections import Counter
+    from types import SimpleNamespace
+
+    reporters: Counter[str] = Counter()
+    for tp, pp, dp in itertools.product(range(4), range(2), range(2)):
+        cfg = SimpleNamespace(tp_rank=tp, tp_size=4, pp_rank=pp, pp_size=2, dp_rank=dp, is_mla_model=mla)
+        reporters[layout.rank_suffix(cfg)] += layout.reports_local_usage(cfg)
+    assert set(reporters.values()) == {1}
+    assert len(reporters) == (4 if mla else 16)
 
 
 def test_model_name_separates_pages_in_one_store(make_backend, tmp_path) -> None:

@@ -27,13 +27,14 @@ from pathlib import Path
 
 import pytest
 
+from mooncake_sgl import envs
 from mooncake_sgl.bench.server import LaunchedServer
 from mooncake_sgl.testing import MooncakeMaster, ha_masters
 
 from .conftest import Servers, wait_for, write_tiers
 from .probe import LiveClient, Output, prompt, reusable
 
-pytestmark = pytest.mark.skipif(not os.environ.get("MOONCAKE_SGL_TEST_CHAOS"),
+pytestmark = pytest.mark.skipif(not envs.MOONCAKE_SGL_TEST_CHAOS.get(),
                                 reason="opt-in (MOONCAKE_SGL_TEST_CHAOS=1): minutes of live traffic")
 
 PROMPT_TOKENS = 1024
@@ -188,7 +189,7 @@ def test_a_master_stopped_then_killed_under_traffic_fails_no_request(servers: Se
                       title="master SIGSTOP, SIGKILL, restart")
 
 
-@pytest.mark.skipif(shutil.which("etcd") is None or not os.environ.get("MOONCAKE_SGL_TEST_HA"),
+@pytest.mark.skipif(shutil.which("etcd") is None or not envs.MOONCAKE_SGL_TEST_HA.get(),
                     reason="opt-in (MOONCAKE_SGL_TEST_HA=1) and needs etcd")
 def test_an_ha_leader_stopped_then_killed_under_traffic_fails_no_request(servers: Servers,
                                                                           tmp_path: Path) -> None:

@@ -89,7 +89,7 @@ def test_a_tier_another_rank_reports_has_no_gauges_here(store) -> None:
 
 def test_tier_calls_are_timed_only_with_metrics_on(tmp_path: Path) -> None:
     off = host_lmdb_store(tmp_path / "off")
-    watch = observe_store(off, storage_config=None, enabled=False)
+    watch = observe_store(off, storage_config=None, enabled=False, reports_local_usage=True)
     try:
         assert watch.exporter is None and off.observe_latency is None
     finally:
@@ -149,11 +149,12 @@ def test_admission_refusals_are_counted_per_policy_and_tier(tmp_path: Path) -> N
 def test_each_byte_of_usage_is_reported_by_one_rank(store, ranks, mla, elsewhere) -> None:
     from types import SimpleNamespace
 
+    from mooncake_sgl.hicache.layout import reports_local_usage
     from mooncake_sgl.metrics.attach import usage_reported_elsewhere
 
     cfg = SimpleNamespace(**{"tp_rank": 0, "pp_rank": 0, "dp_rank": 0, "attn_cp_rank": 0, **ranks},
                           is_mla_model=mla)
-    assert usage_reported_elsewhere(store, cfg) == elsewhere
+    assert usage_reported_elsewhere(store, cfg, reports_local_usage(cfg)) == elsewhere
 
 
 def test_a_reattached_backend_keeps_counting_in_the_same_process(tmp_path: Path) -> None:

@@ -62,7 +62,7 @@ def test_stats_config_reads_the_counters_after_the_store_stopped(tmp_path: Path)
     from mooncake_sgl.config import load_config_file
 
     store = build_store(load_config_file(str(cfg_path)), rank_suffix=RANK_DIR)
-    watch = observe_store(store, storage_config=None, enabled=False)
+    watch = observe_store(store, storage_config=None, enabled=False, reports_local_usage=True)
     write(store, range(6))
     read(store, range(6))
     expected = snapshot_of(store.stats()).by_tier()
@@ -157,13 +157,15 @@ def test_an_mla_lmdb_shared_by_tp_ranks_is_counted_once(tmp_path: Path) -> None:
     # own counter file there, and only TP rank 0 reports the directory's usage.
     from types import SimpleNamespace
 
+    from mooncake_sgl.hicache.layout import reports_local_usage
     from mooncake_sgl.metrics.attach import observe_store
     from mooncake_sgl.metrics.persist import read_counters
 
     store = host_lmdb_store(tmp_path / "mla_pp0")
     ranks = [SimpleNamespace(tp_rank=r, pp_rank=0, dp_rank=0, attn_cp_rank=0, is_mla_model=True)
              for r in (0, 1)]
-    watches = [observe_store(store, cfg, enabled=False) for cfg in ranks]
+    watches = [observe_store(store, cfg, enabled=False, reports_local_usage=reports_local_usage(cfg))
+               for cfg in ranks]
     write(store, range(3))
     for w in watches:
         w.close()

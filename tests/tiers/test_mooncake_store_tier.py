@@ -24,6 +24,7 @@ import pytest
 # tests fail rather than skip, so CI cannot pass without the real master.
 os.environ.setdefault("GLOG_minloglevel", "2")
 
+from mooncake_sgl import envs  # noqa: E402
 from mooncake_sgl.api import Tier, page_nbytes  # noqa: E402
 from mooncake_sgl.config import (  # noqa: E402
     HostTierConfig,
@@ -375,7 +376,7 @@ def test_master_killed_and_restarted_under_sglang_calls(caplog, tmp_path) -> Non
     assert errors == [], "a tier error reached the store or SGLang's boundary"
 
 
-@pytest.mark.skipif(shutil.which("etcd") is None or not os.environ.get("MOONCAKE_SGL_TEST_HA"),
+@pytest.mark.skipif(shutil.which("etcd") is None or not envs.MOONCAKE_SGL_TEST_HA.get(),
                     reason="opt-in (MOONCAKE_SGL_TEST_HA=1; ~60 s, Mooncake's close after a fail-over "
                            "is slow) and needs etcd (apt-get install etcd-server)")
 def test_ha_masters_over_etcd_fail_over_and_the_tier_follows_the_leader(tmp_path) -> None:
