@@ -33,7 +33,7 @@ from .. import envs
 from ..procs import pick_port, says_bind_failed
 from .client import SglangClient
 
-# What a CPU server needs (the project's notes on live CPU serving have the reasons): the torch
+# What a CPU server needs (hicache/cpu_compat.py explains the patches it also needs): the torch
 # attention backend, no CUDA graphs, token-id prompts, a KV budget a CPU host can hold (SGLang would
 # otherwise size it from RAM: 14.5M tokens), and 64-token pages as on GPU deployments.
 CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",

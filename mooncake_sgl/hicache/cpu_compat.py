@@ -1,8 +1,8 @@
 """What a live SGLang server needs to run HiCache on a host without CUDA, applied from our plug-in.
 
 sglang 0.5.23 starts on a CPU-only host with ``SGLANG_USE_CPU_ENGINE=1 ... --device cpu``, but its
-HiCache path has three CUDA assumptions (facts and sglang file:line in the project's notes), and
-its CPU attention wastes what a cache hit saves (4):
+HiCache path has three CUDA assumptions (each item names the sglang file that makes it), and its
+CPU attention wastes what a cache hit saves (4):
 
 1. ``sgl_kernel`` has no CPU build on PyPI, yet ``kernels/ops/kvcache/cache_move.py`` imports eight
    ``*_cpu`` names from it at module level. ``sgl_kernel_standin`` makes ``import sgl_kernel``

@@ -1,5 +1,20 @@
-"""The pool server behind ``mooncake-sgl pool``: config, slab allocator, index with leases and
-eviction (``store``), tenants with their own segment and index (``tenants``), connections and
-their holds (``conn``, ``onesided``), turning away connections over the limit (``refuse``),
-thread-safe counters (``counters``), the server (``server``), its command line (``cli``) and a
-subprocess helper for tests and benchmarks (``process``)."""
+"""The pool server behind ``mooncake-sgl pool``: one node's pooled DRAM, served to SGLang hosts.
+
+- ``config``     ``PoolServerConfig``: the server's YAML, tenants, limits and timeouts.
+- ``allocator``  the slab allocator over the shared segment.
+- ``index``      ``PoolIndex``: which key lives at which offset, leases, eviction to a watermark.
+- ``tenants``    each tenant's own segment, index and secret.
+- ``conn``       one client connection and the holds it keeps (quarantined when it dies).
+- ``onesided``   the shared-memory / RDMA path: reservations and leases the client copies through.
+- ``refuse``     turning away connections over the limit, with a reason on the wire.
+- ``server``     ``PoolServer``: the accept loop and request handling over the above.
+- ``metrics``    the server's Prometheus ``/metrics``.
+- ``cli``        ``mooncake-sgl pool`` (serve, stats, health); ``__main__`` runs it as a module.
+- ``process``    ``PoolProcess``: a server in a subprocess, for tests and benchmarks.
+
+The pool's three parts live in three packages on purpose, split by which side of the wire runs
+them: this package is the server; ``transfer`` is the wire both sides share (the protocol the
+server also imports) and the client, ``transfer.client.PoolClient``; and ``tiers.pool.PoolTier``
+is the store's tier over that client (rendezvous placement across servers, failure to misses),
+beside every other tier. A serving host without a pool server runs no code of this package.
+"""

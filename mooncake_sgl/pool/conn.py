@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .store import Entry, PoolStore
+from .index import Entry, PoolIndex
 from .tenants import Tenant
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -85,7 +85,7 @@ class Conn:
 @dataclass
 class _Quarantined:
     pid: int
-    store: PoolStore
+    index: PoolIndex
     entries: list[Entry]
     release_at: float | None  # None until the process reconnects
 
@@ -119,11 +119,11 @@ class HoldLedger:
             else:
                 self._held.pop(holder, None)
 
-    def quarantine(self, pid: int, store: PoolStore, entries: list[Entry], grace: float) -> None:
+    def quarantine(self, pid: int, index: PoolIndex, entries: list[Entry], grace: float) -> None:
         """Keep ``entries``' slots out of use until ``pid`` exits or reconnects (plus ``grace``);
         a process the kernel did not name gets ``grace`` from now."""
         with self._lock:
-            self._quarantine.append(_Quarantined(pid, store, entries,
+            self._quarantine.append(_Quarantined(pid, index, entries,
                                                  None if pid else time.monotonic() + grace))
 
     def reconnected(self, pid: int, grace: float) -> None:
@@ -145,7 +145,7 @@ class HoldLedger:
                 (due if gone else keep).append(q)
             self._quarantine = keep
         for q in due:
-            q.store.abort(q.entries)
+            q.index.abort(q.entries)
         return len(due)
 
     def quarantined_bytes(self) -> int:

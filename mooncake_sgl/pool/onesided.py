@@ -11,11 +11,11 @@ from __future__ import annotations
 import itertools
 import time
 
+from ..counters import Counters
 from ..errors import ProtocolError
 from ..transfer import protocol as P
 from .conn import Conn, Hold, HoldLedger
-from .counters import Counters
-from .store import PRESENT, Entry
+from .index import PRESENT, Entry
 
 # Reservations or leases one connection may hold open at once. A client keeps one of each per
 # request in flight; more means it forgot to COMMIT/RELEASE and would pin the pool. Arbitrary.
@@ -42,7 +42,7 @@ class OneSided:
     def reserve(self, c: Conn, keys: list[bytes], sizes: list[int]) -> P.Reservation:
         assert c.tenant is not None
         n = self.holds.take(c.holder, sizes, c.tenant.max_hold_bytes)
-        res: list[object] = [*c.tenant.store.reserve(keys[:n], sizes[:n]), *[None] * (len(keys) - n)]
+        res: list[object] = [*c.tenant.index.reserve(keys[:n], sizes[:n]), *[None] * (len(keys) - n)]
         status = bytes(P.RESERVE_WRITE if isinstance(r, Entry) else
                        P.RESERVE_PRESENT if r is PRESENT else P.RESERVE_NO_ROOM for r in res)
         ticket = next(self._ids)
@@ -51,20 +51,20 @@ class OneSided:
 
     def commit(self, c: Conn, ticket: int, written: bytes) -> bytes:
         assert c.tenant is not None
-        store = c.tenant.store
+        index = c.tenant.index
         hold = c.tickets.pop(ticket, None)
         if hold is None:
             raise ProtocolError(f"COMMIT of unknown reservation {ticket}")
         self.holds.give_back(c.holder, hold.nbytes)
         res, entries = hold.res or [], [e for e in hold.entries if e is not None]
         if len(written) != len(res):
-            store.abort(entries)
+            index.abort(entries)
             raise ProtocolError(f"COMMIT names {len(written)} pages, the reservation has {len(res)}")
         if time.monotonic() - hold.since > self.hold_timeout:
-            store.abort(entries)  # void: the client may have been stopped mid-copy
+            index.abort(entries)  # void: the client may have been stopped mid-copy
             return bytes(r is PRESENT for r in res)
         ok = [bool(written[i]) for i, r in enumerate(res) if isinstance(r, Entry)]
-        store.commit(entries, ok)
+        index.commit(entries, ok)
         self._counters.add("bytes_in", sum(e.size for e, w in zip(entries, ok) if w))
         return bytes(bool(written[i]) if isinstance(r, Entry) else r is PRESENT
                      for i, r in enumerate(res))
@@ -72,7 +72,7 @@ class OneSided:
     def lease(self, c: Conn, keys: list[bytes], sizes: list[int]) -> P.Lease:
         assert c.tenant is not None
         n = self.holds.take(c.holder, sizes, c.tenant.max_hold_bytes)
-        entries = [*c.tenant.store.lease(keys[:n], sizes[:n]), *[None] * (len(keys) - n)]
+        entries = [*c.tenant.index.lease(keys[:n], sizes[:n]), *[None] * (len(keys) - n)]
         held = sum(e.size for e in entries if e is not None)
         self.holds.give_back(c.holder, sum(sizes[:n]) - held)  # misses hold nothing
         lease = next(self._ids)
@@ -84,23 +84,23 @@ class OneSided:
         assert c.tenant is not None
         hold = c.leases.pop(lease, None)
         if hold is not None:
-            c.tenant.store.release(hold.entries)
+            c.tenant.index.release(hold.entries)
             self.holds.give_back(c.holder, hold.nbytes)
 
     def drop_all(self, c: Conn, expired: bool) -> None:
         """A connection ended: abort its reservations and release its leases. Reservations a
         same-host client may still be copying into (voided, not abandoned) go to quarantine."""
         if c.tenant is not None:
-            store = c.tenant.store
+            index = c.tenant.index
             for hold in c.tickets.values():
                 entries = [e for e in hold.entries if e is not None]
                 if expired and c.unix and c.one_sided:
-                    self.holds.quarantine(c.pid, store, entries, self.hold_timeout)
+                    self.holds.quarantine(c.pid, index, entries, self.hold_timeout)
                 else:
-                    store.abort(entries)
+                    index.abort(entries)
                 self.holds.give_back(c.holder, hold.nbytes)
             for hold in c.leases.values():
-                store.release(hold.entries)
+                index.release(hold.entries)
                 self.holds.give_back(c.holder, hold.nbytes)
         c.tickets.clear()
         c.leases.clear()

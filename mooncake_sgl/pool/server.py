@@ -31,6 +31,7 @@ import threading
 import time
 import uuid
 
+from ..counters import Counters
 from ..errors import AuthError, ConfigError, ProtocolError
 from ..transfer import protocol as P
 from ..transfer.tcp import (
@@ -45,11 +46,10 @@ from ..transfer.tcp import (
 )
 from .config import PoolServerConfig
 from .conn import Conn, HoldLedger
-from .counters import Counters
+from .index import PRESENT, Entry
 from .metrics import MetricsHttp, PoolMetrics
 from .onesided import OneSided
 from .refuse import Refuser
-from .store import PRESENT, Entry
 from .tenants import Tenant, authenticate, build_tenants
 
 log = logging.getLogger("mooncake_sgl.pool")
@@ -201,8 +201,8 @@ class PoolServer:
     def _housekeeping(self) -> None:
         while not self._stop.wait(0.02):
             for t in self.tenants.values():
-                if t.store.over_high_watermark():
-                    n = t.store.evict_to_watermark()
+                if t.index.over_high_watermark():
+                    n = t.index.evict_to_watermark()
                     if n:
                         log.debug("tenant %r: evicted %d pages down to the low watermark", t.name, n)
             self.holds.release_due()
@@ -405,7 +405,7 @@ class PoolServer:
         op = header.op
         msg = P.decode(meta, P.request_type(op))
         assert c.tenant is not None
-        store, view, one = c.tenant.store, c.tenant.segment.view, self.one_sided
+        index, view, one = c.tenant.index, c.tenant.segment.view, self.one_sided
         if header.data_len and op != P.Op.PUT:
             raise ProtocolError(f"op {P.Op(op).name} carries no data, got {header.data_len} bytes")
         if op == P.Op.PUT:
@@ -420,20 +420,20 @@ class PoolServer:
                 # The reply is a frame too; bounding it bounds how long its pages stay leased.
                 raise ProtocolError(f"GET of {sum(msg.sizes)} bytes exceeds the limit of "
                                     f"{self.config.max_frame_bytes} bytes (max_frame_bytes)")
-            entries = store.lease(msg.keys, msg.sizes)
+            entries = index.lease(msg.keys, msg.sizes)
             try:
                 self._reply(c, op, P.GetReply([e.size if e else -1 for e in entries]), deadline,
                             [view[e.offset:e.offset + e.size] for e in entries if e is not None])
             finally:
-                store.release(entries)
+                index.release(entries)
         elif op == P.Op.EXISTS:
             self._check_batch(msg.keys)
-            self._reply(c, op, P.Flags(store.contains(msg.keys)), deadline)
+            self._reply(c, op, P.Flags(index.contains(msg.keys)), deadline)
         elif op == P.Op.REMOVE:
             self._check_batch(msg.keys)
-            self._reply(c, op, P.Count(store.remove(msg.keys)), deadline)
+            self._reply(c, op, P.Count(index.remove(msg.keys)), deadline)
         elif op == P.Op.CLEAR:
-            self._reply(c, op, P.Count(store.clear()), deadline)
+            self._reply(c, op, P.Count(index.clear()), deadline)
         elif op == P.Op.STATS:
             self._reply(c, op, P.Stats(self.stats(c.tenant.name)), deadline)
         elif op == P.Op.RESERVE:
@@ -462,8 +462,8 @@ class PoolServer:
 
     def _put(self, c: Conn, keys: list[bytes], sizes: list[int], deadline: float) -> bytes:
         assert c.tenant is not None
-        store, view = c.tenant.store, c.tenant.segment.view
-        res = store.reserve(keys, sizes)
+        index, view = c.tenant.index, c.tenant.segment.view
+        res = index.reserve(keys, sizes)
         entries = [r for r in res if isinstance(r, Entry)]
         try:
             for r, size in zip(res, sizes):
@@ -472,10 +472,10 @@ class PoolServer:
                 else:
                     discard(c.sock, size, deadline)
         except BaseException:
-            store.abort(entries)  # a truncated PUT leaves nothing readable
+            index.abort(entries)  # a truncated PUT leaves nothing readable
             raise
         self.counters.add("bytes_in", sum(sizes))
-        store.commit(entries, [True] * len(entries))
+        index.commit(entries, [True] * len(entries))
         return bytes(P.PUT_PRESENT if r is PRESENT else int(isinstance(r, Entry)) for r in res)
 
     # ------------------------------------------------------------------------------------- stats
@@ -486,7 +486,7 @@ class PoolServer:
         out: dict[str, float] = {}
         for t in self.tenants.values():
             if tenant is None or t.name == tenant:
-                for k, v in t.store.snapshot().items():
+                for k, v in t.index.snapshot().items():
                     out[k] = out.get(k, 0.0) + v
         out.update(self.counters.snapshot())
         with self._lock:

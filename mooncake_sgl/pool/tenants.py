@@ -1,7 +1,7 @@
 """Tenants of a pool server: each one a segment, an index and a secret of its own.
 
 Isolation is by construction, not by key prefixes: a connection is bound at its handshake to the
-tenant whose secret it proved, and every request it makes reaches only that tenant's ``PoolStore``
+tenant whose secret it proved, and every request it makes reaches only that tenant's ``PoolIndex``
 (so it can read, overwrite, remove or clear only that tenant's pages, and its stats count only
 them) and, over shared memory or RDMA, only that tenant's segment (the memfd a same-host client
 maps, the memory region a remote client's queue pair may touch). A single-tenant server (no
@@ -17,7 +17,7 @@ from ..errors import AuthError
 from ..transfer import protocol as P
 from ..transfer.shm import Segment
 from .config import PoolServerConfig
-from .store import PoolStore
+from .index import PoolIndex
 
 # Share of a tenant's capacity one client process may hold reserved or leased at once, so a
 # stalled client leaves the other half to everyone else. Arbitrary.
@@ -29,12 +29,12 @@ class Tenant:
     name: str
     secret: str
     segment: Segment
-    store: PoolStore
+    index: PoolIndex
 
     @property
     def max_hold_bytes(self) -> int:
         # At least one slab: the largest page the pool takes must fit a one-sided put too.
-        return max(int(self.segment.size * HOLD_SHARE), self.store.alloc.slab_size)
+        return max(int(self.segment.size * HOLD_SHARE), self.index.alloc.slab_size)
 
 
 def build_tenants(cfg: PoolServerConfig) -> dict[str, Tenant]:
@@ -46,9 +46,9 @@ def build_tenants(cfg: PoolServerConfig) -> dict[str, Tenant]:
             size = capacity // cfg.slab_size * cfg.slab_size
             segment = Segment(size, name=f"mooncake-sgl-pool-{name or 'default'}",
                               populate=cfg.populate)
-            store = PoolStore(size, cfg.slab_size, high_watermark=cfg.high_watermark,
+            index = PoolIndex(size, cfg.slab_size, high_watermark=cfg.high_watermark,
                               low_watermark=cfg.low_watermark, put_wait=cfg.put_wait)
-            out[name] = Tenant(name, secret, segment, store)
+            out[name] = Tenant(name, secret, segment, index)
     except BaseException:
         for t in out.values():
             t.segment.close()

@@ -1,5 +1,14 @@
 """Tier implementations and ``build_tier``, the one place a tier config becomes a ``Tier``.
 
+- ``hbm``             ``HbmTier``: spare GPU memory, cut into slots as the host tier cuts DRAM.
+- ``host``            ``HostTier``: host DRAM slots.
+- ``pool``            ``PoolTier``: pages in ``mooncake-sgl pool`` servers (client: ``transfer``).
+- ``mooncake_store``  ``MooncakeStoreTier``: the real Mooncake Store; ``mooncake_link`` is the
+                      client's link to its master, kept up by a watcher thread.
+- ``lmdb``            ``LmdbTier``: the SSD tier, an LMDB index over extent files; ``ssd_extents``
+                      (space), ``ssd_io`` (vectored, checksummed I/O), ``ssd_records`` (index
+                      records, reader snapshots) and ``lmdb_probe`` (is an environment safe to open).
+
 Tier modules are imported lazily, inside their branch, so an optional dependency (CUDA for
 ``hbm``, the Mooncake client for ``mooncake_store``, the pool transport) is only imported when a
 deployment configures that tier.

@@ -32,8 +32,8 @@ import xxhash
 
 from ..api import PageKey, PageView, PutResult, Tier, TierCapabilities, TierKind, TierUsage
 from ..config import PoolTierConfig
+from ..counters import Counters
 from ..errors import MooncakeSglError, TierClosed
-from ..pool.counters import Counters
 from ..transfer.client import PoolClient
 
 log = logging.getLogger("mooncake_sgl.tiers.pool")

@@ -76,7 +76,7 @@ def test_every_dashboard_query_parses_and_names_only_our_series() -> None:
         unknown = [n for n in names if n not in exported]
         assert not unknown, f"panel {title!r} queries series we never export: {unknown}"
         named |= set(names)
-    # The panels the issue asks for are there.
+    # The panels docs/observability.md lists are there.
     for needed in ("mooncake_sgl_tier_hits_total", "mooncake_sgl_read_pages_total",
                    "mooncake_sgl_tier_read_bytes_total", "mooncake_sgl_tier_written_bytes_total",
                    "mooncake_sgl_tier_get_latency_seconds_bucket",

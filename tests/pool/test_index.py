@@ -8,14 +8,14 @@ import time
 
 import pytest
 
+from mooncake_sgl.counters import Counters
 from mooncake_sgl.pool.allocator import SlabAllocator
-from mooncake_sgl.pool.counters import Counters
-from mooncake_sgl.pool.store import NO_ROOM, PRESENT, Entry, PoolStore
+from mooncake_sgl.pool.index import NO_ROOM, PRESENT, Entry, PoolIndex
 
 KIB = 1024
 
 
-def put(store: PoolStore, key: bytes, size: int = 64 * KIB) -> Entry | str | None:
+def put(store: PoolIndex, key: bytes, size: int = 64 * KIB) -> Entry | str | None:
     (r,) = store.reserve([key], [size])
     if isinstance(r, Entry):
         store.commit([r], [True])
@@ -56,7 +56,7 @@ def test_allocator_never_hands_out_overlapping_slots_under_random_churn() -> Non
 
 
 def test_reserved_page_is_invisible_until_commit_and_abort_frees_it() -> None:
-    s = PoolStore(1 << 20, 256 * KIB)
+    s = PoolIndex(1 << 20, 256 * KIB)
     (e,) = s.reserve([b"k"], [1000])
     assert isinstance(e, Entry)
     assert s.contains([b"k"]) == b"\x00"
@@ -68,7 +68,7 @@ def test_reserved_page_is_invisible_until_commit_and_abort_frees_it() -> None:
 
 
 def test_concurrent_writers_of_one_key_never_wait_and_the_first_commit_wins() -> None:
-    s = PoolStore(1 << 20, 256 * KIB, put_wait=30.0)
+    s = PoolIndex(1 << 20, 256 * KIB, put_wait=30.0)
     t0 = time.monotonic()
     (a,) = s.reserve([b"k"], [1000])
     (b,) = s.reserve([b"k"], [1000])  # while "a" is still being written: a slot of its own
@@ -87,7 +87,7 @@ def test_concurrent_writers_of_one_key_never_wait_and_the_first_commit_wins() ->
 
 
 def test_a_batch_naming_a_key_twice_stores_it_once_without_waiting() -> None:
-    s = PoolStore(1 << 20, 256 * KIB, put_wait=30.0)
+    s = PoolIndex(1 << 20, 256 * KIB, put_wait=30.0)
     res = s.reserve([b"x", b"y", b"x"], [1000] * 3)
     assert all(isinstance(r, Entry) for r in res)
     s.commit(res, [True] * 3)
@@ -96,7 +96,7 @@ def test_a_batch_naming_a_key_twice_stores_it_once_without_waiting() -> None:
 
 
 def test_an_aborted_writer_does_not_spoil_a_concurrent_writer_of_the_same_key() -> None:
-    s = PoolStore(1 << 20, 256 * KIB)
+    s = PoolIndex(1 << 20, 256 * KIB)
     (a,) = s.reserve([b"k"], [1000])
     (b,) = s.reserve([b"k"], [1000])
     s.abort([a])  # e.g. its client died mid-copy
@@ -106,7 +106,7 @@ def test_an_aborted_writer_does_not_spoil_a_concurrent_writer_of_the_same_key() 
 
 
 def test_eviction_takes_least_recently_read_first() -> None:
-    s = PoolStore(4 * 64 * KIB, 64 * KIB)
+    s = PoolIndex(4 * 64 * KIB, 64 * KIB)
     for k in (b"a", b"b", b"c", b"d"):
         put(s, k)
     s.release(s.lease([b"a"]))  # a read makes "a" the most recent
@@ -116,7 +116,7 @@ def test_eviction_takes_least_recently_read_first() -> None:
 
 
 def test_a_leased_page_is_never_evicted_or_its_slot_reused() -> None:
-    s = PoolStore(2 * 64 * KIB, 64 * KIB, put_wait=0.1)
+    s = PoolIndex(2 * 64 * KIB, 64 * KIB, put_wait=0.1)
     put(s, b"a")
     put(s, b"b")
     held = s.lease([b"a", b"b"])  # both being read
@@ -131,7 +131,7 @@ def test_a_leased_page_is_never_evicted_or_its_slot_reused() -> None:
 
 
 def test_a_full_pool_put_waits_for_a_reader_to_finish_instead_of_failing() -> None:
-    s = PoolStore(64 * KIB, 64 * KIB, put_wait=5.0)
+    s = PoolIndex(64 * KIB, 64 * KIB, put_wait=5.0)
     put(s, b"a")
     held = s.lease([b"a"])
     threading.Timer(0.2, s.release, args=(held,)).start()
@@ -141,7 +141,7 @@ def test_a_full_pool_put_waits_for_a_reader_to_finish_instead_of_failing() -> No
 
 
 def test_mixed_page_sizes_take_slabs_from_other_classes() -> None:
-    s = PoolStore(4 * 256 * KIB, 256 * KIB)
+    s = PoolIndex(4 * 256 * KIB, 256 * KIB)
     for i in range(16):
         put(s, b"small%d" % i, 64 * KIB)  # all four slabs hold 64 KiB slots
     r = put(s, b"big", 256 * KIB)  # needs a whole empty slab: old small pages go
@@ -151,7 +151,7 @@ def test_mixed_page_sizes_take_slabs_from_other_classes() -> None:
 
 
 def test_background_eviction_brings_usage_to_the_low_watermark() -> None:
-    s = PoolStore(20 * 64 * KIB, 64 * KIB, high_watermark=0.9, low_watermark=0.5)
+    s = PoolIndex(20 * 64 * KIB, 64 * KIB, high_watermark=0.9, low_watermark=0.5)
     for i in range(20):
         put(s, b"k%d" % i)
     assert s.over_high_watermark()
@@ -161,7 +161,7 @@ def test_background_eviction_brings_usage_to_the_low_watermark() -> None:
 
 
 def test_page_larger_than_a_slab_is_refused_not_stored() -> None:
-    s = PoolStore(1 << 20, 256 * KIB)
+    s = PoolIndex(1 << 20, 256 * KIB)
     assert s.reserve([b"huge"], [512 * KIB]) == [NO_ROOM]
     assert s.reserve([b"empty"], [0]) == [NO_ROOM]
 
@@ -177,7 +177,7 @@ def test_counters_take_only_declared_names_and_snapshot_a_copy() -> None:
 
 
 def test_a_put_at_another_size_replaces_the_page_and_leaves_a_reader_its_old_slot() -> None:
-    s = PoolStore(1 << 20, 256 * KIB)
+    s = PoolIndex(1 << 20, 256 * KIB)
     old = put(s, b"k", 1000)
     held = s.lease([b"k"], [1000])  # a reader of the old size is mid-copy
     new = put(s, b"k", 9000)  # acknowledged ...

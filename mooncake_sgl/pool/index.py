@@ -34,8 +34,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from ..api import PageKey
+from ..counters import Counters
 from .allocator import SlabAllocator, slot_size_for
-from .counters import Counters
 
 
 class Entry:
@@ -55,7 +55,7 @@ PRESENT = "present"  # reserve(): the key is already readable at that size (a no
 NO_ROOM = None  # reserve(): nothing could be freed within put_wait
 
 
-class PoolStore:
+class PoolIndex:
     """Index, allocation, leases and eviction over a segment of ``capacity`` bytes.
 
     Thread-safe. ``reserve``/``commit``/``abort`` are the two-phase write; ``lease``/``release``
