@@ -1,8 +1,18 @@
 """mooncake_sgl: a tiered KV-cache store for SGLang HiCache (``--hicache-storage-backend mooncake``).
 
-Folders: ``hicache/`` the SGLang plug-in (the only code importing sglang); ``tiers/`` one module per
-storage medium; ``transfer/`` wire protocol and transports to the pool; ``pool/`` the pool server;
-``policy/`` placement policies; ``sim/`` the trace simulator. Contracts live in ``api.py``.
+Folders: ``hicache/`` the SGLang plug-in (the only code importing sglang); ``store/`` the tiered
+page store; ``tiers/`` one module per storage medium; ``transfer/`` the pool's wire protocol,
+transports and client; ``pool/`` the pool server; ``policy/`` placement policies; ``metrics/``
+Prometheus export, counters on disk and ``mooncake-sgl stats``; ``sim/`` the trace simulator.
+
+Modules: ``api`` the contracts (``Tier``, ``PlacementPolicy``); ``config`` the typed config and
+``builtin_config`` SGLang's built-in Mooncake config translated into it; ``keys`` the one key
+function; ``buffers`` views and copies over host memory; ``envs`` every environment variable;
+``units`` sizes and durations; ``counters`` thread-safe counters; ``errors`` our exceptions;
+``procs`` ports and life cycle of the servers we start; ``cli`` the ``mooncake-sgl`` command.
+
+Benchmarks, the end-to-end rig and test helpers are not in the package: ``devtools/`` of the
+repository holds them.
 """
 
 __version__ = "0.1.0"

@@ -4,7 +4,7 @@
   python scripts/bench_cluster.py --json cluster.json            # all six cells
   python scripts/bench_cluster.py --kv pool --policies round_robin --conversations 8
 
-Hosts are network namespaces on one bridge (mooncake_sgl/testing/cluster.py; needs root). A
+Hosts are network namespaces on one bridge (devtools/testing/cluster.py; needs root). A
 multi-turn workload of many conversations goes through the router, at most --max-parallel
 conversations at once. Cells: router policy (round_robin, cache_aware) x KV:
   own       each server its own tiers (host DRAM + its own LMDB);
@@ -31,13 +31,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mooncake_sgl.bench.client import SglangClient  # noqa: E402
-from mooncake_sgl.bench.two_instances import Sent, reachable_tokens, summarise  # noqa: E402
-from mooncake_sgl.bench.workloads import BenchRequest, MultiTurnSpec, multiturn  # noqa: E402
+from devtools.bench.client import SglangClient  # noqa: E402
+from devtools.bench.two_instances import Sent, reachable_tokens, summarise  # noqa: E402
+from devtools.bench.workloads import BenchRequest, MultiTurnSpec, multiturn  # noqa: E402
+from devtools.testing.cluster import Cluster  # noqa: E402
+from devtools.testing.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
 from mooncake_sgl.metrics.model import diff, merge  # noqa: E402
 from mooncake_sgl.metrics.scrape import scrape  # noqa: E402
-from mooncake_sgl.testing.cluster import Cluster  # noqa: E402
-from mooncake_sgl.testing.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
 
 POLICIES = ("round_robin", "cache_aware")
 KVS = ("own", "pool", "mooncake")

@@ -6,7 +6,7 @@ CPU servers with a tiny random-weight Llama). Examples:
   python scripts/bench_long_context.py --launch                  # CPU or GPU host, embedded default tiers
   python scripts/bench_long_context.py --launch --tiers configs/full-stack.yaml --docs 4
   python scripts/bench_long_context.py --url http://127.0.0.1:30000  # a server already running
-See ``--help`` and mooncake_sgl/bench/runner.py.
+See ``--help`` and devtools/bench/runner.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mooncake_sgl.bench.runner import long_context_main  # noqa: E402
+from devtools.bench.runner import long_context_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(long_context_main())

@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mooncake_sgl.bench.results import percentile  # noqa: E402
+from devtools.bench.results import percentile  # noqa: E402
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, PolicyConfig  # noqa: E402
 from mooncake_sgl.policy import policy_for_capacities  # noqa: E402
 from mooncake_sgl.store import TieredStore  # noqa: E402

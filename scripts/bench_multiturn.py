@@ -5,7 +5,7 @@ Runs on any host: with --launch it starts one live server per variant (on a host
 CPU servers with a tiny random-weight Llama). Examples:
   python scripts/bench_multiturn.py --launch --conversations 8 --turns 4
   python scripts/bench_multiturn.py --url http://127.0.0.1:30000 --conversations 16 --turns 5
-See ``--help`` and mooncake_sgl/bench/runner.py.
+See ``--help`` and devtools/bench/runner.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mooncake_sgl.bench.runner import multiturn_main  # noqa: E402
+from devtools.bench.runner import multiturn_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(multiturn_main())

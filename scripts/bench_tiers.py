@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ssd_user_view  # noqa: E402  (beside this script)
 import ssd_write_path  # noqa: E402
 
-from mooncake_sgl.bench.console import human, log  # noqa: E402
+from devtools.bench.console import human, log  # noqa: E402
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, parse_size  # noqa: E402
 from mooncake_sgl.tiers.host import HostTier  # noqa: E402
 from mooncake_sgl.tiers.lmdb import LmdbTier  # noqa: E402
@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-hicache-file", action="store_true", help="skip SGLang's HiCacheFile")
     p.add_argument("--quick", action="store_true", help="CI smoke: 64KiB and 1MiB, 16 pages, 1 round")
     p.add_argument("--no-metrics-overhead", action="store_true",
-                   help="skip the store's put/get with metrics off vs on (mooncake_sgl.metrics.overhead)")
+                   help="skip the store's put/get with metrics off vs on (devtools.metrics_overhead)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     args = p.parse_args(argv)
     if args.quick:
@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table(results, args.drop_caches))
     overhead = None
     if "steady" in modes and not args.no_metrics_overhead:
-        from mooncake_sgl.metrics import overhead as metrics_overhead
+        from devtools import metrics_overhead
 
         # Pages up to 1 MiB: the hook costs per call, so small pages show it most; larger ones
         # would only add GiBs of buffers.

@@ -53,7 +53,7 @@ os.environ.setdefault("GLOG_minloglevel", "2")  # before mooncake is imported: q
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mooncake_sgl.bench.console import human, log  # noqa: E402
+from devtools.bench.console import human, log  # noqa: E402
 from mooncake_sgl.config import HostTierConfig, parse_size  # noqa: E402
 from mooncake_sgl.pool.process import PoolProcess  # noqa: E402
 from mooncake_sgl.tiers.host import HostTier  # noqa: E402
@@ -113,7 +113,7 @@ class MooncakeContender:
     def __init__(self, ctx: Ctx, in_process: bool):
         from mooncake.store import MooncakeDistributedStore
 
-        from mooncake_sgl.testing.mooncake_master import MooncakeMaster
+        from devtools.testing.mooncake_master import MooncakeMaster
 
         self.master = MooncakeMaster().start()
         self.storage = None
@@ -195,8 +195,8 @@ class MooncakeTierContender:
     ``mooncake-tcp``, on the same registered pages: what the tier adds over Mooncake used directly."""
 
     def __init__(self, ctx: Ctx):
+        from devtools.testing.mooncake_master import MooncakeMaster
         from mooncake_sgl.config import MooncakeStoreTierConfig
-        from mooncake_sgl.testing.mooncake_master import MooncakeMaster
         from mooncake_sgl.tiers.mooncake_store import MooncakeStoreTier
 
         self.master = MooncakeMaster().start()

@@ -4,7 +4,7 @@
   python scripts/bench_two_instances.py --json two.json          # both scenarios, CPU or GPU host
   python scripts/bench_two_instances.py --scenario shared --conversations 16
 
-See ``--help`` and mooncake_sgl/bench/two_instances.py.
+See ``--help`` and devtools/bench/two_instances.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mooncake_sgl.bench.two_instances import main  # noqa: E402
+from devtools.bench.two_instances import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,7 +2,7 @@
 """Throughput of a hybrid model's storage batch (KV pages plus their sidecar pool) through our host
 tier vs SGLang's own Mooncake Store backend, in one process and one run.
 
-For each setup of ``mooncake_sgl.hicache.hybrid_pools`` (MHA+Mamba, MLA+DSA indexer, MHA+SWA, MHA
+For each setup of ``devtools.testing.hybrid_pools`` (MHA+Mamba, MLA+DSA indexer, MHA+SWA, MHA
 with a draft model's KV), with
 real sglang host pools on CPU at the sizes given below, both backends get the calls SGLang's cache
 controller makes for one batch of ``--pages`` pages:
@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mooncake_sgl.bench.console import human, log  # noqa: E402
+from devtools.bench.console import human, log  # noqa: E402
 
 # Realistic per-page sizes at a small scale: 64-token pages, 8 layers of 8 heads x 128 (2 MiB KV
 # pages), a Mamba state of about 0.8 MiB, a 4-layer SWA pool, MLA rows of 576 with a DSA indexer.
@@ -70,7 +70,7 @@ class Batch:
     """One backend's pools and the calls of one batch; every round uses fresh page hashes."""
 
     def __init__(self, name: str, shape: Any, pages: int, make_backend: Any) -> None:
-        from mooncake_sgl.hicache import hybrid_pools
+        from devtools.testing import hybrid_pools
 
         self.hp = hybrid_pools
         self.setup = hybrid_pools.build(name, shape)
@@ -141,7 +141,7 @@ def _gbps(nbytes: int, seconds: list[float]) -> dict[str, float]:
 def bench_setup(name: str, shape: Any, args: argparse.Namespace, master: Any) -> dict[str, Any]:
     from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
 
-    from mooncake_sgl.hicache import hybrid_pools
+    from devtools.testing import hybrid_pools
     from mooncake_sgl.hicache.backend import MooncakeSglStorage
 
     def room(setup: Any) -> int:
@@ -203,8 +203,8 @@ def table(results: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
-    from mooncake_sgl.hicache.hybrid_pools import SETUPS, Shape
-    from mooncake_sgl.testing import MooncakeMaster
+    from devtools.testing import MooncakeMaster
+    from devtools.testing.hybrid_pools import SETUPS, Shape
 
     names = [n.strip() for n in args.setups.split(",") if n.strip()]
     unknown = [n for n in names if n not in SETUPS]

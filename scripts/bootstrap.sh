@@ -60,7 +60,7 @@ PY
 say "installing the real Mooncake Store wheel (mooncake_master, MooncakeDistributedStore)"
 "${PIP[@]}" --no-deps mooncake-transfer-engine-non-cuda==0.3.13.post1
 # SGLang's router (Rust, one abi3 wheel; its Python deps are among sglang's): the test cluster puts it
-# in front of its servers (mooncake_sgl/testing/cluster.py, scripts/bench_cluster.py).
+# in front of its servers (devtools/testing/cluster.py, scripts/bench_cluster.py).
 "${PIP[@]}" sglang-router==0.3.2
 say "installing mooncake-sgl (editable) with its dev and bench extras"
 "${PIP[@]}" -c <(echo torch==2.14.1) -e ".[dev,bench]"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mooncake_sgl.e2e import (  # noqa: E402
+from devtools.e2e import (  # noqa: E402
     DEFAULT_PREFILL_TOKENS_PER_S,
     E2EConfig,
     KvShape,

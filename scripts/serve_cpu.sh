@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # A live SGLang server with mooncake_sgl as its HiCache storage backend, on 127.0.0.1:PORT, in the
-# foreground. On a host without a GPU it adds the CPU flags (mooncake_sgl/bench/server.py: CPU_FLAGS).
+# foreground. On a host without a GPU it adds the CPU flags (devtools/bench/server.py: CPU_FLAGS).
 #
 #   scripts/serve_cpu.sh PORT MODEL_DIR TIERS_FILE [more sglang flags...]
 #
 # Later flags override the defaults (sglang keeps the last value of a repeated flag). Prompts are token
 # ids (--skip-tokenizer-init): MODEL_DIR needs config.json and weights but no tokenizer;
-# `python -m mooncake_sgl.testing.tiny_model DIR` writes one.
+# `python -m devtools.testing.tiny_model DIR` writes one.
 #
 # Stopping: SIGTERM or SIGINT to its process group (kill -TERM -- -PGID, or Ctrl-C). The server gets
 # MOONCAKE_SGL_STOP_GRACE seconds (default 5) to exit, then every process it started is SIGKILLed.
@@ -14,4 +14,4 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-$root/.venv/bin/python}
 [ -x "$py" ] || py=python3
-exec "$py" -m mooncake_sgl.bench.server "$@"
+exec "$py" -m devtools.bench.server "$@"

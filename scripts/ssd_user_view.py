@@ -31,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mooncake_sgl.bench.console import human, log
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from devtools.bench.console import human, log  # noqa: E402
 
 GB = 1e9
 BACKENDS = ("ours", "HiCacheFile", "raw O_DIRECT")

@@ -41,7 +41,8 @@ from pathlib import Path
 
 from ssd_user_view import keys, page_data, page_views
 
-from mooncake_sgl.bench.console import human, log
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from devtools.bench.console import human, log  # noqa: E402
 
 GB = 1e9
 _CHUNK = 4 << 20  # raw O_DIRECT request size, as ssd_user_view's raw rows

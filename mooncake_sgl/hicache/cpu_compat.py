@@ -129,7 +129,7 @@ def unpinned_host_pools() -> bool:
 
 
 # Bytes SGLang keeps back from a HiCache host pool's size check (10 GiB in sglang 0.5.23, sized for
-# a GPU server's host); set for test servers on a shared CPU machine (mooncake_sgl/testing/cluster.py)
+# a GPU server's host); set for test servers on a shared CPU machine (devtools/testing/cluster.py)
 # whose tiny pools would otherwise be refused whenever other processes hold the RAM.
 HOST_RESERVE_ENV = envs.MOONCAKE_SGL_HOST_RESERVE.name
 

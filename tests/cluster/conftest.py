@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_sgl.testing.cluster import Cluster, unavailable_reason
+from devtools.testing.cluster import Cluster, unavailable_reason
 
 REASON = unavailable_reason()
 needs_netns = pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")

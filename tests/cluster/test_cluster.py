@@ -1,4 +1,4 @@
-"""The test cluster: hosts as network namespaces on one bridge (``mooncake_sgl.testing.cluster``)."""
+"""The test cluster: hosts as network namespaces on one bridge (``devtools.testing.cluster``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_sgl.testing.cluster import PREFIX, Cluster, ClusterUnavailable, unavailable_reason
+from devtools.testing.cluster import PREFIX, Cluster, ClusterUnavailable, unavailable_reason
 
 from .conftest import needs_netns
 
@@ -75,7 +75,7 @@ def test_a_failure_inside_tears_down_namespaces_bridge_and_processes(tmp_path: P
 @needs_netns
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_ctrl_c_tears_down_and_a_killed_cluster_is_cleaned_by_the_next(tmp_path: Path, sig) -> None:
-    code = ("import sys, time; from mooncake_sgl.testing.cluster import Cluster\n"
+    code = ("import sys, time; from devtools.testing.cluster import Cluster\n"
             "with Cluster(2) as c:\n"
             "    p = c.pool(c.hosts[1], capacity='16MiB', slab_size='1MiB')\n"
             "    print(c.bridge, ' '.join(h.netns for h in c.hosts), p.pid, flush=True)\n"
@@ -106,7 +106,7 @@ def test_refuses_with_the_reason_where_namespaces_are_not_allowed(tmp_path: Path
         return
     if shutil.which("setpriv") is None:
         pytest.skip("setpriv (util-linux) is needed to drop root for this check")
-    code = ("from mooncake_sgl.testing.cluster import Cluster, ClusterUnavailable\n"
+    code = ("from devtools.testing.cluster import Cluster, ClusterUnavailable\n"
             "try:\n    Cluster(1).start()\nexcept ClusterUnavailable as e:\n    print(e)\n")
     out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
                           "-c", code], capture_output=True, text=True, timeout=60,

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from devtools.testing import cluster_faults as F
+from devtools.testing.cluster import Cluster
+from devtools.testing.tiny_model import write_tiny_llama
 from mooncake_sgl import envs
-from mooncake_sgl.testing import cluster_faults as F
-from mooncake_sgl.testing.cluster import Cluster
-from mooncake_sgl.testing.tiny_model import write_tiny_llama
 
 from .conftest import needs_netns
 

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_sgl.bench.client import RequestResult, SglangClient, apply_meta, parse_sse_lines
-from mooncake_sgl.bench.results import (
+from devtools.bench.client import RequestResult, SglangClient, apply_meta, parse_sse_lines
+from devtools.bench.results import (
     percentile,
     plot_side_by_side,
     side_by_side_table,
     summarise_round,
     variant_result,
 )
-from mooncake_sgl.bench.runner import variants_from_args
-from mooncake_sgl.bench.server import CPU_FLAGS, Variant, launch_command, parse_variant
-from mooncake_sgl.bench.workloads import (
+from devtools.bench.runner import variants_from_args
+from devtools.bench.server import CPU_FLAGS, Variant, launch_command, parse_variant
+from devtools.bench.workloads import (
     LongContextSpec,
     MultiTurnSpec,
     doc_lengths,
@@ -143,7 +143,7 @@ def test_client_rejects_bad_urls_and_sees_no_server() -> None:
 
 
 def test_tier_table_lists_each_round_and_tier_and_stays_empty_without_series() -> None:
-    from mooncake_sgl.bench.results import tier_table
+    from devtools.bench.results import tier_table
 
     tiers = [{"tier": "host", "hits": 31.0, "hit_share": 0.5, "read_bytes": 31 * 65536.0,
               "written_bytes": 0.0, "evictions": 2.0},
@@ -161,7 +161,7 @@ def _req(rid: str, rnd: int, ttft: float, storage: int = 0) -> RequestResult:
 
 
 def test_per_request_table_flags_every_hit_slower_than_recompute() -> None:
-    from mooncake_sgl.bench.results import per_request_table, per_request_vs_base
+    from devtools.bench.results import per_request_table, per_request_vs_base
 
     base = variant_result("no-hicache", [([_req("a", 0, 2.0), _req("b", 0, 4.0)], 1.0),
                                          ([_req("a", 1, 2.0), _req("b", 1, 4.0)], 1.0)])
@@ -181,8 +181,8 @@ def test_per_request_table_flags_every_hit_slower_than_recompute() -> None:
 
 
 def test_io_rates_of_a_round_from_two_readings() -> None:
-    from mooncake_sgl.bench.results import io_rates, io_table
-    from mooncake_sgl.bench.runner import sglang_io
+    from devtools.bench.results import io_rates, io_table
+    from devtools.bench.runner import sglang_io
 
     text = ('sglang:prefetch_bandwidth_sum{tp_rank="0"} 3.0\nsglang:prefetch_bandwidth_count{tp_rank="0"} 2\n'
             'sglang:load_back_bytes_total{tp_rank="0"} 4e9\n'

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mooncake_sgl.e2e import E2EConfig, KvShape, WorkloadSpec, run_e2e
-from mooncake_sgl.e2e.workload import PagePattern, doc_lengths, make_requests
+from devtools.e2e import E2EConfig, KvShape, WorkloadSpec, run_e2e
+from devtools.e2e.workload import PagePattern, doc_lengths, make_requests
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 

@@ -1,5 +1,5 @@
 """SGLang's own controller code and SGLang's own Mooncake Store backend around the hybrid setups of
-``mooncake_sgl.hicache.hybrid_pools``: a ``HybridCacheController`` whose storage-thread methods
+``devtools.testing.hybrid_pools``: a ``HybridCacheController`` whose storage-thread methods
 (backup, hit query, prefetch transfer) run without its threads, and the built-in ``MooncakeStore``
 attached like ours on a real ``mooncake_master``."""
 
@@ -18,7 +18,7 @@ from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import (
     StorageOperation,
 )
 
-from mooncake_sgl.hicache.hybrid_pools import SETUPS, Hybrid, Shape, build, fill, read
+from devtools.testing.hybrid_pools import SETUPS, Hybrid, Shape, build, fill, read
 
 from . import pools
 

@@ -20,7 +20,8 @@ from sglang.srt.mem_cache.pool_host.common import get_allocator_from_storage
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 from sglang.srt.observability.metrics_collector import StorageMetrics
 
-from mooncake_sgl.hicache import hybrid_pools, layout, plugin
+from devtools.testing import hybrid_pools
+from mooncake_sgl.hicache import layout, plugin
 from mooncake_sgl.hicache.backend import MooncakeSglStorage
 
 from . import pools

@@ -22,7 +22,7 @@ import pytest
 
 os.environ.setdefault("GLOG_minloglevel", "2")
 
-from mooncake_sgl.testing import MooncakeMaster  # noqa: E402
+from devtools.testing import MooncakeMaster  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = 24

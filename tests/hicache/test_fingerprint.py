@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from devtools.testing.tiny_model import TinyLlama, write_tiny_llama
 from mooncake_sgl.hicache import fingerprint as fp
 from mooncake_sgl.hicache.backend import MooncakeSglStorage
-from mooncake_sgl.testing.tiny_model import TinyLlama, write_tiny_llama
 
 from . import pools
 

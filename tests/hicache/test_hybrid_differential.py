@@ -19,8 +19,8 @@ import pytest
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo, PoolTransfer
 
+from devtools.testing import MooncakeMaster
 from mooncake_sgl.hicache.backend import MooncakeSglStorage
-from mooncake_sgl.testing import MooncakeMaster
 
 from . import hybrid, pools
 from .hybrid import SETUPS

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_sgl.testing.tiny_model import TinyLlama, write_tiny_llama
+from devtools.testing.tiny_model import TinyLlama, write_tiny_llama
 from tests.live.conftest import Servers, write_tiers
 from tests.live.probe import LiveClient, prompt, reusable, storage_hit
 

@@ -21,10 +21,10 @@ import pytest
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, HiCacheStorageExtraInfo
 
+from devtools.testing import MooncakeMaster
 from mooncake_sgl.hicache import layout
 from mooncake_sgl.hicache.backend import MooncakeSglStorage
 from mooncake_sgl.pool.process import PoolProcess
-from mooncake_sgl.testing import MooncakeMaster
 
 from . import pools
 

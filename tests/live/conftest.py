@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from mooncake_sgl.bench.server import LaunchedServer, free_port
+from devtools.bench.server import LaunchedServer, free_port
+from devtools.testing.tiny_model import write_tiny_llama
 from mooncake_sgl.hicache.cpu_compat import HOST_RESERVE_ENV
-from mooncake_sgl.testing.tiny_model import write_tiny_llama
 
 from .probe import LiveClient
 

@@ -1,4 +1,4 @@
-"""The launcher of live servers (``mooncake_sgl.bench.server.LaunchedServer``) and its ports.
+"""The launcher of live servers (``devtools.bench.server.LaunchedServer``) and its ports.
 
 A port picked from the ephemeral range and released was once taken by the SGLang scheduler's own
 socket before the HTTP server bound it: the server never became healthy and the test waited for
@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mooncake_sgl.bench.server import LaunchedServer, free_port
+from devtools.bench.server import LaunchedServer, free_port
 
 from .conftest import REPO, Servers, write_tiers
 
@@ -98,7 +98,7 @@ def test_pick_port_skips_a_port_in_use() -> None:
 def test_a_live_server_whose_port_is_held_comes_up_on_another(servers: Servers, held_port: int,
                                                               tmp_path: Path, monkeypatch) -> None:
     """The incident itself, with SGLang: its HTTP server cannot bind the port it was given."""
-    from mooncake_sgl.bench import server as launcher
+    from devtools.bench import server as launcher
 
     picks = iter([held_port])
     real = launcher.pick_port

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
-from mooncake_sgl.bench.server import LaunchedServer
+from devtools.bench.server import LaunchedServer
 from mooncake_sgl.pool.process import PoolProcess
 
 from .conftest import Servers, write_tiers

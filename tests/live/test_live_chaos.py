@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from devtools.bench.server import LaunchedServer
+from devtools.testing import MooncakeMaster, ha_masters
 from mooncake_sgl import envs
-from mooncake_sgl.bench.server import LaunchedServer
-from mooncake_sgl.testing import MooncakeMaster, ha_masters
 
 from .conftest import Servers, wait_for, write_tiers
 from .probe import LiveClient, Output, prompt, reusable

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mooncake_sgl.testing.tiny_model import TinyLlama, write_tiny_llama
+from devtools.testing.tiny_model import TinyLlama, write_tiny_llama
 
 from .conftest import Servers
 from .probe import LiveClient, prompt, reusable, storage_hit

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from devtools.testing import MooncakeMaster
 from mooncake_sgl.pool.process import PoolProcess
-from mooncake_sgl.testing import MooncakeMaster
 
 from .conftest import Servers, wait_for, write_tiers
 from .probe import LiveClient, prompt, reusable

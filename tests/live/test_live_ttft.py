@@ -13,8 +13,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mooncake_sgl.bench.client import RequestResult, SglangClient
-from mooncake_sgl.bench.workloads import BenchRequest
+from devtools.bench.client import RequestResult, SglangClient
+from devtools.bench.workloads import BenchRequest
 
 from .conftest import Servers, write_tiers
 from .probe import LiveClient, prompt, reusable

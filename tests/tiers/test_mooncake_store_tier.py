@@ -24,6 +24,7 @@ import pytest
 # tests fail rather than skip, so CI cannot pass without the real master.
 os.environ.setdefault("GLOG_minloglevel", "2")
 
+from devtools.testing import MooncakeMaster, ha_masters  # noqa: E402
 from mooncake_sgl import envs  # noqa: E402
 from mooncake_sgl.api import Tier, page_nbytes  # noqa: E402
 from mooncake_sgl.config import (  # noqa: E402
@@ -38,7 +39,6 @@ from mooncake_sgl.keys import KeyNamespace, page_key  # noqa: E402
 from mooncake_sgl.policy import build_policy  # noqa: E402
 from mooncake_sgl.policy.lru import LruPolicy  # noqa: E402
 from mooncake_sgl.store import TieredStore  # noqa: E402
-from mooncake_sgl.testing import MooncakeMaster, ha_masters  # noqa: E402
 from mooncake_sgl.tiers.host import HostTier  # noqa: E402
 from mooncake_sgl.tiers.lmdb import LmdbTier  # noqa: E402
 from mooncake_sgl.tiers.mooncake_store import MooncakeStoreTier, object_name  # noqa: E402

@@ -46,7 +46,7 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 from sglang.srt.mem_cache.utils import get_hash_str
 
-from ..buffers import view_at
+from mooncake_sgl.buffers import view_at
 
 SETUPS = ("mha+mamba", "mla+dsa", "mha+swa", "mha+draft", "dsv4")
 DSA_PAGE = 64  # DSATokenToKVPool requires 64-token pages

@@ -12,7 +12,7 @@ A *variant* is one server configuration of a side-by-side run:
 On a host without a GPU every command gets the flags a CPU server needs (``CPU_FLAGS``, plus the
 ``direct`` io backend for HiCache variants, which is what ``mooncake_sgl.hicache.cpu_compat``
 supplies ops for) and ``SGLANG_USE_CPU_ENGINE=1``. ``scripts/serve_cpu.sh`` runs
-``python -m mooncake_sgl.bench.server PORT MODEL_DIR TIERS_FILE [flags...]``: one server in the
+``python -m devtools.bench.server PORT MODEL_DIR TIERS_FILE [flags...]``: one server in the
 foreground, stopped with everything it started on SIGTERM/SIGINT.
 """
 
@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Union
 
-from .. import envs
-from ..procs import pick_port, says_bind_failed
+from mooncake_sgl import envs
+from mooncake_sgl.procs import pick_port, says_bind_failed
+
 from .client import SglangClient
 
 # What a CPU server needs (hicache/cpu_compat.py explains the patches it also needs): the torch
@@ -295,8 +296,8 @@ def serve_main(argv: list[str] | None = None) -> int:
     if not (model / "config.json").is_file():
         print(f"serve_cpu: no config.json in MODEL_DIR {str(model)!r}", file=sys.stderr)
         return 2
-    from ..config import load_config_file
-    from ..errors import ConfigError
+    from mooncake_sgl.config import load_config_file
+    from mooncake_sgl.errors import ConfigError
 
     try:
         load_config_file(tiers)

@@ -45,10 +45,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mooncake_sgl.hicache.cpu_compat import HOST_RESERVE_ENV
+from mooncake_sgl.pool.process import PoolProcess
+from mooncake_sgl.procs import pick_port
+
 from ..bench.server import LaunchedServer, launch_command, ours_args, server_env
-from ..hicache.cpu_compat import HOST_RESERVE_ENV
-from ..pool.process import PoolProcess
-from ..procs import pick_port
 from .mooncake_master import MooncakeMaster
 
 SUBNET = "10.231"

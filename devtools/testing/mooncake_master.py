@@ -28,8 +28,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from .. import envs
-from ..procs import ServerProcess, pick_port
+from mooncake_sgl import envs
+from mooncake_sgl.procs import ServerProcess, pick_port
 
 MASTER_BIN_ENV = envs.MOONCAKE_MASTER_BIN.name
 

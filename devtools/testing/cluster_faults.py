@@ -1,4 +1,4 @@
-"""Faults under live traffic in a test cluster (``mooncake_sgl.testing.cluster``), and what they cost.
+"""Faults under live traffic in a test cluster (``devtools.testing.cluster``), and what they cost.
 
 ``Traffic`` sends a fixed list of greedy requests in a loop, one at a time, through a URL (the
 router), flushing SGLang's own caches before each so every reused prefix comes from our tiers. Each

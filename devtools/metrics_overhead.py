@@ -7,7 +7,7 @@ production interval and the per-tier-call latency hook. Rounds alternate off/on 
 the machine hits both alike. It runs in a child process with ``PROMETHEUS_MULTIPROC_DIR`` set, as
 SGLang's schedulers do, because prometheus_client picks its value storage (mmap'd files) at import.
 
-    python -m mooncake_sgl.metrics.overhead --sizes 64KiB,1MiB --batch 128 --rounds 5
+    python -m devtools.metrics_overhead --sizes 64KiB,1MiB --batch 128 --rounds 5
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ SETUPS = ("host", "host+lmdb")
 
 
 def _store(setup: str, path: Path, page: int, batch: int):  # noqa: ANN202 (TieredStore, imported late)
-    from ..config import HostTierConfig, LmdbTierConfig
-    from ..policy.lru import LruPolicy
-    from ..store import TieredStore
-    from ..tiers.host import HostTier
-    from ..tiers.lmdb import LmdbTier
+    from mooncake_sgl.config import HostTierConfig, LmdbTierConfig
+    from mooncake_sgl.policy.lru import LruPolicy
+    from mooncake_sgl.store import TieredStore
+    from mooncake_sgl.tiers.host import HostTier
+    from mooncake_sgl.tiers.lmdb import LmdbTier
 
     tiers = [HostTier(HostTierConfig(capacity=2 * batch * page, slot_size=page, pin_memory=False))]
     if setup == "host+lmdb":
@@ -63,7 +63,7 @@ def _timed(fn: Callable[[], list[bool]]) -> float:
 
 def measure(setup: str, page: int, batch: int, rounds: int, workdir: Path) -> dict[str, dict[str, float]]:
     """GB/s of put and get, metrics off vs on, best and median of ``rounds`` interleaved rounds."""
-    from .exporter import StoreExporter
+    from mooncake_sgl.metrics.exporter import StoreExporter
 
     stores = {m: _store(setup, workdir / m, page, batch) for m in ("off", "on")}
     on = stores["on"]
@@ -117,10 +117,10 @@ def run_in_child(sizes: list[int], batch: int, rounds: int, workdir: str | None 
     with tempfile.TemporaryDirectory(prefix="mooncake_sgl_overhead_", dir=workdir) as tmp:
         prom = os.path.join(tmp, "prom")
         os.mkdir(prom)
-        root = str(Path(__file__).resolve().parents[2])
+        root = str(Path(__file__).resolve().parents[1])
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": prom,
                "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-        res = subprocess.run([sys.executable, "-m", "mooncake_sgl.metrics.overhead", "--child",
+        res = subprocess.run([sys.executable, "-m", "devtools.metrics_overhead", "--child",
                               "--sizes", ",".join(map(str, sizes)), "--batch", str(batch),
                               "--rounds", str(rounds), "--dir", tmp],
                              capture_output=True, text=True, env=env, check=False)
@@ -130,7 +130,7 @@ def run_in_child(sizes: list[int], batch: int, rounds: int, workdir: str | None 
 
 
 def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
-    from ..bench.console import human
+    from .bench.console import human
 
     lines = [f"{'tiers':>10} {'page':>6} {'op':>4} {'metrics off':>12} {'metrics on':>11} {'on/off':>7}"
              "   (GB/s, median of interleaved rounds; on/off: median of per-round ratios)"]
@@ -148,7 +148,7 @@ def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..config import parse_size
+    from mooncake_sgl.config import parse_size
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="64KiB,1MiB", help="page sizes, comma separated")

@@ -7,7 +7,7 @@ with the scrape config of ``docs/prometheus-scrape.yml`` (targets replaced); the
 and template variable of the dashboard is evaluated through Prometheus' HTTP API. Exit 0 when each
 returned at least one series.
 
-    python -m mooncake_sgl.metrics.dashcheck --prometheus /usr/bin/prometheus
+    python -m devtools.dashcheck --prometheus /usr/bin/prometheus
 
 Prometheus is not a dependency of the package: Debian's ``prometheus`` package has the binary
 (``apt-get download prometheus && dpkg-deb -x prometheus_*.deb DIR`` extracts it without
@@ -30,14 +30,14 @@ from typing import Any
 
 import yaml
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 SECRET = "dashcheck"
 # What Grafana substitutes before sending a query; short windows because the run is short.
 SUBSTITUTE = {"$__rate_interval": "10s", "$__range": "1m", "$instance": ".*", "$pool": ".*"}
 
 
 def _workload(store: Any, pool_endpoint: str, stop: threading.Event) -> None:
-    from ..transfer.client import PoolClient
+    from mooncake_sgl.transfer.client import PoolClient
 
     seg = 32 * 1024
     page = [memoryview(bytearray(seg)), memoryview(bytearray(seg))]
@@ -79,13 +79,14 @@ def _label_values(base: str, metric: str, label: str) -> list[str]:
 def check(prometheus: str, dashboard_path: Path, seconds: float) -> int:
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from ..bench.server import free_port
-    from ..config import HostTierConfig, LmdbTierConfig, PoolTierConfig, StoreConfig
-    from ..pool.config import PoolServerConfig
-    from ..pool.server import PoolServer
-    from ..store import build_store
-    from .attach import policy_name
-    from .exporter import StoreExporter
+    from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, PoolTierConfig, StoreConfig
+    from mooncake_sgl.metrics.attach import policy_name
+    from mooncake_sgl.metrics.exporter import StoreExporter
+    from mooncake_sgl.pool.config import PoolServerConfig
+    from mooncake_sgl.pool.server import PoolServer
+    from mooncake_sgl.store import build_store
+
+    from .bench.server import free_port
 
     dashboard = json.loads(dashboard_path.read_text())
     with tempfile.TemporaryDirectory(prefix="mooncake_sgl_dashcheck_") as tmp:
