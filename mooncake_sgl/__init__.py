@@ -6,7 +6,8 @@ transports and client; ``pool/`` the pool server; ``policy/`` placement policies
 Prometheus export, counters on disk and ``mooncake-sgl stats``; ``sim/`` the trace simulator.
 
 Modules: ``api`` the contracts (``Tier``, ``PlacementPolicy``); ``config`` the typed config and
-``builtin_config`` SGLang's built-in Mooncake config translated into it; ``keys`` the one key
+``builtin_config`` SGLang's built-in Mooncake config translated into it; ``config_sources``
+which source a process's config comes from; ``keys`` the one key
 function; ``buffers`` views and copies over host memory; ``envs`` every environment variable;
 ``units`` sizes and durations; ``counters`` thread-safe counters; ``errors`` our exceptions;
 ``procs`` ports and life cycle of the servers we start; ``cli`` the ``mooncake-sgl`` command.

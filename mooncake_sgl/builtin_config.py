@@ -19,7 +19,7 @@ The translation (``translate``) is the host tier of our embedded default over a 
 tier with that master, metadata server, protocol, device, hostname and per-rank segment, plus our
 LMDB SSD tier where ``enable_ssd_offload`` asks for SSD. A key with no equivalent is an error that
 names it and says why; a key that changes nothing here says so in ``Translation.notes``, which the
-backend logs at attach. ``config.load_config`` decides which form applies (ours come first).
+backend logs at attach. ``config_sources.resolve_config`` decides which form applies (ours come first).
 """
 
 from __future__ import annotations

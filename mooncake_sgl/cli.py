@@ -17,14 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from . import builtin_config as bc
-from .config import (
-    ConfigError,
-    ResolvedConfig,
-    StoreConfig,
-    dump_config,
-    load_config_file,
-    resolve_config,
-)
+from .config import ConfigError, StoreConfig, dump_config, load_config_file
+from .config_sources import ResolvedConfig, resolve_config
 
 
 def _builtin_json(path: Path) -> bool:

@@ -1,15 +1,6 @@
 """The typed configuration: parsed once, frozen, validated with the key path and source in every error.
 
-Sources, first that applies wins (``resolve_config``):
-1. the dict SGLang passes as ``storage_config.extra_config`` (from
-   ``--hicache-storage-backend-extra-config @tiers.yaml`` or inline JSON): our keys, or SGLang's
-   built-in Mooncake keys (``master_server_address`` ...; ``builtin_config``), never both kinds of
-   tiers;
-2. the YAML file named by ``$MOONCAKE_SGL_CONFIG``;
-3. SGLang's built-in Mooncake JSON file named by ``$SGLANG_HICACHE_MOONCAKE_CONFIG_PATH``;
-4. SGLang's built-in ``MOONCAKE_*`` variables (with ``$MOONCAKE_MASTER`` set);
-5. the embedded default: a host DRAM tier plus LMDB under the user's cache directory.
-Forms 1 (built-in keys), 3 and 4 are SGLang's own, in its own order, translated into our tiers.
+Which source a process's config comes from is ``config_sources``'s; this module is the schema.
 
 Sizes are bytes or strings like ``64GiB``/``512MB``; durations are seconds or ``250ms``/``5s``/``2m``.
 """
@@ -19,8 +10,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -29,15 +18,6 @@ import msgspec
 from . import envs
 from .errors import ConfigError
 from .units import parse_duration, parse_size
-
-CONFIG_ENV = envs.MOONCAKE_SGL_CONFIG.name
-
-# Keys SGLang itself reads from extra_config (or the dynamic-backend loader does); we ignore them.
-SGLANG_OWN_KEYS = frozenset({
-    "backend_name", "module_path", "class_name", "interface_v1", "interface_v2", "tp_lcm_size",
-    "prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
-    "hicache_storage_pass_prefix_keys", "file_storage_path",
-})
 
 # Tier kinds by speed, fastest first; kinds of one speed share a number. The one statement of the
 # order: a store config must list its tiers in it, and the stats views sort by it.
@@ -525,143 +505,6 @@ def load_config_file(path: str | os.PathLike[str], cls: type = StoreConfig) -> A
     else:
         data = _yaml_load(text, str(p))
     return parse_config(data, str(p), cls, text=text)
-
-
-@dataclass(frozen=True)
-class ResolvedConfig:
-    """The config an SGLang process runs on, which form it came from, and what it left unread."""
-    config: StoreConfig
-    source: str  # in words, for the attach log line
-    notes: tuple[str, ...] = ()  # things given that change nothing here, and why
-    # SGLang's built-in ``check_server``: wait for a store server at this URL before attaching.
-    check_server_url: str | None = None
-
-    def describe(self) -> str:
-        """One line: the source, the tiers it became, and the notes."""
-        from .builtin_config import describe_tiers
-
-        notes = f"; note: {'; '.join(self.notes)}" if self.notes else ""
-        return f"config from {self.source} -> {describe_tiers(self.config)}{notes}"
-
-
-def _not_read(environ: Mapping[str, str], *names: str) -> list[str]:
-    """Notes for later sources that are set too, so a shadowed one is never a silent surprise."""
-    return [f"${var} is set but not read (an earlier source applies; see the README's "
-            "Configuration section)" for var in names if var in environ]
-
-
-def resolve_config(extra_config: Mapping[str, Any] | None = None, storage_config: Any = None,
-                   environ: Mapping[str, str] | None = None) -> ResolvedConfig:
-    """The store config for an SGLang process (module docstring: the order of sources).
-
-    Args:
-        extra_config: ``storage_config.extra_config`` as SGLang passes it.
-        storage_config: SGLang's ``HiCacheStorageConfig`` (TP/PP ranks for a built-in config,
-            whose segment is split over the ranks); ``None``: one rank.
-        environ: the process environment (``os.environ`` when ``None``).
-
-    Raises:
-        ConfigError: naming the key (or variable) and the source.
-    """
-    from . import builtin_config as bc
-
-    environ = os.environ if environ is None else environ
-    # A null master or client address is absent to the built-in (``.get(...) is not None``).
-    extra = {k: v for k, v in (extra_config or {}).items() if k not in SGLANG_OWN_KEYS
-             and not (v is None and k in ("master_server_address", "client_server_address"))}
-    theirs = sorted(set(extra) & bc.BUILTIN_KEYS)
-    ours = sorted(set(extra) - bc.BUILTIN_KEYS)
-    later_builtin = (bc.FILE_ENV, "MOONCAKE_MASTER", "MOONCAKE_CLIENT")
-    if theirs:
-        return _resolve_builtin(extra, theirs, ours, storage_config, environ)
-    if "config_file" in extra:
-        path = extra.pop("config_file")
-        if extra:
-            raise ConfigError("give either config_file or inline keys, not both",
-                              key=sorted(extra)[0], source="extra_config")
-        return ResolvedConfig(_our_file(path), f"config_file {path}",
-                              tuple(_not_read(environ, CONFIG_ENV, *later_builtin)))
-    if extra:
-        return ResolvedConfig(parse_config(extra, bc.EXTRA_SOURCE), bc.EXTRA_SOURCE,
-                              tuple(_not_read(environ, CONFIG_ENV, *later_builtin)))
-    path = envs.MOONCAKE_SGL_CONFIG.get(environ)
-    if path:
-        return ResolvedConfig(_our_file(path), f"${CONFIG_ENV}={path}",
-                              tuple(_not_read(environ, *later_builtin)))
-    if bc.FILE_ENV in environ or "MOONCAKE_MASTER" in environ or "MOONCAKE_CLIENT" in environ:
-        return _resolve_builtin(extra, [], [], storage_config, environ)
-    stray = [v for v in bc.BUILTIN_ENV if v in environ and v != "LOCAL_HOSTNAME"]
-    notes = [f"{', '.join('$' + v for v in stray)} set but not read: SGLang's built-in reads its "
-             "MOONCAKE_* variables only with $MOONCAKE_MASTER set"] if stray else []
-    return ResolvedConfig(StoreConfig(), "the embedded default", tuple(notes))
-
-
-def _our_file(path: str) -> StoreConfig:
-    """Our config file; one in the built-in's JSON form gets an error that says where it goes."""
-    from .builtin_config import BUILTIN_KEYS, FILE_ENV
-
-    try:
-        return load_config_file(path)
-    except ConfigError as e:
-        if e.key not in BUILTIN_KEYS:
-            raise
-        raise ConfigError(f"`{e.key}` is a key of SGLang's built-in Mooncake config, not ours: name "
-                          f"that JSON file by ${FILE_ENV}, or see `mooncake-sgl config show {path}` "
-                          "for it in our form", key=e.key, source=e.source) from None
-
-
-def _resolve_builtin(extra: dict[str, Any], theirs: list[str], ours: list[str], storage_config: Any,
-                     environ: Mapping[str, str]) -> ResolvedConfig:
-    """A config in SGLang's built-in form: extra-config keys, else its JSON file, else its
-    variables (its own order), with our ``policy`` / ``namespace_tag`` allowed beside."""
-    from . import builtin_config as bc
-
-    own_fields = set(StoreConfig.__struct_fields__) | {"config_file"}
-    clash = [k for k in ours if k not in bc.COMPATIBLE_OWN_KEYS]
-    if clash:
-        k = clash[0]
-        if k in own_fields:
-            raise ConfigError(f"`{k}` is ours and {', '.join(theirs)} SGLang's built-in Mooncake "
-                              "backend's: give the tiers in one form, ours (a mooncake_store tier "
-                              "takes master, metadata_server, protocol ...) or the built-in's, not both",
-                              key=k, source=bc.EXTRA_SOURCE)
-        raise ConfigError(f"unknown key `{k}`: neither ours ({', '.join(sorted(own_fields))}) nor "
-                          f"SGLang's built-in Mooncake backend's ({', '.join(sorted(bc.BUILTIN_KEYS))})",
-                          key=k, source=bc.EXTRA_SOURCE)
-    own = {k: extra[k] for k in ours}
-    if bc.has_builtin_form(extra):
-        settings = bc.read_extra_config(extra, environ)
-        shadowed = _not_read(environ, CONFIG_ENV, bc.FILE_ENV)
-    else:
-        shadowed = []  # the file and env forms say which variables they leave unread themselves
-        stray = [k for k in theirs if k not in bc.EXTRA_ONLY_KEYS]
-        if stray:
-            raise ConfigError(f"`{stray[0]}` is a key of SGLang's built-in Mooncake config, which reads "
-                              "its extra-config keys only beside master_server_address (or "
-                              "client_server_address) and would ignore it here: add "
-                              "master_server_address", key=stray[0], source=bc.EXTRA_SOURCE)
-        if theirs and envs.MOONCAKE_SGL_CONFIG.is_set(environ):
-            raise ConfigError(f"`{theirs[0]}` applies to SGLang's built-in Mooncake config, but "
-                              f"${CONFIG_ENV} names ours, which comes first; use namespace_tag there",
-                              key=theirs[0], source=bc.EXTRA_SOURCE)
-        if bc.FILE_ENV in environ:
-            settings = bc.read_file(environ[bc.FILE_ENV], environ, extra)
-        elif "MOONCAKE_MASTER" in environ or "MOONCAKE_CLIENT" in environ:
-            settings = bc.read_env(environ, extra)
-        else:
-            raise ConfigError(f"`{theirs[0]}` is a key of SGLang's built-in Mooncake config, but none "
-                              "was given (master_server_address here, "
-                              f"${bc.FILE_ENV} or $MOONCAKE_MASTER); with our tiers use namespace_tag",
-                              key=theirs[0], source=bc.EXTRA_SOURCE)
-    translation = bc.translate(settings, bc.Ranks.of(storage_config), own)
-    source = f"SGLang's built-in Mooncake config in {settings.source}"
-    return ResolvedConfig(translation.config, source, (*translation.notes, *shadowed),
-                          translation.check_server_url)
-
-
-def load_config(extra_config: dict[str, Any] | None = None) -> StoreConfig:
-    """The store config for an SGLang process of one rank (``resolve_config``)."""
-    return resolve_config(extra_config).config
 
 
 def redact(data: Any) -> Any:

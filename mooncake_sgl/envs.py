@@ -1,7 +1,7 @@
 """Every environment variable mooncake_sgl reads or sets, declared once (SGLang's ``envs`` pattern).
 
 Read one as ``envs.MOONCAKE_SGL_CONFIG.get()``, or ``.get(environ)`` with a mapping that stands in
-for ``os.environ`` (tests, ``config.resolve_config``). Unset or empty gives the declared default; a
+for ``os.environ`` (tests, ``config_sources.resolve_config``). Unset or empty gives the declared default; a
 malformed value raises ``EnvError`` naming the variable and what it expects, never a silently used
 default. Variables we set for libraries we drive are declared here too (``set_default``: a value the
 operator set wins).

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
-.venv/bin/ruff check mooncake_sgl scripts tests
+.venv/bin/ruff check mooncake_sgl devtools scripts tests
 # The Mooncake Store HA fail-over test (two masters, etcd; about a minute) is opt-in for quick
 # local runs and always on here.
 export MOONCAKE_SGL_TEST_HA="${MOONCAKE_SGL_TEST_HA:-1}"

@@ -18,8 +18,8 @@ from mooncake_sgl.config import (
     LmdbTierConfig,
     MooncakeStoreTierConfig,
     StoreConfig,
-    resolve_config,
 )
+from mooncake_sgl.config_sources import resolve_config
 
 GiB, MiB = 1 << 30, 1 << 20
 MASTER = "10.0.0.5:50051"

@@ -12,12 +12,12 @@ from mooncake_sgl.config import (
     HostTierConfig,
     LmdbTierConfig,
     StoreConfig,
-    load_config,
     load_config_file,
     parse_config,
     parse_duration,
     parse_size,
 )
+from mooncake_sgl.config_sources import load_config
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

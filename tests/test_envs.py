@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from mooncake_sgl import envs
-from mooncake_sgl.config import default_cache_dir, resolve_config
+from mooncake_sgl.config import default_cache_dir
+from mooncake_sgl.config_sources import resolve_config
 
 PACKAGE = Path(envs.__file__).resolve().parent
 # The built-in backend's variables are its contract, read where the built-in's rules live.

@@ -43,7 +43,8 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from ..api import PageKey
 from ..builtin_config import wait_for_store_server
-from ..config import resolve_config, tier_kind
+from ..config import tier_kind
+from ..config_sources import resolve_config
 from ..keys import KV_POOL, KeyNamespace, page_key
 from ..metrics.attach import StoreWatch, observe_store
 from ..store import TieredStore, build_store

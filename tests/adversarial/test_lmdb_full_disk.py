@@ -81,7 +81,7 @@ print(json.dumps(out))
 STORE_CHILD = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[2])
-from mooncake_sgl.config import load_config
+from mooncake_sgl.config_sources import load_config
 from mooncake_sgl.store import build_store
 
 root = sys.argv[1]
