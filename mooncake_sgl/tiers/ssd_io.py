@@ -72,7 +72,9 @@ _IO_THREADS = 4
 # Batches of reads at least this large are read by the calling thread and the pool's together,
 # with one helper per further core: a helper beyond the cores only adds its wake-up (measured on
 # the loaded 2-vCPU VM: each submit cost the caller about 0.3 ms, a tenth of a 8 MiB warm batch).
-_GANG_MIN_BYTES = 4 << 20
+# Smaller batches are read by the caller alone: there a helper descheduled mid-run (load ~27 on 2
+# vCPUs) made the caller wait for it, 3 ms batches taking 10-70 ms.
+_GANG_MIN_BYTES = 32 << 20
 _GANG_HELPERS = max(1, min(_IO_THREADS, (os.cpu_count() or 2) - 1))
 # Batches smaller than this move on the calling thread, checksums after the bytes: waking a thread
 # cost more than the overlap gave (measured on the loaded 2-vCPU VM, buffered, best of 15: 128
@@ -339,7 +341,12 @@ class PageIO:
                 j = run[0]
                 done[j] = self._read_piecewise(keys[j], items[j], sizes[j], ahead, r)
                 return
-            segs = _iovecs_of([(items[j][0], items[j][1]) for j in run], list(range(len(run))))
+            segs: list[memoryview] = []
+            for j in run:
+                segs.extend(_flat(seg) for seg in items[j][1])
+                gap = -sizes[j] % ALIGN
+                if gap and j != run[-1]:
+                    segs.append(_PAD[:gap])  # the rest of its 4 KiB block, before the next extent
             got = self._fill(segs, start, ahead, r)
             for j in run:
                 offset, page, digest = items[j]

@@ -154,7 +154,7 @@ def test_a_device_refusing_the_o_direct_alignment_gets_the_pages_buffered(tmp_pa
 
 def test_a_warm_read_asks_for_no_readahead_and_a_cold_one_does(tmp_path: Path, monkeypatch) -> None:
     tier = tier_at(tmp_path, "buffered")
-    buf, pages = aligned_pages(32, seed=7)  # 8 MiB: read by the caller and the pool together
+    buf, pages = aligned_pages(32, seed=7)
     names = [b"warm-%02d" % i for i in range(32)]
     assert tier.put_from(names, pages) == [True] * 32
     hints: list[int] = []
@@ -186,9 +186,10 @@ def test_a_batch_is_read_by_the_calling_thread_and_the_pool_alike(tmp_path: Path
     import time
 
     tier = tier_at(tmp_path, "buffered")
-    buf, pages = aligned_pages(32, seed=8)
-    names = [b"gang-%02d" % i for i in range(32)]
-    assert tier.put_from(names, pages) == [True] * 32
+    n = (32 << 20) // PAGE  # large enough to be shared (``ssd_io._GANG_MIN_BYTES``)
+    buf, pages = aligned_pages(n, seed=8)
+    names = [b"gang-%03d" % i for i in range(n)]
+    assert tier.put_from(names, pages) == [True] * n
     readers: set[str] = set()
     read = ssd_io._preadv_all
 
@@ -198,8 +199,8 @@ def test_a_batch_is_read_by_the_calling_thread_and_the_pool_alike(tmp_path: Path
         return read(fd, segments, offset, *flags)
 
     monkeypatch.setattr(ssd_io, "_preadv_all", noted)
-    ok, out = read_all(tier, names, 32)
-    assert ok == [True] * 32 and np.array_equal(out, buf)
+    ok, out = read_all(tier, names, n)
+    assert ok == [True] * n and np.array_equal(out, buf)
     assert threading.current_thread().name in readers
     assert any(name.startswith("mooncake-sgl-ssd-io") for name in readers)
     tier.close()
