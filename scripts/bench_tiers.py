@@ -11,6 +11,9 @@ Modes (``--modes``, comma separated; default ``steady``):
 - ``put-profile``: where a put's time goes, per phase and by ``cProfile``, in a fresh process and
   directory per page size (``--user-view-pages``), and the writeback it leaves behind
   (``scripts/ssd_write_path.py``).
+- ``get-profile``: where a get's time goes, warm (page cache) and cold (page cache dropped), per
+  phase summed over the threads that ran it, in a fresh process per page size
+  (``--user-view-pages``; ``scripts/ssd_read_path.py``).
 - ``backlog``: pages offered at a GPU-like rate (``--backlog-rate`` GB/s) to the tier and to the raw
   disk in the same run: stored, refused, dropped, queue lag (``scripts/ssd_write_path.py``).
 - ``steady``: steady state, within one process, described below.
@@ -41,6 +44,7 @@ in GB/s (10^9 bytes/s).
     python scripts/bench_tiers.py --sizes 1MiB --batches 5 --json out.json
     python scripts/bench_tiers.py --modes user-view,restart --batches 3 --json ssd.json   # root
     python scripts/bench_tiers.py --modes put-profile,backlog --json write-path.json
+    python scripts/bench_tiers.py --modes put-profile,get-profile --json profile.json
 """
 
 from __future__ import annotations
@@ -60,7 +64,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import ssd_user_view  # noqa: E402  (beside this script)
+import ssd_read_path  # noqa: E402  (beside this script)
+import ssd_user_view  # noqa: E402
 import ssd_write_path  # noqa: E402
 
 from devtools.bench.console import human, log  # noqa: E402
@@ -383,6 +388,8 @@ def _children(argv: list[str]) -> bool:
         ssd_user_view.restart_fill(argv[1], *map(int, argv[2:6]))
     elif argv[:1] == ["_put-profile"]:
         ssd_write_path.profile_child(argv[1], *map(int, argv[2:5]), argv[5] == "1")
+    elif argv[:1] == ["_get-profile"]:
+        ssd_read_path.profile_child(argv[1], *map(int, argv[2:5]))
     elif argv[:1] == ["_backlog"]:
         ssd_write_path.backlog_child(argv[1], argv[2], int(argv[3]), int(argv[4]), float(argv[5]),
                                      float(argv[6]), int(argv[7]), int(argv[8]))
@@ -396,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", default="steady",
-                   help="steady, user-view, restart, put-profile, backlog (comma separated)")
+                   help="steady, user-view, restart, put-profile, get-profile, backlog (comma separated)")
     p.add_argument("--user-view-pages", default="64KiB:2048,1MiB:512,8MiB:96",
                    help="user-view page sizes and counts, SIZE:COUNT comma separated")
     p.add_argument("--restart-gib", type=float, default=10.0, help="restart mode: GiB of pages on disk")
@@ -432,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         args.backlog_page, args.backlog_batch, args.backlog_seconds = "1MiB", 4, 0.5
         args.backlog_queue, args.backlog_capacity, args.backlog_rate = "16MiB", "32MiB", 0.2
     modes = {m.strip() for m in args.modes.split(",") if m.strip()}
-    known = {"steady", "user-view", "restart", "put-profile", "backlog"}
+    known = {"steady", "user-view", "restart", "put-profile", "get-profile", "backlog"}
     if not modes or modes - known:
         p.error(f"--modes: expected some of {', '.join(sorted(known))}, got {args.modes!r}")
     try:
@@ -453,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="bench_tiers.", dir=args.dir))
     results: dict[str, dict[str, dict[str, float]]] = {}
-    user_view = restart = profile = backlog = None
+    user_view = restart = profile = get_prof = backlog = None
     started = time.perf_counter()
     script = str(Path(__file__).resolve())
     try:
@@ -462,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
                                                 not args.no_hicache_file)
         if "put-profile" in modes:
             profile = ssd_write_path.put_profile(script, uv_sizes, args.batch_size, workdir)
+        if "get-profile" in modes:
+            get_prof = ssd_read_path.get_profile(script, uv_sizes, args.batch_size, workdir)
         if "backlog" in modes:
             backlog = ssd_write_path.backlog(
                 script, parse_size(args.backlog_page), args.backlog_batch, args.backlog_rate,
@@ -481,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
         print(ssd_user_view.user_view_table(user_view))
     if profile is not None:
         print(ssd_write_path.put_profile_table(profile))
+    if get_prof is not None:
+        print(ssd_read_path.get_profile_table(get_prof))
     if backlog is not None:
         print(ssd_write_path.backlog_table(backlog))
     if restart is not None:
@@ -510,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             "unit": "GB/s", "batch_size": args.batch_size, "rounds": args.batches,
             "cold_reads": args.drop_caches, "loadavg": os.getloadavg()[0], "results": results,
             "metrics_overhead": overhead, "user_view": user_view, "restart": restart,
-            "put_profile": profile, "backlog": backlog}, indent=2))
+            "put_profile": profile, "get_profile": get_prof, "backlog": backlog}, indent=2))
     return 0
 
 

@@ -150,3 +150,78 @@ def test_a_device_refusing_the_o_direct_alignment_gets_the_pages_buffered(tmp_pa
     ok, out = read_all(tier, names, 4)
     assert ok == [True] * 4 and np.array_equal(out, buf)
     tier.close()
+
+
+def test_a_warm_read_asks_for_no_readahead_and_a_cold_one_does(tmp_path: Path, monkeypatch) -> None:
+    tier = tier_at(tmp_path, "buffered")
+    buf, pages = aligned_pages(32, seed=7)
+    names = [b"warm-%02d" % i for i in range(32)]
+    assert tier.put_from(names, pages) == [True] * 32
+    hints: list[int] = []
+    advise = os.posix_fadvise
+
+    def counted(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_WILLNEED:
+            hints.append(length)
+        advise(fd, offset, length, advice)
+
+    monkeypatch.setattr(ssd_io.os, "posix_fadvise", counted)
+    ok, out = read_all(tier, names, 32)  # just written: every byte is in the page cache
+    assert ok == [True] * 32 and np.array_equal(out, buf)
+    assert hints == []
+    fd = os.open(tmp_path / "pages.bin", os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    ok, out = read_all(tier, names, 32)
+    assert ok == [True] * 32 and np.array_equal(out, buf)
+    assert sum(hints) > 0  # the kernel was asked for the batch once a read found it not cached
+    tier.close()
+
+
+def test_a_batch_is_read_by_the_calling_thread_and_the_pool_alike(tmp_path: Path, monkeypatch) -> None:
+    import threading
+    import time
+
+    tier = tier_at(tmp_path, "buffered")
+    n = (32 << 20) // PAGE  # large enough to be shared (``ssd_io._GANG_MIN_BYTES``)
+    buf, pages = aligned_pages(n, seed=8)
+    names = [b"gang-%03d" % i for i in range(n)]
+    assert tier.put_from(names, pages) == [True] * n
+    readers: set[str] = set()
+    read = ssd_io._preadv_all
+
+    def noted(fd: int, segments, offset: int, *flags: int) -> int:
+        readers.add(threading.current_thread().name)
+        time.sleep(0.02)  # long enough for a pool thread to wake and take a run
+        return read(fd, segments, offset, *flags)
+
+    monkeypatch.setattr(ssd_io, "_preadv_all", noted)
+    ok, out = read_all(tier, names, n)
+    assert ok == [True] * n and np.array_equal(out, buf)
+    assert threading.current_thread().name in readers
+    assert any(name.startswith("mooncake-sgl-ssd-io") for name in readers)
+    tier.close()
+
+
+@pytest.mark.parametrize("where", [0, 3 * (1 << 20) + 5, (8 << 20) - 1])
+def test_a_flipped_byte_anywhere_in_a_large_page_is_a_miss(tmp_path: Path, where: int) -> None:
+    tier = LmdbTier(LmdbTierConfig(path=str(tmp_path), capacity="64MiB", direct_io="buffered"))
+    size = 8 << 20  # read and hashed in pieces
+    data = np.random.default_rng(9).integers(0, 256, 2 * size, dtype=np.uint8)
+    mv = memoryview(data)
+    names = [b"big-0", b"big-1"]
+    assert tier.put_from(names, [[mv[:size // 2], mv[size // 2:size]], [mv[size:]]]) == [True, True]
+    with open(tmp_path / "pages.bin", "r+b") as f:  # the first page's extent starts at 0
+        f.seek(where)
+        byte = f.read(1)
+        f.seek(where)
+        f.write(bytes([byte[0] ^ 0x01]))
+    out = np.zeros(2 * size, dtype=np.uint8)
+    dst = memoryview(out)
+    assert tier.get_into(names, [[dst[:size]], [dst[size:]]]) == [False, True]
+    assert np.array_equal(out[size:], data[size:])
+    assert tier.stats()["corrupt_pages"] == 1
+    tier.close()
