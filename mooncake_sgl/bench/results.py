@@ -104,23 +104,32 @@ def plot_side_by_side(variants: Sequence[dict[str, Any]], path: Path, title: str
     return path
 
 
+def cold_prefill_rate(variant: dict[str, Any]) -> float | None:
+    """Median of prompt tokens / TTFT over a variant's cold round (round 0, nothing cached yet);
+    ``None`` without such requests. Every variant computes its cold round, so each run's own rate
+    shows how loaded the machine was while that variant ran."""
+    cold = [r for r in variant["requests"] if r["round"] == 0 and not r["error"] and r["ttft_s"] > 0]
+    return statistics.median(r["prompt_tokens"] / r["ttft_s"] for r in cold) if cold else None
+
+
 def recompute_summary(variants: Sequence[dict[str, Any]], base_label: str = "no-hicache") -> list[str]:
     """The measured prefill rate and what the cache hits of each variant saved against recomputing.
 
     The rate is measured, not assumed: the median over the cold round of the baseline (no HiCache)
     of prompt tokens / TTFT, one request at a time. Each variant's reuse rounds then report how many
     tokens came from each cache level, how long recomputing them would take at that rate, and the
-    TTFT the variant observed against the baseline's.
+    TTFT the variant observed against the baseline's; each variant's own cold-round rate is printed
+    beside it, since variants run one after another on a machine whose load may change.
     """
     base = next((v for v in variants if v["label"] == base_label), None)
     if base is None or not base["rounds"]:
         return []
-    cold = [r for r in base["requests"] if r["round"] == 0 and not r["error"] and r["ttft_s"] > 0]
-    if not cold:
+    rate = cold_prefill_rate(base)
+    if rate is None:
         return []
-    rate = statistics.median(r["prompt_tokens"] / r["ttft_s"] for r in cold)
+    ncold = sum(1 for r in base["requests"] if r["round"] == 0 and not r["error"] and r["ttft_s"] > 0)
     lines = [f"measured prefill rate ({base_label}, cold round, prompt tokens / TTFT per request, "
-             f"median of {len(cold)}): {rate:,.0f} tokens/s"]
+             f"median of {ncold}): {rate:,.0f} tokens/s"]
     base_reuse = base.get("reuse_rounds") or {}
     for v in variants:
         reuse = v.get("reuse_rounds")
@@ -131,12 +140,14 @@ def recompute_summary(variants: Sequence[dict[str, Any]], base_label: str = "no-
         saved_s = sum(per_req.values()) / rate
         ratio = (f"{reuse['ttft_mean_s'] / base_reuse['ttft_mean_s']:.2f}x"
                  if base_reuse.get("ttft_mean_s") else "-")
+        own = cold_prefill_rate(v)
         lines.append(
             f"{v['label']}: per reuse request {per_req['device']:,.0f} device + "
             f"{per_req['host']:,.0f} host + {per_req['storage']:,.0f} storage tokens cached = "
             f"{saved_s * 1e3:,.0f} ms of recompute at the measured rate; "
             f"TTFT {reuse['ttft_mean_s'] * 1e3:,.0f} ms vs {base_label} "
-            f"{base_reuse.get('ttft_mean_s', 0) * 1e3:,.0f} ms ({ratio})")
+            f"{base_reuse.get('ttft_mean_s', 0) * 1e3:,.0f} ms ({ratio}); its own cold-round prefill "
+            f"rate {'-' if own is None else f'{own:,.0f}'} tokens/s")
     return lines
 
 

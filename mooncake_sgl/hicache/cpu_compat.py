@@ -215,6 +215,11 @@ def consecutive_prefills_in_order() -> bool:
     if CONSECUTIVE_PREFILL_ENV in os.environ:
         return False
     os.environ[CONSECUTIVE_PREFILL_ENV] = "1"  # inherited by the processes this one starts
+    # A warning, so that it reaches the server's log (SGLang configures logging after plugins load,
+    # so info lines from here are dropped); once per server, as the spawned processes inherit it.
+    logger.warning("mooncake_sgl: CPU device: set %s=1 (a prefill's first token no longer waits for "
+                   "the next prefill batch's forward; outputs unchanged); set it to 0 to keep sglang's "
+                   "default", CONSECUTIVE_PREFILL_ENV)
     return True
 
 

@@ -156,12 +156,15 @@ def _overlaps_consecutive_prefills() -> bool:
     return not Scheduler.is_disable_overlap_for_batch(scheduler, prefill(), last_batch=prefill())
 
 
-def test_a_prefills_tokens_go_out_before_the_next_prefill_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_prefills_tokens_go_out_before_the_next_prefill_runs(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     # On the CPU device "launch the next batch" is its whole forward: with sglang's default the
     # first token of a prefill waited for the next prefill batch's forward.
     monkeypatch.delenv(cpu_compat.CONSECUTIVE_PREFILL_ENV, raising=False)
     assert _overlaps_consecutive_prefills()
-    assert cpu_compat.consecutive_prefills_in_order()
+    with caplog.at_level(logging.WARNING, logger=cpu_compat.__name__):
+        assert cpu_compat.consecutive_prefills_in_order()
+    assert f"{cpu_compat.CONSECUTIVE_PREFILL_ENV}=1" in caplog.text  # the operator sees it
     assert not _overlaps_consecutive_prefills()
     assert not cpu_compat.consecutive_prefills_in_order()  # already set: nothing to do
 
