@@ -189,7 +189,10 @@ def per_request_vs_base(variants: Sequence[dict[str, Any]], base_label: str = "n
     """Every reuse-round request of every other variant against the same request (same id, same
     round) of ``base_label``: TTFT both ways, where its cached tokens came from, ``slower`` when it
     took longer than recomputing, and (where the server sent its steps) how long it waited for the
-    storage prefetch and the rate that makes. Empty without the base variant."""
+    storage prefetch and the rate that makes. The wait is SGLang's ``storage_prefetch_wait``: from
+    the request's arrival until the scheduler saw its prefetch done, which it checks only between
+    forwards, so a hit that arrived during another request's forward waits for that forward too;
+    the copy's own rate is the per-call one of ``io_table``. Empty without the base variant."""
     base = next((v for v in variants if v["label"] == base_label), None)
     if base is None:
         return []
@@ -221,7 +224,7 @@ def per_request_table(rows: Sequence[dict[str, Any]], base_label: str = "no-hica
     if not rows:
         return ""
     header = ["variant", "round", "request", "prompt tok", "device tok", "host tok", "storage tok",
-              "prefetch wait ms", "prefetch GB/s", "TTFT ms", f"{base_label} ms", "ratio", ""]
+              "prefetch wait ms", "GB/s over wait", "TTFT ms", f"{base_label} ms", "ratio", ""]
     body = [[r["variant"], str(r["round"]), r["rid"], f"{r['prompt_tokens']:,}", f"{r['device_tokens']:,}",
              f"{r['host_tokens']:,}", f"{r['storage_tokens']:,}",
              "-" if r.get("prefetch_wait_s") is None else _fmt_ms(r["prefetch_wait_s"]),
