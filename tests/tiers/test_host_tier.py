@@ -174,3 +174,11 @@ def test_pages_in_any_order_and_slots_read_back_byte_for_byte() -> None:
             lo = part * npages * seg + p * seg
             want = src[lo:lo + seg] if p != 5 else np.zeros(seg, np.uint8)
             assert np.array_equal(dst[lo:lo + seg], want), (p, part)
+
+
+def test_copy_batch_refuses_pairs_of_different_sizes() -> None:
+    from mooncake_sgl.buffers import copy_batch
+
+    with pytest.raises(ValueError, match="cannot copy 8 bytes into 4"):
+        copy_batch([(np.zeros(4, np.uint8), np.ones(8, np.uint8))])
+    copy_batch([])  # nothing to do
