@@ -102,6 +102,9 @@ SGLANG_HICACHE_MOONCAKE_REUSE_TE = _bool(
     "(set off: nothing of ours uses it, and it fails the start on hosts without RDMA)")
 MC_STORE_CLIENT_SETUP_RETRIES = _int("MC_STORE_CLIENT_SETUP_RETRIES",
                                      "Mooncake client setup retries against a dead master", 20)
+SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP = _bool(
+    "SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP", "SGLang sends a prefill's results before the next "
+    "prefill batch runs (set on by cpu_compat on a host without an accelerator)")
 MC_RPC_TIMEOUT_MS = _int("MC_RPC_TIMEOUT_MS", "Mooncake client RPC timeout, milliseconds", 30000)
 
 REGISTRY: tuple[EnvVar, ...] = tuple(v for v in list(globals().values()) if isinstance(v, EnvVar))

@@ -104,23 +104,32 @@ def plot_side_by_side(variants: Sequence[dict[str, Any]], path: Path, title: str
     return path
 
 
+def cold_prefill_rate(variant: dict[str, Any]) -> float | None:
+    """Median of prompt tokens / TTFT over a variant's cold round (round 0, nothing cached yet);
+    ``None`` without such requests. Every variant computes its cold round, so each run's own rate
+    shows how loaded the machine was while that variant ran."""
+    cold = [r for r in variant["requests"] if r["round"] == 0 and not r["error"] and r["ttft_s"] > 0]
+    return statistics.median(r["prompt_tokens"] / r["ttft_s"] for r in cold) if cold else None
+
+
 def recompute_summary(variants: Sequence[dict[str, Any]], base_label: str = "no-hicache") -> list[str]:
     """The measured prefill rate and what the cache hits of each variant saved against recomputing.
 
     The rate is measured, not assumed: the median over the cold round of the baseline (no HiCache)
     of prompt tokens / TTFT, one request at a time. Each variant's reuse rounds then report how many
     tokens came from each cache level, how long recomputing them would take at that rate, and the
-    TTFT the variant observed against the baseline's.
+    TTFT the variant observed against the baseline's; each variant's own cold-round rate is printed
+    beside it, since variants run one after another on a machine whose load may change.
     """
     base = next((v for v in variants if v["label"] == base_label), None)
     if base is None or not base["rounds"]:
         return []
-    cold = [r for r in base["requests"] if r["round"] == 0 and not r["error"] and r["ttft_s"] > 0]
-    if not cold:
+    rate = cold_prefill_rate(base)
+    if rate is None:
         return []
-    rate = statistics.median(r["prompt_tokens"] / r["ttft_s"] for r in cold)
+    ncold = sum(1 for r in base["requests"] if r["round"] == 0 and not r["error"] and r["ttft_s"] > 0)
     lines = [f"measured prefill rate ({base_label}, cold round, prompt tokens / TTFT per request, "
-             f"median of {len(cold)}): {rate:,.0f} tokens/s"]
+             f"median of {ncold}): {rate:,.0f} tokens/s"]
     base_reuse = base.get("reuse_rounds") or {}
     for v in variants:
         reuse = v.get("reuse_rounds")
@@ -131,12 +140,14 @@ def recompute_summary(variants: Sequence[dict[str, Any]], base_label: str = "no-
         saved_s = sum(per_req.values()) / rate
         ratio = (f"{reuse['ttft_mean_s'] / base_reuse['ttft_mean_s']:.2f}x"
                  if base_reuse.get("ttft_mean_s") else "-")
+        own = cold_prefill_rate(v)
         lines.append(
             f"{v['label']}: per reuse request {per_req['device']:,.0f} device + "
             f"{per_req['host']:,.0f} host + {per_req['storage']:,.0f} storage tokens cached = "
             f"{saved_s * 1e3:,.0f} ms of recompute at the measured rate; "
             f"TTFT {reuse['ttft_mean_s'] * 1e3:,.0f} ms vs {base_label} "
-            f"{base_reuse.get('ttft_mean_s', 0) * 1e3:,.0f} ms ({ratio})")
+            f"{base_reuse.get('ttft_mean_s', 0) * 1e3:,.0f} ms ({ratio}); its own cold-round prefill "
+            f"rate {'-' if own is None else f'{own:,.0f}'} tokens/s")
     return lines
 
 
@@ -178,7 +189,10 @@ def per_request_vs_base(variants: Sequence[dict[str, Any]], base_label: str = "n
     """Every reuse-round request of every other variant against the same request (same id, same
     round) of ``base_label``: TTFT both ways, where its cached tokens came from, ``slower`` when it
     took longer than recomputing, and (where the server sent its steps) how long it waited for the
-    storage prefetch and the rate that makes. Empty without the base variant."""
+    storage prefetch and the rate that makes. The wait is SGLang's ``storage_prefetch_wait``: from
+    the request's arrival until the scheduler saw its prefetch done, which it checks only between
+    forwards, so a hit that arrived during another request's forward waits for that forward too;
+    the copy's own rate is the per-call one of ``io_table``. Empty without the base variant."""
     base = next((v for v in variants if v["label"] == base_label), None)
     if base is None:
         return []
@@ -210,7 +224,7 @@ def per_request_table(rows: Sequence[dict[str, Any]], base_label: str = "no-hica
     if not rows:
         return ""
     header = ["variant", "round", "request", "prompt tok", "device tok", "host tok", "storage tok",
-              "prefetch wait ms", "prefetch GB/s", "TTFT ms", f"{base_label} ms", "ratio", ""]
+              "prefetch wait ms", "GB/s over wait", "TTFT ms", f"{base_label} ms", "ratio", ""]
     body = [[r["variant"], str(r["round"]), r["rid"], f"{r['prompt_tokens']:,}", f"{r['device_tokens']:,}",
              f"{r['host_tokens']:,}", f"{r['storage_tokens']:,}",
              "-" if r.get("prefetch_wait_s") is None else _fmt_ms(r["prefetch_wait_s"]),

@@ -63,6 +63,9 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
                    help="extra launch_server argument(s), e.g. --server-arg=--max-total-tokens=131072")
     p.add_argument("--health-timeout", type=float, default=900.0)
     p.add_argument("--max-parallel", type=int, default=8, help="concurrent requests in a round")
+    p.add_argument("--request-timeout", type=float, default=1800.0, metavar="S",
+                   help="seconds a request may wait for its next byte (a cold 12k-token prompt took "
+                        "over 600 s on a loaded 2-core machine)")
     p.add_argument("--no-flush", action="store_true", help="keep SGLang's caches between rounds")
     p.add_argument("--vocab-size", type=int, default=32000)
     p.add_argument("--seed", type=int, default=1)
@@ -182,7 +185,7 @@ def run(args: argparse.Namespace, workload: str, rounds: list[list[BenchRequest]
     variants = variants_from_args(args)
     results = []
     if args.url:
-        client = SglangClient(args.url)
+        client = SglangClient(args.url, timeout_s=args.request_timeout)
         client.wait_healthy(60.0)
         results.append(run_variant(client, variants[0].label, rounds, max_parallel=args.max_parallel,
                                    flush=not args.no_flush, show_progress=not args.no_progress))
@@ -201,7 +204,8 @@ def run(args: argparse.Namespace, workload: str, rounds: list[list[BenchRequest]
                 log = Path(args.log_dir) / f"server-{workload}-{v.label.replace(':', '_')}.log"
                 log_line(f"[{v.label}] starting: {' '.join(cmd)}  (log: {log})")
                 with LaunchedServer(cmd, port, log, args.health_timeout, env=env) as server:
-                    results.append(run_variant(SglangClient(server.url), v.label, rounds,
+                    results.append(run_variant(SglangClient(server.url, timeout_s=args.request_timeout),
+                                               v.label, rounds,
                                                max_parallel=args.max_parallel, flush=not args.no_flush,
                                                show_progress=not args.no_progress))
     title = f"{workload}: {sum(len(b) for b in rounds)} requests in {len(rounds)} rounds"

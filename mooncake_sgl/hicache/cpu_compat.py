@@ -1,8 +1,8 @@
 """What a live SGLang server needs to run HiCache on a host without CUDA, applied from our plug-in.
 
 sglang 0.5.23 starts on a CPU-only host with ``SGLANG_USE_CPU_ENGINE=1 ... --device cpu``, but its
-HiCache path has three CUDA assumptions (each item names the sglang file that makes it), and its
-CPU attention wastes what a cache hit saves (4):
+HiCache path has three CUDA assumptions (each item names the sglang file that makes it), and on
+the CPU its attention (4) and its scheduler (5) waste what a cache hit saves:
 
 1. ``sgl_kernel`` has no CPU build on PyPI, yet ``kernels/ops/kvcache/cache_move.py`` imports eight
    ``*_cpu`` names from it at module level. ``sgl_kernel_standin`` makes ``import sgl_kernel``
@@ -17,12 +17,20 @@ CPU attention wastes what a cache hit saves (4):
    cached prefix included, and keeps the new tokens' rows: a storage hit saved no attention, and a
    12k-token hit cost what recomputing it did. ``extend_attention_new_tokens`` makes it compute the
    new tokens' rows only (``cpu_attention``; the same rows, bit for bit).
+5. The overlap scheduler launches batch N+1 before it hands out batch N's tokens. On CUDA the
+   launch returns at once and N+1 runs on the device while the CPU does N's bookkeeping; on the
+   CPU device the launch *is* the forward, so a prefill's first token waited for the whole forward
+   of the next prefill batch (a storage hit queued behind a cold prompt's 4k-token chunk paid for
+   that chunk). sglang's own switch ``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP`` makes the
+   scheduler emit N's results first when both batches are prefills; ``consecutive_prefills_in_order``
+   sets it (unless the operator set it). It changes no batch and no output: the batch to run is
+   chosen before the switch is read, and only the order of "process N" and "run N+1" changes.
 
 Every adaptation is gated twice: on "no accelerator in this process" (on a GPU host nothing here
 does anything), and on the sglang versions in ``CHECKED_SGLANG``. On another sglang version nothing
 is patched and one log line says so; the server then fails (or not) exactly as sglang does alone.
 
-Timing: (2), (3) and (4) run in ``register()`` of the ``sglang.srt.plugins`` entry point, which SGLang
+Timing: (2) to (5) run in ``register()`` of the ``sglang.srt.plugins`` entry point, which SGLang
 calls at the start of every process it spawns, before any pool exists. (1) cannot wait that long:
 the scheduler's module imports reach ``cache_move`` before ``load_plugins()`` runs. The earliest
 hook SGLang offers is platform discovery (``sglang.srt.platforms`` entry points are called when
@@ -191,6 +199,29 @@ def extend_attention_new_tokens() -> bool:
     return True
 
 
+# sglang 0.5.23's switch (``srt/environ.py``, read at every scheduler step in
+# ``Scheduler.is_disable_overlap_for_batch``): results of a prefill batch go out before the next
+# prefill batch runs.
+CONSECUTIVE_PREFILL = envs.SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP
+CONSECUTIVE_PREFILL_ENV = CONSECUTIVE_PREFILL.name
+
+
+def consecutive_prefills_in_order() -> bool:
+    """A prefill's tokens go out before the next prefill batch's forward. True if set now.
+
+    Left alone (``False``) when the operator set the variable, either way.
+    """
+    if CONSECUTIVE_PREFILL.is_set():
+        return False
+    CONSECUTIVE_PREFILL.set_default(1)  # inherited by the processes this one starts
+    # A warning, so that it reaches the server's log (SGLang configures logging after plugins load,
+    # so info lines from here are dropped); once per server, as the spawned processes inherit it.
+    logger.warning("mooncake_sgl: CPU device: set %s=1 (a prefill's first token no longer waits for "
+                   "the next prefill batch's forward; outputs unchanged); set it to 0 to keep sglang's "
+                   "default", CONSECUTIVE_PREFILL_ENV)
+    return True
+
+
 def platform_hook() -> None:
     """``sglang.srt.platforms`` entry point: installs the ``sgl_kernel`` stand-in, claims nothing.
 
@@ -223,6 +254,8 @@ def apply() -> list[str]:
     applied += [f"torch {name}" for name in direct_io_ops()]
     if extend_attention_new_tokens():
         applied.append("torch_native extend attention over new tokens only")
+    if consecutive_prefills_in_order():
+        applied.append(f"consecutive prefills in order (${CONSECUTIVE_PREFILL_ENV}=1)")
     reserve = host_reserve()
     if reserve is not None:
         applied.append(f"host pool reserve {reserve} bytes (${HOST_RESERVE_ENV})")

@@ -15,7 +15,9 @@ fragmentation (the pinned-pool fragmentation LMCache #1285 reports):
 Writes are two-phase: a slot is reserved under the lock, filled outside it, and the key becomes
 visible (committed) under the lock only once the bytes are in place, so ``contains`` never
 answers for a half-written page. Copies run outside the lock (numpy releases the GIL for them), so
-readers and writers on different slots proceed in parallel.
+readers and writers on different slots proceed in parallel; a batch's pages are copied in as few
+numpy calls as their addresses allow (``buffers.copy_batch``: every call is a GIL hand-off, which
+costs up to 5 ms while SGLang's scheduler thread runs Python).
 
 A page larger than ``slot_size`` is refused (per-key ``False``); a smaller one uses a whole slot,
 and ``usage`` counts slots, not bytes, because slots are what runs out.
@@ -30,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
+from ..buffers import copy_batch
 from ..config import HostTierConfig
 from ..errors import TierClosed, TierError
 
@@ -117,21 +120,26 @@ class HostTier(Tier):
 
     def _read_slots(self, buf: Any, reads: list[tuple[int, PageView]]) -> None:
         """Copy each (slot, page) from the buffer into the page's segments (no lock held)."""
-        for slot, page in reads:
-            off = slot * self._slot_size
-            for seg in page:
-                n = seg.nbytes
-                np.copyto(np.frombuffer(seg, dtype=np.uint8), buf[off:off + n])
-                off += n
+        copy_batch([(np.frombuffer(seg, dtype=np.uint8), buf[off:off + seg.nbytes])
+                    for off, seg in self._segments(reads)])
 
     def _write_slots(self, buf: Any, writes: list[tuple[int, PageView]]) -> None:
         """Copy each (slot, page) from the page's segments into the buffer (no lock held)."""
-        for slot, page in writes:
+        copy_batch([(buf[off:off + seg.nbytes], np.frombuffer(seg, dtype=np.uint8))
+                    for off, seg in self._segments(writes)])
+
+    def _segments(self, batch: list[tuple[int, PageView]]) -> list[tuple[int, memoryview]]:
+        """(buffer offset, segment) of every segment of the batch: first segments of all pages,
+        then second ones, and so on, so that pages in consecutive slots and host-pool pages form
+        runs ``copy_batch`` copies at once."""
+        out: list[tuple[int, int, memoryview]] = []
+        for slot, page in batch:
             off = slot * self._slot_size
-            for seg in page:
-                n = seg.nbytes
-                np.copyto(buf[off:off + n], np.frombuffer(seg, dtype=np.uint8))
-                off += n
+            for k, seg in enumerate(page):
+                out.append((k, off, seg))
+                off += seg.nbytes
+        out.sort(key=lambda e: e[0])  # stable: page order within each segment position
+        return [(off, seg) for _, off, seg in out]
 
     # ------------------------------------------------------------------------------ Tier API
 

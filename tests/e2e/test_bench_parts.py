@@ -195,3 +195,18 @@ def test_io_rates_of_a_round_from_two_readings() -> None:
     assert io_rates(None, before) == {}
     table = io_table([{"label": "ours", "rounds": [{"round": 1, "io": io}, {"round": 0, "io": {}}]}])
     assert len(table.splitlines()) == 3 and "1.50" in table and "2.00" in table
+
+
+def test_each_variant_reports_its_own_cold_round_prefill_rate() -> None:
+    # Variants run one after another: a machine that got busier between them shows here.
+    from mooncake_sgl.bench.results import cold_prefill_rate, recompute_summary
+
+    base = variant_result("no-hicache", [([_req("a", 0, 2.0), _req("b", 0, 4.0)], 1.0),
+                                         ([_req("a", 1, 2.0), _req("b", 1, 4.0)], 1.0)])
+    ours = variant_result("ours", [([_req("a", 0, 4.0), _req("b", 0, 8.0)], 1.0),
+                                   ([_req("a", 1, 0.5, 960), _req("b", 1, 0.5, 960)], 1.0)])
+    assert cold_prefill_rate(base) == pytest.approx(375.0)  # median of 1000/2 and 1000/4
+    assert cold_prefill_rate(ours) == pytest.approx(187.5)
+    lines = recompute_summary([base, ours])
+    assert "375 tokens/s" in lines[0]
+    assert "(0.17x)" in lines[1] and "its own cold-round prefill rate 188 tokens/s" in lines[1]

@@ -138,3 +138,43 @@ def test_a_malformed_host_pool_reserve_is_logged_and_changes_nothing(
         assert cpu_compat.host_reserve() is None
     assert base.HICACHE_HOST_MEMORY_RESERVE_BYTES == 10 << 30
     assert "MOONCAKE_SGL_HOST_RESERVE" in caplog.text and "12XB" in caplog.text
+
+
+def _overlaps_consecutive_prefills() -> bool:
+    """What sglang's own scheduler decides for a prefill batch right after another one: True if it
+    runs the new batch before handing out the last one's tokens (the overlap)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    def prefill() -> SimpleNamespace:
+        return SimpleNamespace(forward_mode=ForwardMode.EXTEND, spec_algorithm=SpeculativeAlgorithm.NONE)
+
+    scheduler = SimpleNamespace(require_mlp_sync=False)
+    return not Scheduler.is_disable_overlap_for_batch(scheduler, prefill(), last_batch=prefill())
+
+
+def test_a_prefills_tokens_go_out_before_the_next_prefill_runs(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # On the CPU device "launch the next batch" is its whole forward: with sglang's default the
+    # first token of a prefill waited for the next prefill batch's forward.
+    monkeypatch.delenv(cpu_compat.CONSECUTIVE_PREFILL_ENV, raising=False)
+    assert _overlaps_consecutive_prefills()
+    with caplog.at_level(logging.WARNING, logger=cpu_compat.__name__):
+        assert cpu_compat.consecutive_prefills_in_order()
+    assert f"{cpu_compat.CONSECUTIVE_PREFILL_ENV}=1" in caplog.text  # the operator sees it
+    assert not _overlaps_consecutive_prefills()
+    assert not cpu_compat.consecutive_prefills_in_order()  # already set: nothing to do
+
+    monkeypatch.setenv(cpu_compat.CONSECUTIVE_PREFILL_ENV, "0")  # the operator's choice stands
+    assert not cpu_compat.consecutive_prefills_in_order()
+    assert _overlaps_consecutive_prefills()
+
+
+def test_apply_sets_the_prefill_order_where_it_adapts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cpu_compat.CONSECUTIVE_PREFILL_ENV, raising=False)
+    applied = cpu_compat.apply()
+    assert f"consecutive prefills in order (${cpu_compat.CONSECUTIVE_PREFILL_ENV}=1)" in applied
+    assert not _overlaps_consecutive_prefills()

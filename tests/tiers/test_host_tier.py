@@ -128,3 +128,57 @@ def test_mismatched_batch_lengths_are_a_caller_error() -> None:
     with pytest.raises(ValueError, match="2 keys but 1"):
         t.put_from([key(1), key(2)], [make_page(1, 1024)])
     t.close()
+
+
+def _pool_pages(pool: np.ndarray, order: list[int], seg: int) -> list[list[memoryview]]:
+    """Pages of two segments (K, V) laid out as SGLang's page_first_direct host pool does: every
+    page's K segment in one region, its V segment in another."""
+    half = len(pool) // 2
+    return [[memoryview(pool[p * seg:(p + 1) * seg]), memoryview(pool[half + p * seg:half + (p + 1) * seg])]
+            for p in order]
+
+
+def test_a_batch_of_pages_is_copied_in_one_numpy_call_per_segment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every numpy copy is a GIL hand-off, up to 5 ms while SGLang's scheduler thread runs Python:
+    # a 12k-token prefetch copied segment by segment (384 calls) ran at 48 MB/s inside a server.
+    seg, npages = 4096, 48
+    t = host(4 * npages * 2 * seg)
+    src = np.random.default_rng(7).integers(0, 256, 2 * npages * seg, dtype=np.uint8)
+    keys = [key(i) for i in range(npages)]
+    assert t.put_from(keys, _pool_pages(src, list(range(npages)), seg)) == [True] * npages
+    calls = []
+    real = np.copyto
+    monkeypatch.setattr(np, "copyto", lambda dst, s: calls.append(1) or real(dst, s))
+    dst = np.zeros_like(src)
+    assert t.get_into(keys, _pool_pages(dst, list(range(npages)), seg)) == [True] * npages
+    assert len(calls) == 2 and np.array_equal(dst, src)
+
+
+def test_pages_in_any_order_and_slots_read_back_byte_for_byte() -> None:
+    seg, npages = 4096, 40
+    rng = np.random.default_rng(8)
+    t = host(4 * npages * 2 * seg)
+    src = rng.integers(0, 256, 2 * npages * seg, dtype=np.uint8)
+    keys = [key(i) for i in range(npages)]
+    # Written in two interleaved halves and one removal, so slots are neither in order nor contiguous.
+    for half in (keys[1::2], keys[0::2]):
+        idx = [keys.index(k) for k in half]
+        assert t.put_from(half, _pool_pages(src, idx, seg)) == [True] * len(half)
+    t.remove([keys[5]])
+    order = [int(i) for i in rng.permutation(npages)]
+    dst = np.zeros_like(src)
+    got = t.get_into([keys[i] for i in order], _pool_pages(dst, order, seg))
+    assert got == [i != 5 for i in order]
+    for p in range(npages):
+        for part in (0, 1):
+            lo = part * npages * seg + p * seg
+            want = src[lo:lo + seg] if p != 5 else np.zeros(seg, np.uint8)
+            assert np.array_equal(dst[lo:lo + seg], want), (p, part)
+
+
+def test_copy_batch_refuses_pairs_of_different_sizes() -> None:
+    from mooncake_sgl.buffers import copy_batch
+
+    with pytest.raises(ValueError, match="cannot copy 8 bytes into 4"):
+        copy_batch([(np.zeros(4, np.uint8), np.ones(8, np.uint8))])
+    copy_batch([])  # nothing to do
