@@ -59,6 +59,8 @@ BRIDGE_HOST = 254
 # SGLang's own default ratio, is megabytes for a tiny model. Either flag given later wins.
 HICACHE_SIZING = ("--hicache-ratio", "2")
 _STATE = Path(tempfile.gettempdir()) / "mooncake-sgl-cluster"
+# A master's start on a loaded two-core machine; the 30 s default of a lone one is too tight here.
+MASTER_START_S = 120.0
 
 
 class ClusterUnavailable(RuntimeError):
@@ -115,7 +117,7 @@ class Etcd:
     def endpoint(self) -> str:
         return f"{self.host.addr}:{self.client_port}"
 
-    def start(self, timeout_s: float = 30.0) -> Etcd:
+    def start(self, timeout_s: float = 90.0) -> Etcd:
         """Start (again: on the same ports and data, as the masters know it) and wait for health."""
         if self.proc is not None and self.proc.poll() is None:
             return self
@@ -261,15 +263,18 @@ class Cluster:
         return out.stdout.strip().splitlines()[-1]
 
     def disk(self, size: str) -> Path:
-        """A file system of its own, ``size`` big (tmpfs: ``64m``), for a tier whose disk fills up."""
+        """A file system of its own, ``size`` big (tmpfs: ``64m``), for a tier whose disk fills up.
+        It is mounted on this machine's side, so every host sees it; it is unmounted at ``close()``,
+        or by the next cluster if this one's process was SIGKILLed (its mounts file)."""
         path = self.workdir / f"disk-{len(self._stops)}"
         path.mkdir(parents=True)
         out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
                              capture_output=True, text=True, timeout=30)
         if out.returncode:
             raise ClusterUnavailable(f"cannot mount a {size} tmpfs at {path}: {out.stderr.strip()}")
-        self._track(None, lambda: subprocess.run(["umount", "-l", str(path)], capture_output=True,
-                                                 timeout=30))
+        with open(_STATE / f"{self.net}.mounts", "a") as f:
+            f.write(f"{path}\n")
+        self._track(None, lambda: _umount(path))
         return path
 
     # ---------------------------------------------------------------------------- components
@@ -295,7 +300,8 @@ class Cluster:
         ha = [] if etcd is None else [
             "--enable_ha=true", "--ha_backend_type=etcd", f"--ha_backend_connstring={etcd.endpoint}",
             f"--etcd_endpoints={etcd.endpoint}"]
-        master = MooncakeMaster(host=host.addr, prefix=host.prefix, extra_args=[*ha, *extra_args])
+        master = MooncakeMaster(host=host.addr, prefix=host.prefix, extra_args=[*ha, *extra_args],
+                                startup_timeout=MASTER_START_S)
         self._track(host, master.stop)
         return master.start()
 
@@ -363,6 +369,7 @@ class Cluster:
         if self.bridge:
             _ip("link", "del", self.bridge, check=False)
         if self.net >= 0:
+            (_STATE / f"{self.net}.mounts").unlink(missing_ok=True)
             (_STATE / f"{self.net}.pid").unlink(missing_ok=True)
         atexit.unregister(self.close)
 
@@ -386,6 +393,10 @@ def _check_host_memory() -> None:
     available = psutil.virtual_memory().available
     if available < 2 * HOST_RESERVE:
         raise RuntimeError(f"too little RAM for another live server: {available / 2**30:.1f} GiB available")
+
+
+def _umount(path: Path) -> None:
+    subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
 
 
 def _package_root() -> str:
@@ -417,4 +428,9 @@ def _clean_stale() -> None:
                 _ip("link", "del", f"{PREFIX}{net}v{name.removeprefix(f'{PREFIX}{net}h')}", check=False)
                 _ip("netns", "del", name, check=False)
         _ip("link", "del", f"{PREFIX}{net}", check=False)
+        mounts = _STATE / f"{net}.mounts"
+        if mounts.is_file():
+            for line in mounts.read_text().splitlines():
+                _umount(Path(line))
+            mounts.unlink(missing_ok=True)
         owner.unlink(missing_ok=True)
