@@ -152,6 +152,37 @@ class Etcd:
             self.proc.wait(10)
 
 
+# The router's checks of its workers' /health. SGLang's /health runs a one-token generation and
+# answers once the scheduler produces any output, 503 after 20 s without (SGLANG_HEALTH_CHECK_TIMEOUT);
+# on a loaded CPU server that answer took up to 5.03 s (measured, bench_cluster's workload), which
+# is the router's default timeout (5 s): a busy, healthy server failed checks. 30 s leaves the
+# verdict to SGLang's own limit. ``extra`` flags given to ``router()`` come later and win.
+ROUTER_HEALTH = ("--health-check-timeout-secs", "30")
+
+
+def wait_router_ready(url: str, workers: int, timeout_s: float) -> None:
+    """Until the router at ``url`` counts ``workers`` healthy workers (its ``/readiness``).
+
+    Its ``/health`` is its own liveness: it answers 200 before a single worker is registered
+    (measured: ``"workers": []`` for the first seconds), and a request sent then is a 503 "No
+    available workers"; that is how bench_cluster's first requests of a cell failed."""
+    import json
+
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/readiness", timeout=5) as r:
+                body = json.loads(r.read())
+            if body.get("healthy_workers", 0) >= workers:
+                return
+            last = str(body)
+        except (OSError, ValueError) as e:
+            last = f"{type(e).__name__}: {e}"
+        time.sleep(0.2)
+    raise TimeoutError(f"router {url}: not {workers} healthy workers after {timeout_s:.0f} s ({last})")
+
+
 def _http_ok(url: str, timeout: float = 1.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -332,7 +363,8 @@ class Cluster:
 
     def router(self, worker_urls: Sequence[str], policy: str, extra: Sequence[str] = (),
                health_timeout_s: float = 300.0) -> LaunchedServer:
-        """``sglang-router`` on this machine's side (127.0.0.1), in front of ``worker_urls``."""
+        """``sglang-router`` on this machine's side (127.0.0.1), in front of ``worker_urls``;
+        returned once it routes to every one of them (``wait_router_ready``)."""
         import importlib.util
 
         if importlib.util.find_spec("sglang_router") is None:
@@ -341,12 +373,14 @@ class Cluster:
         def cmd(port: int) -> list[str]:
             return [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                     "--port", str(port), "--policy", policy, "--worker-urls", *worker_urls,
-                    "--prometheus-port", str(pick_port()), *extra]
+                    "--prometheus-port", str(pick_port()), *ROUTER_HEALTH, *extra]
 
         router = LaunchedServer(cmd, pick_port(), self.workdir / f"router-{len(self._stops)}.log",
                                 health_timeout_s)
         self._track(None, router.stop)
-        return router.start()
+        router.start()
+        wait_router_ready(router.url, len(worker_urls), health_timeout_s)
+        return router
 
     # ---------------------------------------------------------------------------- teardown
 
