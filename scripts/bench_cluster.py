@@ -202,8 +202,8 @@ def run_faults(args: argparse.Namespace, model: Path, conversations: list[list[B
 
 
 def fault_table(reports: list[dict[str, Any]]) -> str:
-    header = ("fault", "requests", "failed", "differing", "hits resume (from fault / after heal)",
-              "SSD tier during: holdable, refused, evicted")
+    header = ("fault", "requests", "failed", "differing (ids)", "hits resume (from fault / after heal)",
+              "SSD tiers of all servers while held: holdable, refused, evicted")
 
     def secs(v: float | None) -> str:
         return "never" if v is None else f"{v:.1f} s"
@@ -213,7 +213,8 @@ def fault_table(reports: list[dict[str, Any]]) -> str:
         lmdb = r["tiers"].get("during", {}).get("lmdb")
         ssd = "-" if lmdb is None else (f"{lmdb['holdable_bytes'] / 2**20:.1f} MiB, "
                                         f"{lmdb['puts_refused']:.0f}, {lmdb['evictions']:.0f}")
-        rows.append((r["fault"], str(r["requests"]), str(r["failed"]), str(r["differing"]),
+        rows.append((r["fault"], str(r["requests"]), str(r["failed"]),
+                     f"{r['differing']} ({r['differing_ids']})",
                      f"{secs(r['hits_resume_s'])} / {secs(r['hits_resume_after_heal_s'])}", ssd))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]

@@ -96,8 +96,9 @@ class Sample:
     t: float  # monotonic time the request was sent
     index: int  # which prompt
     error: str
-    same: bool
+    same: bool  # greedy ids and logprobs bit-identical to the cold answer
     storage_tokens: int
+    same_ids: bool = False  # the greedy ids alone
 
 
 class Traffic:
@@ -125,8 +126,9 @@ class Traffic:
             try:
                 a = generate(self.url, self.prompts[k], self.new_tokens, self.timeout_s)
                 c = self.cold[k]
-                same = a.output_ids == c.output_ids and a.logprobs == c.logprobs
-                self.samples.append(Sample(t, k, "", same, a.storage_tokens))
+                same_ids = a.output_ids == c.output_ids
+                self.samples.append(Sample(t, k, "", same_ids and a.logprobs == c.logprobs,
+                                           a.storage_tokens, same_ids))
             except (OSError, ValueError, KeyError) as e:
                 self.samples.append(Sample(t, k, f"{type(e).__name__}: {e}", False, 0))
             i += 1
@@ -154,7 +156,8 @@ class FaultReport:
     fault: str
     requests: int = 0
     failed: int = 0
-    differing: int = 0
+    differing: int = 0  # answers whose ids or logprobs differ from the cold answer's
+    differing_ids: int = 0  # of those, answers whose greedy ids differ
     # from the fault's start to the first storage hit sent after it was healed, and from its heal
     hits_resume_s: float | None = None
     hits_resume_after_heal_s: float | None = None
@@ -171,18 +174,28 @@ class FaultReport:
 
 def run_fault(name: str, traffic: Traffic, inject: Callable[[], None], heal: Callable[[], None],
               hold_s: float, settle_requests: int = 4, timeout_s: float = 600.0,
-              scrape: Callable[[], Snapshot] | None = None) -> FaultReport:
-    """``inject``, wait ``hold_s`` under traffic, ``heal``, then wait for ``settle_requests`` answers
-    with storage hits (or ``timeout_s``); counts the requests sent from the injection on.
-    ``scrape``: our metrics over the servers, read at the injection, the heal and the end."""
+              scrape: Callable[[], Snapshot] | None = None, hold_until_hit: bool = False,
+              scrape_held: bool = True) -> FaultReport:
+    """``inject``, wait ``hold_s`` under traffic (and, with ``hold_until_hit``, until an answer
+    sent after the injection had storage hits, or ``timeout_s``), ``heal``, then wait for
+    ``settle_requests`` answers with storage hits (or ``timeout_s``); counts the requests sent from
+    the injection on. ``scrape``: our metrics over the servers, read at the injection, just before
+    the heal (unless not ``scrape_held``: a fault that cuts a server off would hold the scrape, and
+    so itself, for the scrape's timeouts) and at the end."""
     first = len(traffic.samples)
-    t0 = time.monotonic()
     snaps = [_safe(scrape)]
+    t0 = time.monotonic()
     inject()
+    t_injected = time.monotonic()
     time.sleep(hold_s)
+    deadline = time.monotonic() + timeout_s
+    while hold_until_hit and time.monotonic() < deadline and not any(
+            s.t >= t_injected and s.storage_tokens > 0 for s in traffic.samples[first:]):
+        time.sleep(0.2)
+    snaps.append(_safe(scrape) if scrape_held else None)
     heal()
     t_heal = time.monotonic()
-    snaps.append(_safe(scrape))
+    healed = snaps[1] if scrape_held else _safe(scrape)
     report = FaultReport(name, fault_s=t_heal - t0)
     deadline = t_heal + timeout_s
     while time.monotonic() < deadline:
@@ -194,13 +207,14 @@ def run_fault(name: str, traffic: Traffic, inject: Callable[[], None], heal: Cal
     report.requests = len(window)
     report.failed = sum(1 for s in window if s.error)
     report.differing = sum(1 for s in window if not s.error and not s.same)
+    report.differing_ids = sum(1 for s in window if not s.error and not s.same_ids)
     report.errors = sorted({s.error[:200] for s in window if s.error})
     hit = next((s for s in window if s.t >= t_heal and s.storage_tokens > 0), None)
     if hit is not None:
         report.hits_resume_s = hit.t - t0
         report.hits_resume_after_heal_s = hit.t - t_heal
-    snaps.append(_safe(scrape))
-    for label, (a, b) in (("during", snaps[:2]), ("after", snaps[1:])):
+    end = _safe(scrape)
+    for label, a, b in (("during", snaps[0], snaps[1]), ("after", healed, end)):
         if a is not None and b is not None:
             report.tiers[label] = {tier: {"hits": t.hits, "written_bytes": t.written_bytes,
                                           "puts_refused": t.puts_refused, "evictions": t.evictions,
@@ -220,7 +234,16 @@ def scraper(server_urls: Sequence[str]) -> Callable[[], Snapshot]:
     """Our metrics summed over ``server_urls`` (``run_fault``'s ``scrape``)."""
     from ..metrics.scrape import scrape
 
-    return lambda: merge([scrape(u, timeout=10.0) for u in server_urls])
+    def once(url: str) -> Snapshot:
+        for attempt in range(3):  # a loaded server can miss one deadline; a cut-off one misses all
+            try:
+                return scrape(url, timeout=10.0)
+            except OSError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    return lambda: merge([once(u) for u in server_urls])
 
 
 # ------------------------------------------------------------------------------------ the faults
@@ -342,17 +365,20 @@ def schedule(rig: Rig, traffic: Traffic, scrape: Callable[[], Snapshot] | None =
              log: Callable[[str], None] = lambda _: None) -> list[FaultReport]:
     """The four faults, one after another, each healed and its hits resumed before the next; the
     disk fault first, since its disk was full from the start."""
+    # (name, (inject, heal), hold_s, hold until a hit: the full disk shows only while pages are
+    # written to it and read from the other tiers, scrape while held: not a server cut off)
     steps = [
-        ("SSD tier's disk full from the start", disk_full(rig.disk, rig.clear_storage), 5.0),
-        (f"server host cut off {CUT_S:.0f} s", cut_host(rig.cluster, rig.server_host), CUT_S),
+        ("SSD tier's disk full from the start", disk_full(rig.disk, rig.clear_storage), 5.0, True, True),
+        (f"server host cut off {CUT_S:.0f} s", cut_host(rig.cluster, rig.server_host), CUT_S, False, False),
         ("pool host killed, restarted", restart_host(rig.cluster, rig.pool_host, rig.restart_pool_host,
-                                                     rig.masters), 2.0),
-        ("active master killed", kill_leader(rig.masters), 2.0),
+                                                     rig.masters), 2.0, False, True),
+        ("active master killed", kill_leader(rig.masters), 2.0, False, True),
     ]
     reports = []
-    for name, (inject, heal), hold_s in steps:
+    for name, (inject, heal), hold_s, until_hit, scrape_held in steps:
         log(f"fault: {name}")
-        reports.append(run_fault(name, traffic, inject, heal, hold_s, scrape=scrape))
+        reports.append(run_fault(name, traffic, inject, heal, hold_s, scrape=scrape,
+                                 hold_until_hit=until_hit, scrape_held=scrape_held))
         log(f"  {reports[-1].failed} failed, {reports[-1].differing} differing of "
             f"{reports[-1].requests}; hits resume {reports[-1].hits_resume_s}")
     return reports
