@@ -416,8 +416,10 @@ class Cluster:
 
 # What SGLang keeps back from a HiCache host pool's size check on the cluster's servers (its own
 # 10 GiB is for a GPU server's host: on a machine shared with other servers it refuses the tiny
-# pools of these whenever the others hold the RAM). Arbitrary: what a CPU server's own start needs.
-HOST_RESERVE = 1 << 30
+# pools of these whenever the others hold the RAM). Arbitrary, but not 1 GiB: SGLang checks minutes
+# into a start on a loaded machine, and a server (of a fault test beside two other clusters) was
+# refused a 0.03 GB pool with 0.96 GiB available then.
+HOST_RESERVE = 512 << 20
 
 
 def _check_host_memory() -> None:
