@@ -186,10 +186,12 @@ def run_faults(args: argparse.Namespace, model: Path, conversations: list[list[B
         with ThreadPoolExecutor(3) as ex:
             servers = list(ex.map(start, c.hosts[:3]))
         urls = [s.url for s in servers]
-        router = c.router(urls, args.policies[0], extra=F.ROUTER_RETRIES)
         log(f"[faults] cold answers of {len(requests)} requests")
         prompts = [r.input_ids for r in requests]
-        cold = F.cold_outputs(urls[0], prompts, args.output_tokens)
+        with ThreadPoolExecutor(1) as ex:  # the router's start overlaps them
+            starting = ex.submit(c.router, urls, args.policies[0], extra=F.ROUTER_RETRIES)
+            cold = F.cold_outputs(urls[0], prompts, args.output_tokens)
+            router = starting.result()
         traffic = F.Traffic(router.url, urls, prompts, cold, args.output_tokens).start()
         try:
             traffic.wait_for(len(requests), args.health_timeout)  # one warm pass first

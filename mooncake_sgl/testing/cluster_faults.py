@@ -172,12 +172,17 @@ class FaultReport:
         return asdict(self)
 
 
+# When a held fault has shown: from the answers sent since the injection, and our metrics at the
+# injection and now (``None`` where a scrape failed).
+HoldUntil = Callable[[list[Sample], "Snapshot | None", "Snapshot | None"], bool]
+
+
 def run_fault(name: str, traffic: Traffic, inject: Callable[[], None], heal: Callable[[], None],
               hold_s: float, settle_requests: int = 4, timeout_s: float = 600.0,
-              scrape: Callable[[], Snapshot] | None = None, hold_until_hit: bool = False,
+              scrape: Callable[[], Snapshot] | None = None, hold_until: HoldUntil | None = None,
               scrape_held: bool = True) -> FaultReport:
-    """``inject``, wait ``hold_s`` under traffic (and, with ``hold_until_hit``, until an answer
-    sent after the injection had storage hits, or ``timeout_s``), ``heal``, then wait for
+    """``inject``, wait ``hold_s`` under traffic (and until ``hold_until`` says the fault showed,
+    polled about once a second, or ``timeout_s``), ``heal``, then wait for
     ``settle_requests`` answers with storage hits (or ``timeout_s``); counts the requests sent from
     the injection on. ``scrape``: our metrics over the servers, read at the injection, just before
     the heal (unless not ``scrape_held``: a fault that cuts a server off would hold the scrape, and
@@ -189,10 +194,12 @@ def run_fault(name: str, traffic: Traffic, inject: Callable[[], None], heal: Cal
     t_injected = time.monotonic()
     time.sleep(hold_s)
     deadline = time.monotonic() + timeout_s
-    while hold_until_hit and time.monotonic() < deadline and not any(
-            s.t >= t_injected and s.storage_tokens > 0 for s in traffic.samples[first:]):
-        time.sleep(0.2)
-    snaps.append(_safe(scrape) if scrape_held else None)
+    held = _safe(scrape) if scrape_held else None
+    while hold_until is not None and time.monotonic() < deadline and not hold_until(
+            [s for s in traffic.samples[first:] if s.t >= t_injected], snaps[0], held):
+        time.sleep(1.0)
+        held = _safe(scrape) if scrape_held else None
+    snaps.append(held)
     heal()
     t_heal = time.monotonic()
     healed = snaps[1] if scrape_held else _safe(scrape)
@@ -221,6 +228,20 @@ def run_fault(name: str, traffic: Traffic, inject: Callable[[], None], heal: Cal
                                           "holdable_bytes": t.holdable_bytes}
                                    for tier, t in diff(a, b).by_tier().items()}
     return report
+
+
+def ssd_refused_and_hits_returned(samples: list[Sample], start: Snapshot | None,
+                                  now: Snapshot | None) -> bool:
+    """The full disk has shown: since the injection the SSD tier refused pages (or evicted its own
+    to take them), and an answer sent since had storage hits, which our counters show from the
+    other tiers. SGLang writes pages back after the answer, and our counters are published each
+    second, so on a loaded machine seconds can pass before either shows."""
+    if start is None or now is None or not any(s.storage_tokens > 0 for s in samples):
+        return False
+    tiers = diff(start, now).by_tier()
+    lmdb = tiers.get("lmdb")
+    others = sum(t.hits for name, t in tiers.items() if name != "lmdb")
+    return lmdb is not None and lmdb.puts_refused + lmdb.evictions > 0 and others > 0
 
 
 def _safe(scrape: Callable[[], Snapshot] | None) -> Snapshot | None:
@@ -365,20 +386,22 @@ def schedule(rig: Rig, traffic: Traffic, scrape: Callable[[], Snapshot] | None =
              log: Callable[[str], None] = lambda _: None) -> list[FaultReport]:
     """The four faults, one after another, each healed and its hits resumed before the next; the
     disk fault first, since its disk was full from the start."""
-    # (name, (inject, heal), hold_s, hold until a hit: the full disk shows only while pages are
-    # written to it and read from the other tiers, scrape while held: not a server cut off)
-    steps = [
-        ("SSD tier's disk full from the start", disk_full(rig.disk, rig.clear_storage), 5.0, True, True),
-        (f"server host cut off {CUT_S:.0f} s", cut_host(rig.cluster, rig.server_host), CUT_S, False, False),
+    # (name, (inject, heal), hold_s, hold until: the full disk shows only once pages were written
+    # to it, scrape while held: not a server cut off)
+    steps: list[tuple[str, tuple[Callable[[], None], Callable[[], None]], float, HoldUntil | None,
+                      bool]] = [
+        ("SSD tier's disk full from the start", disk_full(rig.disk, rig.clear_storage), 5.0,
+         ssd_refused_and_hits_returned, True),
+        (f"server host cut off {CUT_S:.0f} s", cut_host(rig.cluster, rig.server_host), CUT_S, None, False),
         ("pool host killed, restarted", restart_host(rig.cluster, rig.pool_host, rig.restart_pool_host,
-                                                     rig.masters), 2.0, False, True),
-        ("active master killed", kill_leader(rig.masters), 2.0, False, True),
+                                                     rig.masters), 2.0, None, True),
+        ("active master killed", kill_leader(rig.masters), 2.0, None, True),
     ]
     reports = []
-    for name, (inject, heal), hold_s, until_hit, scrape_held in steps:
+    for name, (inject, heal), hold_s, until, scrape_held in steps:
         log(f"fault: {name}")
-        reports.append(run_fault(name, traffic, inject, heal, hold_s, scrape=scrape,
-                                 hold_until_hit=until_hit, scrape_held=scrape_held))
+        reports.append(run_fault(name, traffic, inject, heal, hold_s, scrape=scrape, hold_until=until,
+                                 scrape_held=scrape_held))
         log(f"  {reports[-1].failed} failed, {reports[-1].differing} differing of "
             f"{reports[-1].requests}; hits resume {reports[-1].hits_resume_s}")
     return reports

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mooncake_sgl.testing import cluster_faults as F
@@ -60,9 +61,12 @@ def test_each_fault_costs_no_request_and_no_output_and_hits_resume(tmp_path: Pat
         tiers_yaml = tiers(tmp_path / "tiers.yaml", pool.endpoint, etcd.endpoint, a.addr, disk)
         server = c.sglang(a, model, tiers_yaml, extra=("--max-total-tokens", "16384", "--enable-metrics"))
         log(f"server up (its SSD tier opened with {free >> 10} KiB free)")
-        router = c.router([server.url], "round_robin", extra=F.ROUTER_RETRIES)
-        cold = F.cold_outputs(server.url, prompts, 4)
-        log("cold answers done")
+        with ThreadPoolExecutor(1) as ex:  # the router's start (a minute or more when loaded) overlaps
+            starting = ex.submit(c.router, [server.url], "round_robin", extra=F.ROUTER_RETRIES)
+            cold = F.cold_outputs(server.url, prompts, 4)
+            log("cold answers done")
+            router = starting.result()
+        log("router routes to the server")
         traffic = F.Traffic(router.url, [server.url], prompts, cold, 4).start()
         try:
             traffic.wait_for(3, 600)
