@@ -24,7 +24,7 @@ file system filled before it opened). The workload's requests go through the rou
 conversation order, one at a time, each after a flush of SGLang's caches (so reuse comes from our
 tiers, and batching cannot change an answer), and each answer is compared with its cold answer
 (greedy ids, bit-identical logprobs). Per fault: requests, failed, differing, time until hits
-resume, and what the SSD tier held and refused.
+resume, and what host 0's server's tiers did (its SSD tier: what it could hold, refused, evicted).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mooncake_sgl.bench.client import SglangClient  # noqa: E402
 from mooncake_sgl.bench.two_instances import Sent, reachable_tokens, summarise  # noqa: E402
 from mooncake_sgl.bench.workloads import BenchRequest, MultiTurnSpec, multiturn  # noqa: E402
-from mooncake_sgl.metrics.model import diff, merge  # noqa: E402
+from mooncake_sgl.metrics.model import diff  # noqa: E402
 from mooncake_sgl.metrics.scrape import scrape  # noqa: E402
 from mooncake_sgl.testing import cluster_faults as F  # noqa: E402
 from mooncake_sgl.testing.cluster import Cluster  # noqa: E402
@@ -94,7 +94,7 @@ def drive(url: str, conversations: list[list[BenchRequest]], max_parallel: int, 
 
 def hit_sources(before: list[Any], after: list[Any]) -> dict[str, float]:
     """Our page hits per tier over all servers, between two sets of scrapes."""
-    per_tier = diff(merge(before), merge(after)).by_tier()
+    per_tier = diff(F.side_by_side(before), F.side_by_side(after)).by_tier()
     return {tier: s.hits for tier, s in per_tier.items()}
 
 
@@ -197,7 +197,9 @@ def run_faults(args: argparse.Namespace, model: Path, conversations: list[list[B
             traffic.wait_for(len(requests), args.health_timeout)  # one warm pass first
             rig = F.Rig(c, c.hosts[0], kv_host, lambda: (pool.start(), etcd.start(), masters[0].start()),
                         masters, disk, urls)
-            reports = F.schedule(rig, traffic, F.scraper(urls), lambda m: log(f"[faults] {m}"))
+            # Tier counts from host 0's server: its SSD tier is the one whose disk is full, its host
+            # the one cut off (the others' tiers would drown both in sums).
+            reports = F.schedule(rig, traffic, F.scraper(urls[:1]), lambda m: log(f"[faults] {m}"))
         finally:
             traffic.stop()
     return [r.as_dict() for r in reports]
@@ -205,7 +207,7 @@ def run_faults(args: argparse.Namespace, model: Path, conversations: list[list[B
 
 def fault_table(reports: list[dict[str, Any]]) -> str:
     header = ("fault", "requests", "failed", "differing (ids)", "hits resume (from fault / after heal)",
-              "SSD tiers of all servers while held: holdable, refused, evicted")
+              "host 0's SSD tier while held: holdable, refused, evicted")
 
     def secs(v: float | None) -> str:
         return "never" if v is None else f"{v:.1f} s"

@@ -264,7 +264,15 @@ def scraper(server_urls: Sequence[str]) -> Callable[[], Snapshot]:
                     raise
         raise AssertionError("unreachable")
 
-    return lambda: merge([once(u) for u in server_urls])
+    return lambda: side_by_side([once(u) for u in server_urls])
+
+
+def side_by_side(snapshots: Sequence[Snapshot]) -> Snapshot:
+    """One snapshot of several servers' metrics, each server's ranks kept apart (``merge`` keys by
+    rank, and every single-GPU server's rank is the same ``tp0``: it kept the last server's only)."""
+    return merge(Snapshot({(f"server{i}/{rank}", tier): t for (rank, tier), t in snap.tiers.items()},
+                          snap.taken_at, {f"server{i}/{rank}": c for rank, c in snap.store.items()})
+                 for i, snap in enumerate(snapshots))
 
 
 # ------------------------------------------------------------------------------------ the faults
