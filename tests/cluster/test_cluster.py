@@ -28,6 +28,11 @@ def _ours() -> tuple[set[str], set[str]]:
             {w.rstrip(":").split("@")[0] for w in links.split() if w.startswith(PREFIX)})
 
 
+def _mounted(path: str) -> bool:
+    with open("/proc/mounts") as f:
+        return any(line.split()[1] == path for line in f)
+
+
 def _gone(c: Cluster) -> bool:
     ns, links = _ours()
     return not ({h.netns for h in c.hosts} & ns) and c.bridge not in links and \
@@ -78,13 +83,15 @@ def test_ctrl_c_tears_down_and_a_killed_cluster_is_cleaned_by_the_next(tmp_path:
     code = ("import sys, time; from mooncake_sgl.testing.cluster import Cluster\n"
             "with Cluster(2) as c:\n"
             "    p = c.pool(c.hosts[1], capacity='16MiB', slab_size='1MiB')\n"
-            "    print(c.bridge, ' '.join(h.netns for h in c.hosts), p.pid, flush=True)\n"
+            "    d = c.disk('1m')\n"
+            "    print(c.bridge, d, ' '.join(h.netns for h in c.hosts), p.pid, flush=True)\n"
             "    time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
-    bridge, *rest = proc.stdout.readline().split()
+    bridge, disk, *rest = proc.stdout.readline().split()
     netns, pool_pid = rest[:-1], int(rest[-1])
     assert set(netns) <= _ours()[0]
+    assert _mounted(disk)
     proc.send_signal(sig)
     proc.wait(60)
     if sig == signal.SIGKILL:  # nothing ran its teardown: the next cluster cleans up after it
@@ -93,6 +100,7 @@ def test_ctrl_c_tears_down_and_a_killed_cluster_is_cleaned_by_the_next(tmp_path:
             pass
     ns, links = _ours()
     assert not set(netns) & ns and bridge not in links
+    assert not _mounted(disk), "the cluster's tmpfs outlived it"
     deadline = time.monotonic() + 10
     while os.path.exists(f"/proc/{pool_pid}") and time.monotonic() < deadline:
         time.sleep(0.1)
