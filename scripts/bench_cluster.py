@@ -3,6 +3,7 @@
 
   python scripts/bench_cluster.py --json cluster.json            # all six cells
   python scripts/bench_cluster.py --kv pool --policies round_robin --conversations 8
+  python scripts/bench_cluster.py --faults --json faults.json  # the fault schedule under this workload
 
 Hosts are network namespaces on one bridge (devtools/testing/cluster.py; needs root). A
 multi-turn workload of many conversations goes through the router, at most --max-parallel
@@ -15,6 +16,15 @@ previous turn), TTFT mean/p50/p99, throughput, and the tier each of our page hit
 /metrics). Each KV setup starts its servers once; each cell starts cold (storage and caches
 emptied) behind a router of its own. The question: does a shared pool let round-robin match
 cache-aware routing, and by how much does it beat isolated tiers?
+
+--faults: the CI fault test's schedule (mooncake_sgl/testing/cluster_faults.py) under this
+workload instead: three servers over the pool (fourth host), the Mooncake Store (etcd and the
+leading master on the fourth host, the standby on host 0) and an LMDB tier (host 0's on a small
+file system filled before it opened). The workload's requests go through the router in
+conversation order, one at a time, each after a flush of SGLang's caches (so reuse comes from our
+tiers, and batching cannot change an answer), and each answer is compared with its cold answer
+(greedy ids, bit-identical logprobs). Per fault: requests, failed, differing, time until hits
+resume, and what host 0's server's tiers did (its SSD tier: what it could hold, refused, evicted).
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import argparse
 import json
 import signal
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,9 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from devtools.bench.client import SglangClient  # noqa: E402
 from devtools.bench.two_instances import Sent, reachable_tokens, summarise  # noqa: E402
 from devtools.bench.workloads import BenchRequest, MultiTurnSpec, multiturn  # noqa: E402
+from devtools.testing import cluster_faults as F  # noqa: E402
 from devtools.testing.cluster import Cluster  # noqa: E402
 from devtools.testing.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
-from mooncake_sgl.metrics.model import diff, merge  # noqa: E402
+from mooncake_sgl.metrics.model import diff  # noqa: E402
 from mooncake_sgl.metrics.scrape import scrape  # noqa: E402
 
 POLICIES = ("round_robin", "cache_aware")
@@ -82,7 +94,7 @@ def drive(url: str, conversations: list[list[BenchRequest]], max_parallel: int, 
 
 def hit_sources(before: list[Any], after: list[Any]) -> dict[str, float]:
     """Our page hits per tier over all servers, between two sets of scrapes."""
-    per_tier = diff(merge(before), merge(after)).by_tier()
+    per_tier = diff(F.side_by_side(before), F.side_by_side(after)).by_tier()
     return {tier: s.hits for tier, s in per_tier.items()}
 
 
@@ -134,6 +146,83 @@ def run_kv(kv: str, args: argparse.Namespace, model: Path, conversations: list[l
                 f"{summary['errors']} errors")
             cells.append(summary)
     return cells
+
+
+# What the filled disk of host 0's SSD tier leaves free (as in the CI test: the index opens, a few
+# pages fit at most).
+FAULT_DISK_LEFT = 1536 << 10
+
+
+def fault_tiers(workdir: Path, i: int, pool: str, etcd: str, host_addr: str, lmdb: Path) -> Path:
+    path = workdir / f"tiers-faults-{i}.yaml"
+    path.write_text(f"""tiers:
+  - {{kind: pool, endpoints: ["{pool}"], timeout: 2s}}
+  - {{kind: mooncake_store, master: "etcd://{etcd}", local_hostname: "{host_addr}",
+     segment_size: 64MiB, buffer_size: 32MiB, reconnect_after: 1s, put_retry_window: 0.5s}}
+  - {{kind: lmdb, path: "{lmdb}", capacity: 256MiB}}
+""")
+    return path
+
+
+def run_faults(args: argparse.Namespace, model: Path, conversations: list[list[BenchRequest]],
+               workdir: Path) -> list[dict[str, Any]]:
+    requests = [req for conv in conversations for req in conv]
+    with Cluster(4, Path(tempfile.mkdtemp(prefix="cluster-faults-", dir=workdir))) as c:
+        kv_host = c.hosts[3]
+        pool = c.pool(kv_host, capacity=args.pool_capacity)
+        etcd = c.etcd(kv_host)
+        masters = [c.master(kv_host, etcd), c.master(c.hosts[0], etcd)]
+        disk = c.disk("64m")
+        free = F.fill(disk, FAULT_DISK_LEFT)
+        log(f"[faults] host 0's SSD tier on a disk filled to {free >> 10} KiB free; starting 3 servers "
+            f"(logs in {c.workdir})")
+        extra = ("--max-total-tokens", str(args.max_total_tokens), "--enable-metrics", *args.server_arg)
+
+        def start(h: Any) -> Any:
+            lmdb = disk / "lmdb" if h.index == 0 else c.workdir / f"lmdb{h.index}"
+            tiers = fault_tiers(workdir, h.index, pool.endpoint, etcd.endpoint, h.addr, lmdb)
+            return c.sglang(h, model, tiers, extra=extra, health_timeout_s=args.health_timeout)
+
+        with ThreadPoolExecutor(3) as ex:
+            servers = list(ex.map(start, c.hosts[:3]))
+        urls = [s.url for s in servers]
+        log(f"[faults] cold answers of {len(requests)} requests")
+        prompts = [r.input_ids for r in requests]
+        with ThreadPoolExecutor(1) as ex:  # the router's start overlaps them
+            starting = ex.submit(c.router, urls, args.policies[0], extra=F.ROUTER_RETRIES)
+            cold = F.cold_outputs(urls[0], prompts, args.output_tokens)
+            router = starting.result()
+        traffic = F.Traffic(router.url, urls, prompts, cold, args.output_tokens).start()
+        try:
+            traffic.wait_for(len(requests), args.health_timeout)  # one warm pass first
+            rig = F.Rig(c, c.hosts[0], kv_host, lambda: (pool.start(), etcd.start(), masters[0].start()),
+                        masters, disk, urls)
+            # Tier counts from host 0's server: its SSD tier is the one whose disk is full, its host
+            # the one cut off (the others' tiers would drown both in sums).
+            reports = F.schedule(rig, traffic, F.scraper(urls[:1]), lambda m: log(f"[faults] {m}"))
+        finally:
+            traffic.stop()
+    return [r.as_dict() for r in reports]
+
+
+def fault_table(reports: list[dict[str, Any]]) -> str:
+    header = ("fault", "requests", "failed", "differing (ids)", "hits resume (from fault / after heal)",
+              "host 0's SSD tier while held: holdable, refused, evicted")
+
+    def secs(v: float | None) -> str:
+        return "never" if v is None else f"{v:.1f} s"
+
+    rows = []
+    for r in reports:
+        lmdb = r["tiers"].get("during", {}).get("lmdb")
+        ssd = "-" if lmdb is None else (f"{lmdb['holdable_bytes'] / 2**20:.1f} MiB, "
+                                        f"{lmdb['puts_refused']:.0f}, {lmdb['evictions']:.0f}")
+        rows.append((r["fault"], str(r["requests"]), str(r["failed"]),
+                     f"{r['differing']} ({r['differing_ids']})",
+                     f"{secs(r['hits_resume_s'])} / {secs(r['hits_resume_after_heal_s'])}", ssd))
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    return "\n".join(lines + ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows])
 
 
 def table(cells: list[dict[str, Any]]) -> str:
@@ -194,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write every cell's numbers here")
     p.add_argument("--plot", default="bench_cluster.png")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--faults", action="store_true",
+                   help="the fault schedule under this workload instead of the cells (router: the "
+                        "first of --policies)")
     args = p.parse_args(argv)
     for k in args.kv:
         if k not in KVS:
@@ -209,6 +301,15 @@ def main(argv: list[str] | None = None) -> int:
                          output_tokens=args.output_tokens, vocab_size=d.vocab_size, seed=d.seed)
     rounds = multiturn(spec)
     conversations = [[rounds[t][c] for t in range(spec.turns)] for c in range(spec.conversations)]
+    if args.faults:
+        reports = run_faults(args, model, conversations, workdir)
+        print(f"faults under {spec.conversations} conversations x {spec.turns} turns through "
+              f"{args.policies[0]} (one request at a time)")
+        print(fault_table(reports))
+        if args.json:
+            Path(args.json).write_text(json.dumps({"args": vars(args), "faults": reports}, indent=2,
+                                                  default=str))
+        return 1 if any(r["failed"] or r["differing"] or r["hits_resume_s"] is None for r in reports) else 0
     cells: list[dict[str, Any]] = []
     for kv in args.kv:
         cells += run_kv(kv, args, model, conversations, workdir)

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from ssd_user_view import aligned_buffer, drop_cache, keys, page_data, page_views
 
-from mooncake_sgl.bench.console import human, log
+from devtools.bench.console import human, log
 
 GB = 1e9
 

@@ -60,6 +60,8 @@ BRIDGE_HOST = 254
 # SGLang's own default ratio, is megabytes for a tiny model. Either flag given later wins.
 HICACHE_SIZING = ("--hicache-ratio", "2")
 _STATE = Path(tempfile.gettempdir()) / "mooncake-sgl-cluster"
+# A master's start on a loaded two-core machine; the 30 s default of a lone one is too tight here.
+MASTER_START_S = 120.0
 
 
 class ClusterUnavailable(RuntimeError):
@@ -116,7 +118,7 @@ class Etcd:
     def endpoint(self) -> str:
         return f"{self.host.addr}:{self.client_port}"
 
-    def start(self, timeout_s: float = 30.0) -> Etcd:
+    def start(self, timeout_s: float = 90.0) -> Etcd:
         """Start (again: on the same ports and data, as the masters know it) and wait for health."""
         if self.proc is not None and self.proc.poll() is None:
             return self
@@ -149,6 +151,37 @@ class Etcd:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+# The router's checks of its workers' /health. SGLang's /health runs a one-token generation and
+# answers once the scheduler produces any output, 503 after 20 s without (SGLANG_HEALTH_CHECK_TIMEOUT);
+# on a loaded CPU server that answer took up to 5.03 s (measured, bench_cluster's workload), which
+# is the router's default timeout (5 s): a busy, healthy server failed checks. 30 s leaves the
+# verdict to SGLang's own limit. ``extra`` flags given to ``router()`` come later and win.
+ROUTER_HEALTH = ("--health-check-timeout-secs", "30")
+
+
+def wait_router_ready(url: str, workers: int, timeout_s: float) -> None:
+    """Until the router at ``url`` counts ``workers`` healthy workers (its ``/readiness``).
+
+    Its ``/health`` is its own liveness: it answers 200 before a single worker is registered
+    (measured: ``"workers": []`` for the first seconds), and a request sent then is a 503 "No
+    available workers"; that is how bench_cluster's first requests of a cell failed."""
+    import json
+
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/readiness", timeout=5) as r:
+                body = json.loads(r.read())
+            if body.get("healthy_workers", 0) >= workers:
+                return
+            last = str(body)
+        except (OSError, ValueError) as e:
+            last = f"{type(e).__name__}: {e}"
+        time.sleep(0.2)
+    raise TimeoutError(f"router {url}: not {workers} healthy workers after {timeout_s:.0f} s ({last})")
 
 
 def _http_ok(url: str, timeout: float = 1.0) -> bool:
@@ -262,15 +295,18 @@ class Cluster:
         return out.stdout.strip().splitlines()[-1]
 
     def disk(self, size: str) -> Path:
-        """A file system of its own, ``size`` big (tmpfs: ``64m``), for a tier whose disk fills up."""
+        """A file system of its own, ``size`` big (tmpfs: ``64m``), for a tier whose disk fills up.
+        It is mounted on this machine's side, so every host sees it; it is unmounted at ``close()``,
+        or by the next cluster if this one's process was SIGKILLed (its mounts file)."""
         path = self.workdir / f"disk-{len(self._stops)}"
         path.mkdir(parents=True)
         out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
                              capture_output=True, text=True, timeout=30)
         if out.returncode:
             raise ClusterUnavailable(f"cannot mount a {size} tmpfs at {path}: {out.stderr.strip()}")
-        self._track(None, lambda: subprocess.run(["umount", "-l", str(path)], capture_output=True,
-                                                 timeout=30))
+        with open(_STATE / f"{self.net}.mounts", "a") as f:
+            f.write(f"{path}\n")
+        self._track(None, lambda: _umount(path))
         return path
 
     # ---------------------------------------------------------------------------- components
@@ -296,7 +332,8 @@ class Cluster:
         ha = [] if etcd is None else [
             "--enable_ha=true", "--ha_backend_type=etcd", f"--ha_backend_connstring={etcd.endpoint}",
             f"--etcd_endpoints={etcd.endpoint}"]
-        master = MooncakeMaster(host=host.addr, prefix=host.prefix, extra_args=[*ha, *extra_args])
+        master = MooncakeMaster(host=host.addr, prefix=host.prefix, extra_args=[*ha, *extra_args],
+                                startup_timeout=MASTER_START_S)
         self._track(host, master.stop)
         return master.start()
 
@@ -327,7 +364,8 @@ class Cluster:
 
     def router(self, worker_urls: Sequence[str], policy: str, extra: Sequence[str] = (),
                health_timeout_s: float = 300.0) -> LaunchedServer:
-        """``sglang-router`` on this machine's side (127.0.0.1), in front of ``worker_urls``."""
+        """``sglang-router`` on this machine's side (127.0.0.1), in front of ``worker_urls``;
+        returned once it routes to every one of them (``wait_router_ready``)."""
         import importlib.util
 
         if importlib.util.find_spec("sglang_router") is None:
@@ -336,12 +374,14 @@ class Cluster:
         def cmd(port: int) -> list[str]:
             return [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                     "--port", str(port), "--policy", policy, "--worker-urls", *worker_urls,
-                    "--prometheus-port", str(pick_port()), *extra]
+                    "--prometheus-port", str(pick_port()), *ROUTER_HEALTH, *extra]
 
         router = LaunchedServer(cmd, pick_port(), self.workdir / f"router-{len(self._stops)}.log",
                                 health_timeout_s)
         self._track(None, router.stop)
-        return router.start()
+        router.start()
+        wait_router_ready(router.url, len(worker_urls), health_timeout_s)
+        return router
 
     # ---------------------------------------------------------------------------- teardown
 
@@ -364,6 +404,7 @@ class Cluster:
         if self.bridge:
             _ip("link", "del", self.bridge, check=False)
         if self.net >= 0:
+            (_STATE / f"{self.net}.mounts").unlink(missing_ok=True)
             (_STATE / f"{self.net}.pid").unlink(missing_ok=True)
         atexit.unregister(self.close)
 
@@ -376,8 +417,10 @@ class Cluster:
 
 # What SGLang keeps back from a HiCache host pool's size check on the cluster's servers (its own
 # 10 GiB is for a GPU server's host: on a machine shared with other servers it refuses the tiny
-# pools of these whenever the others hold the RAM). Arbitrary: what a CPU server's own start needs.
-HOST_RESERVE = 1 << 30
+# pools of these whenever the others hold the RAM). Arbitrary, but not 1 GiB: SGLang checks minutes
+# into a start on a loaded machine, and a server (of a fault test beside two other clusters) was
+# refused a 0.03 GB pool with 0.96 GiB available then.
+HOST_RESERVE = 512 << 20
 
 
 def _check_host_memory() -> None:
@@ -387,6 +430,10 @@ def _check_host_memory() -> None:
     available = psutil.virtual_memory().available
     if available < 2 * HOST_RESERVE:
         raise RuntimeError(f"too little RAM for another live server: {available / 2**30:.1f} GiB available")
+
+
+def _umount(path: Path) -> None:
+    subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
 
 
 def _package_root() -> str:
@@ -418,4 +465,9 @@ def _clean_stale() -> None:
                 _ip("link", "del", f"{PREFIX}{net}v{name.removeprefix(f'{PREFIX}{net}h')}", check=False)
                 _ip("netns", "del", name, check=False)
         _ip("link", "del", f"{PREFIX}{net}", check=False)
+        mounts = _STATE / f"{net}.mounts"
+        if mounts.is_file():
+            for line in mounts.read_text().splitlines():
+                _umount(Path(line))
+            mounts.unlink(missing_ok=True)
         owner.unlink(missing_ok=True)

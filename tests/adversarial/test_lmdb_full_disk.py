@@ -153,3 +153,35 @@ def test_on_a_full_disk_the_store_evicts_old_ssd_pages_to_keep_the_newest(tmp_pa
     # the disk (23 pages held).
     held = out["held"]
     assert len(held) >= 28 and all(i >= 60 for i in held) and 119 in held, out
+
+
+OPEN_FULL_CHILD = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[2])
+from mooncake_sgl.config import LmdbTierConfig
+from mooncake_sgl.errors import TierError
+from mooncake_sgl.tiers.lmdb import LmdbTier
+
+root = sys.argv[1]
+with open(os.path.join(root, "hog"), "wb", buffering=0) as f:
+    for size in (1 << 20, 4096):
+        try:
+            while True:
+                f.write(b"\0" * size)
+        except OSError:
+            pass
+free = os.statvfs(root).f_bavail
+try:
+    LmdbTier(LmdbTierConfig(path=os.path.join(root, "t"), capacity="8MiB"))
+    error = ""
+except TierError as e:
+    error = str(e)
+print(json.dumps({"free": free, "error": error}))
+"""
+
+
+def test_a_tier_opened_on_a_full_disk_is_refused_with_the_reason_not_a_crash(tmp_path: Path) -> None:
+    # Before: LMDB created lock.mdb sparse and wrote it through its map: SIGBUS inside lmdb.open.
+    out = on_full_tmpfs(tmp_path, OPEN_FULL_CHILD, str(REPO))
+    assert out["free"] == 0, out
+    assert "the file system is full" in out["error"], out

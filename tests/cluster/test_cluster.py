@@ -28,6 +28,11 @@ def _ours() -> tuple[set[str], set[str]]:
             {w.rstrip(":").split("@")[0] for w in links.split() if w.startswith(PREFIX)})
 
 
+def _mounted(path: str) -> bool:
+    with open("/proc/mounts") as f:
+        return any(line.split()[1] == path for line in f)
+
+
 def _gone(c: Cluster) -> bool:
     ns, links = _ours()
     return not ({h.netns for h in c.hosts} & ns) and c.bridge not in links and \
@@ -78,13 +83,15 @@ def test_ctrl_c_tears_down_and_a_killed_cluster_is_cleaned_by_the_next(tmp_path:
     code = ("import sys, time; from devtools.testing.cluster import Cluster\n"
             "with Cluster(2) as c:\n"
             "    p = c.pool(c.hosts[1], capacity='16MiB', slab_size='1MiB')\n"
-            "    print(c.bridge, ' '.join(h.netns for h in c.hosts), p.pid, flush=True)\n"
+            "    d = c.disk('1m')\n"
+            "    print(c.bridge, d, ' '.join(h.netns for h in c.hosts), p.pid, flush=True)\n"
             "    time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
-    bridge, *rest = proc.stdout.readline().split()
+    bridge, disk, *rest = proc.stdout.readline().split()
     netns, pool_pid = rest[:-1], int(rest[-1])
     assert set(netns) <= _ours()[0]
+    assert _mounted(disk)
     proc.send_signal(sig)
     proc.wait(60)
     if sig == signal.SIGKILL:  # nothing ran its teardown: the next cluster cleans up after it
@@ -93,6 +100,7 @@ def test_ctrl_c_tears_down_and_a_killed_cluster_is_cleaned_by_the_next(tmp_path:
             pass
     ns, links = _ours()
     assert not set(netns) & ns and bridge not in links
+    assert not _mounted(disk), "the cluster's tmpfs outlived it"
     deadline = time.monotonic() + 10
     while os.path.exists(f"/proc/{pool_pid}") and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -144,3 +152,55 @@ def test_the_standby_master_in_another_host_takes_over_from_a_killed_leader(clus
     while "leader" not in roles()[masters.index(other)]:
         assert time.monotonic() < deadline, f"no new leader: {roles()}"
         time.sleep(0.5)
+
+
+def test_the_router_is_handed_out_only_once_it_routes_to_every_worker(tmp_path: Path) -> None:
+    """A worker whose /health answers 503 for its first seconds (SGLang does while it starts or a
+    check times out): a request sent the moment ``Cluster.router`` returns must reach it. Before,
+    the router was returned on its own /health, which answers before any worker is registered,
+    and the request was a 503 "No available workers" (bench_cluster's three failed requests)."""
+    import http.server
+    import json
+    import threading
+    import urllib.request
+
+    pytest.importorskip("sglang_router")
+    first_check: list[float] = []
+
+    class Worker(http.server.BaseHTTPRequestHandler):
+        def _reply(self, code: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if not self.path.startswith("/health"):
+                self._reply(200, {})
+                return
+            first_check[:] = first_check or [time.monotonic()]  # 503 for 5 s from the first check
+            self._reply(200 if time.monotonic() > first_check[0] + 5 else 503, {})
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self._reply(200, {"text": "ok", "output_ids": [1], "meta_info": {}})
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    from mooncake_sgl.procs import pick_port
+
+    worker = http.server.ThreadingHTTPServer(("127.0.0.1", pick_port("127.0.0.1")), Worker)
+    threading.Thread(target=worker.serve_forever, daemon=True).start()
+    c = Cluster(1, tmp_path / "c")  # the router runs on this machine's side: no namespace needed
+    try:
+        router = c.router([f"http://127.0.0.1:{worker.server_address[1]}"], "round_robin")
+        req = urllib.request.Request(f"{router.url}/generate", data=b'{"input_ids": [1, 2]}',
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 200
+    finally:
+        c.close()
+        worker.shutdown()

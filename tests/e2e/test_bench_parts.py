@@ -199,7 +199,7 @@ def test_io_rates_of_a_round_from_two_readings() -> None:
 
 def test_each_variant_reports_its_own_cold_round_prefill_rate() -> None:
     # Variants run one after another: a machine that got busier between them shows here.
-    from mooncake_sgl.bench.results import cold_prefill_rate, recompute_summary
+    from devtools.bench.results import cold_prefill_rate, recompute_summary
 
     base = variant_result("no-hicache", [([_req("a", 0, 2.0), _req("b", 0, 4.0)], 1.0),
                                          ([_req("a", 1, 2.0), _req("b", 1, 4.0)], 1.0)])

@@ -29,7 +29,9 @@ SERVE = REPO / "scripts" / "serve_cpu.sh"
 HEALTH_TIMEOUT_S = 420.0
 # SGLang refuses any HiCache host pool while less than 10 GiB of RAM is free beside it (sized for a
 # GPU host); these servers' pools are a few MiB, and a busy machine must not make them flaky.
-TEST_HOST_RESERVE = "1GiB"
+# 512 MiB, not 1 GiB: SGLang checks minutes into a start on a loaded machine, and a test cluster's
+# server was refused a 0.03 GB pool with 0.96 GiB free then.
+TEST_HOST_RESERVE = "512MiB"
 
 
 @pytest.fixture(scope="session")
