@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..metrics.model import Snapshot, diff, merge
+from mooncake_sgl.metrics.model import Snapshot, diff, merge
+
 from .cluster import Cluster, Host
 
 # sglang-router's flags for traffic through faults: retry a request whose server went away for
@@ -253,7 +254,7 @@ def _safe(scrape: Callable[[], Snapshot] | None) -> Snapshot | None:
 
 def scraper(server_urls: Sequence[str]) -> Callable[[], Snapshot]:
     """Our metrics summed over ``server_urls`` (``run_fault``'s ``scrape``)."""
-    from ..metrics.scrape import scrape
+    from mooncake_sgl.metrics.scrape import scrape
 
     def once(url: str) -> Snapshot:
         for attempt in range(3):  # a loaded server can miss one deadline; a cut-off one misses all
