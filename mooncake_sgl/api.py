@@ -199,12 +199,19 @@ class PlacementPolicy(ABC):
     ``tick`` times and in arrival order, before any decision (``admit``, ``victims``,
     ``promotion_target``); under a flood of lookups the oldest buffered ones may be dropped.
     Inserts and removals arrive when they are committed, so the policy's view of a tier is the
-    store's. ``victims`` starts an eviction: the store then reports ``on_remove`` for the victims
-    it removed and ``on_evict_aborted`` for those it could not.
+    store's record (``store.residency``); the policy keeps the ordering state its decisions need.
+    ``victims`` starts an eviction and forgets the victims at once, in every policy: the store
+    never reports ``on_remove`` for them, and hands back those it could not remove through
+    ``on_evict_aborted``.
+
+    ``name`` is the policy's name as the config's ``policy.name`` spells it (``lru``, ``heat``,
+    ``adaptive``; the simulator's references ``arc``, ``lirs``, ``lfuda``): metrics label by it.
 
     A *chain* is a run of keys in prefix order: ``keys[i]`` is only useful when ``keys[:i]`` are.
     ``parent`` is the key before ``keys[0]`` in its chain, or ``None`` at the root.
     """
+
+    name: str
 
     @abstractmethod
     def on_lookup(self, keys: Sequence[PageKey], tiers: Sequence[int | None],
@@ -228,8 +235,10 @@ class PlacementPolicy(ABC):
     @abstractmethod
     def victims(self, tier: int, nbytes: int, protected: frozenset[PageKey] = frozenset()
                 ) -> list[PageKey] | None:
-        """Pages of ``tier`` to evict to free at least ``nbytes``, never one in ``protected``.
-        ``None`` if that much cannot be freed; then no state changes."""
+        """Pages of ``tier`` to evict to free at least ``nbytes``, never one in ``protected`` (the
+        pages the store holds for a move in flight). The returned pages are forgotten at once (a
+        later ``victims`` never names them again). ``None`` if that much cannot be freed; then no
+        state changes."""
 
     @abstractmethod
     def promotion_target(self, key: PageKey, found_tier: int) -> int | None:

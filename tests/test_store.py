@@ -30,7 +30,7 @@ def lmdb(path: Path) -> LmdbTier:
 
 @pytest.fixture(params=["background", "inline"])
 def store(request, tmp_path: Path):
-    s = TieredStore([host(4), lmdb(tmp_path / "db")], LruPolicy(2), placement=request.param)
+    s = TieredStore([host(4), lmdb(tmp_path / "db")], LruPolicy(2), mover=request.param)
     yield s
     s.close()
 
@@ -100,7 +100,7 @@ class WriteBackLru(LruPolicy):
 
 @pytest.mark.parametrize("placement", ["background", "inline"])
 def test_victims_not_yet_in_the_slower_tier_are_demoted_not_lost(tmp_path: Path, placement: str) -> None:
-    s = TieredStore([host(4), lmdb(tmp_path / "db")], WriteBackLru(2), placement=placement)
+    s = TieredStore([host(4), lmdb(tmp_path / "db")], WriteBackLru(2), mover=placement)
     try:
         pages = put(s, range(9))
         assert s.wait_idle()
@@ -189,7 +189,7 @@ def test_build_store_from_config(tmp_path: Path) -> None:
 @pytest.mark.parametrize("placement", ["background", "inline"])
 def test_a_batch_larger_than_dram_is_stored_even_where_the_policy_did_not_admit(tmp_path: Path,
                                                                                 placement: str) -> None:
-    s = TieredStore([host(4), lmdb(tmp_path / "db")], WriteBackLru(2), placement=placement)
+    s = TieredStore([host(4), lmdb(tmp_path / "db")], WriteBackLru(2), mover=placement)
     try:
         pages = put(s, range(6), batch=6)  # asserts every put was acknowledged
         assert s.wait_idle()

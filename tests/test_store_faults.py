@@ -101,7 +101,7 @@ def test_a_full_tier_whose_removes_failed_takes_fresh_pages_once_they_work(place
     # resident and evictable: once removes work, the next 8 fresh pages are all accepted.
     tier = FaultyTier(host(8))
     store = TieredStore([tier], policy_for_capacities(PolicyConfig(name="lru"), [8 * PAGE]),
-                        placement=placement, room_wait=2.0)
+                        mover=placement, room_wait=2.0)
     try:
         for i in range(8):
             assert store.put_from([key(i)], [make_page(i, SEG)]) == [True]
@@ -137,7 +137,7 @@ def test_faults_in_any_tier_leave_store_policy_and_tiers_in_agreement(
     config = (PolicyConfig(name="heat", admission_min_hits=2, demotion_min_hits=1, promotion_min_hits=1)
               if policy == "heat" else PolicyConfig(name=policy))
     pol: PlacementPolicy = policy_for_capacities(config, [4 * PAGE, 8 * PAGE, 64 << 20])
-    store = TieredStore(tiers, pol, placement=placement, room_wait=2.0)
+    store = TieredStore(tiers, pol, mover=placement, room_wait=2.0)
     rng = random.Random(f"{op}{how}{position}{policy}")
     pages = {i: make_page(i, SEG) for i in range(32)}
     try:

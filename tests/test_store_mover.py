@@ -16,7 +16,7 @@ from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.store import TieredStore
 from mooncake_sgl.store.counters import Counters
 from mooncake_sgl.store.mover import BackgroundMover
-from mooncake_sgl.store.placement import LOOKUP_BUFFER, Placement
+from mooncake_sgl.store.residency import LOOKUP_BUFFER, Residency
 from mooncake_sgl.tiers.host import HostTier
 from mooncake_sgl.tiers.lmdb import LmdbTier
 from tests.tiers.conformance import empty_like, key, make_page, same
@@ -188,7 +188,7 @@ def test_the_lookup_buffer_drops_the_oldest_lookups_instead_of_blocking() -> Non
     policy = LruPolicy(1)
     seen: list[PageKey] = []
     policy.on_lookup = lambda keys, tiers, parent=None: seen.extend(keys)  # type: ignore[method-assign]
-    placement = Placement(policy, [True], clock=lambda: 0.0)
+    placement = Residency(policy, [True], clock=lambda: 0.0)
     for i in range(LOOKUP_BUFFER + 10):
         placement.record_lookup([key(i)], [None], None)
     assert seen == []  # recorded, not applied

@@ -44,6 +44,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 from ..api import PageKey
 from ..builtin_config import wait_for_store_server
 from ..config import resolve_config, tier_kind
+from ..failure_log import FailureLog
 from ..keys import KV_POOL, KeyNamespace, page_key
 from ..metrics.attach import StoreWatch, observe_store
 from ..store import TieredStore, build_store
@@ -56,32 +57,6 @@ except ImportError:  # sglang <= 0.5.5
     from sglang.srt.metrics.collector import StorageMetrics  # type: ignore[no-redef]
 
 logger = logging.getLogger(__name__)
-
-# Arbitrary: one log line per failing method per half minute keeps a dead tier from flooding logs.
-_LOG_INTERVAL_S = 30.0
-
-
-class _RateLimitedLog:
-    """At most one warning per operation name per interval; counts what it swallowed."""
-
-    def __init__(self, interval_s: float = _LOG_INTERVAL_S):
-        self._interval = interval_s
-        self._lock = threading.Lock()
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def report(self, op: str, exc: BaseException) -> None:
-        now = time.monotonic()
-        with self._lock:
-            last = self._last.get(op)
-            if last is not None and now - last < self._interval:
-                self._suppressed[op] = self._suppressed.get(op, 0) + 1
-                return
-            self._last[op] = now
-            suppressed = self._suppressed.pop(op, 0)
-        logger.warning("mooncake_sgl %s failed, answering a miss: %s: %s (%d similar failures since "
-                       "the last report)", op, type(exc).__name__, exc, suppressed)
-
 
 def _count(keys: Any) -> int:
     try:
@@ -167,7 +142,7 @@ class MooncakeSglStorage(HiCacheStorage):
 
     def __init__(self, storage_config: HiCacheStorageConfig, mem_pool_host: Any = None):
         self.storage_config = storage_config
-        self._errors = _RateLimitedLog()
+        self._errors = FailureLog(logger)
         resolved = resolve_config(getattr(storage_config, "extra_config", None), storage_config)
         logger.info("mooncake_sgl: %s", resolved.describe())
         if resolved.check_server_url:  # SGLang's built-in check_server: wait for a store server

@@ -84,7 +84,6 @@ def check(prometheus: str, dashboard_path: Path, seconds: float) -> int:
     from ..pool.config import PoolServerConfig
     from ..pool.server import PoolServer
     from ..store import build_store
-    from .attach import policy_name
     from .exporter import StoreExporter
 
     dashboard = json.loads(dashboard_path.read_text())
@@ -98,7 +97,7 @@ def check(prometheus: str, dashboard_path: Path, seconds: float) -> int:
                    LmdbTierConfig(path=f"{tmp}/lmdb", capacity="256MiB")]))  # the default policy
         registry = CollectorRegistry()
         exporter = StoreExporter(store.stats, {"tp_rank": 0}, frozenset(), registry,
-                                 policy_name(store.policy)).start()
+                                 store.policy.name).start()
         store.observe_latency = exporter.observe_tier(store)
         sglang_port = free_port()
         http, _ = start_http_server(sglang_port, addr="127.0.0.1", registry=registry)

@@ -117,6 +117,8 @@ class AdaptivePolicy(PlacementPolicy):
         config: the ``policy`` section of the store config (``pins`` is used).
     """
 
+    name = "adaptive"
+
     def __init__(self, capacities: Sequence[int | None], config: PolicyConfig | None = None):
         if not capacities:
             raise ValueError("AdaptivePolicy needs at least one tier")

@@ -44,3 +44,7 @@ class Counters:
         """A consistent copy of every counter."""
         with self._lock:
             return dict(self._values)
+
+
+# The mover's counters, the same for both movers (``mover``, ``inline_mover``).
+MOVER_COUNTERS = ("submitted", "completed", "dropped", "failed", "waits", "timeouts")

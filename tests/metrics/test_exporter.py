@@ -117,7 +117,6 @@ def test_tier_calls_are_timed_only_with_metrics_on(tmp_path: Path) -> None:
 def test_admission_refusals_are_counted_per_policy_and_tier(tmp_path: Path) -> None:
     # A heat policy that admits nothing cold to the slower tier: 5 fresh pages, 5 refusals there.
     from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, PolicyConfig, StoreConfig
-    from mooncake_sgl.metrics.attach import policy_name
     from mooncake_sgl.store import build_store
 
     cfg = StoreConfig(tiers=[HostTierConfig(capacity=8 * PAGE, slot_size=PAGE, pin_memory=False),
@@ -126,7 +125,7 @@ def test_admission_refusals_are_counted_per_policy_and_tier(tmp_path: Path) -> N
     store = build_store(cfg)
     try:
         registry = CollectorRegistry()
-        exporter = StoreExporter(store.stats, RANK, registry=registry, policy=policy_name(store.policy))
+        exporter = StoreExporter(store.stats, RANK, registry=registry, policy=store.policy.name)
         write(store, range(5))
         exporter.sync()
         text = scrape_registry(registry)
@@ -179,7 +178,7 @@ def test_a_page_failing_its_checksum_shows_in_the_corrupt_page_series(tmp_path: 
 
     db = tmp_path / "db"
     s = TieredStore([LmdbTier(LmdbTierConfig(path=str(db), capacity="64MiB"))], LruPolicy(1),
-                    placement="inline")
+                    mover="inline")
     write(s, range(1))
     s.close()
     raw = bytearray((db / "pages.bin").read_bytes())
@@ -187,7 +186,7 @@ def test_a_page_failing_its_checksum_shows_in_the_corrupt_page_series(tmp_path: 
     raw[at + PAGE // 2] ^= 0x01
     (db / "pages.bin").write_bytes(bytes(raw))
     s = TieredStore([LmdbTier(LmdbTierConfig(path=str(db), capacity="64MiB"))], LruPolicy(1),
-                    placement="inline")
+                    mover="inline")
     try:
         registry = CollectorRegistry()
         exporter = StoreExporter(s.stats, RANK, registry=registry)
