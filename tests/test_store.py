@@ -98,9 +98,9 @@ class WriteBackLru(LruPolicy):
         return [tier == 0] * len(keys)
 
 
-@pytest.mark.parametrize("placement", ["background", "inline"])
-def test_victims_not_yet_in_the_slower_tier_are_demoted_not_lost(tmp_path: Path, placement: str) -> None:
-    s = TieredStore([host(4), lmdb(tmp_path / "db")], WriteBackLru(2), mover=placement)
+@pytest.mark.parametrize("mover", ["background", "inline"])
+def test_victims_not_yet_in_the_slower_tier_are_demoted_not_lost(tmp_path: Path, mover: str) -> None:
+    s = TieredStore([host(4), lmdb(tmp_path / "db")], WriteBackLru(2), mover=mover)
     try:
         pages = put(s, range(9))
         assert s.wait_idle()
@@ -186,10 +186,10 @@ def test_build_store_from_config(tmp_path: Path) -> None:
         s.close()
 
 
-@pytest.mark.parametrize("placement", ["background", "inline"])
+@pytest.mark.parametrize("mover", ["background", "inline"])
 def test_a_batch_larger_than_dram_is_stored_even_where_the_policy_did_not_admit(tmp_path: Path,
-                                                                                placement: str) -> None:
-    s = TieredStore([host(4), lmdb(tmp_path / "db")], WriteBackLru(2), mover=placement)
+                                                                                mover: str) -> None:
+    s = TieredStore([host(4), lmdb(tmp_path / "db")], WriteBackLru(2), mover=mover)
     try:
         pages = put(s, range(6), batch=6)  # asserts every put was acknowledged
         assert s.wait_idle()

@@ -188,13 +188,13 @@ def test_the_lookup_buffer_drops_the_oldest_lookups_instead_of_blocking() -> Non
     policy = LruPolicy(1)
     seen: list[PageKey] = []
     policy.on_lookup = lambda keys, tiers, parent=None: seen.extend(keys)  # type: ignore[method-assign]
-    placement = Residency(policy, [True], clock=lambda: 0.0)
+    residency = Residency(policy, [True], clock=lambda: 0.0)
     for i in range(LOOKUP_BUFFER + 10):
-        placement.record_lookup([key(i)], [None], None)
+        residency.record_lookup([key(i)], [None], None)
     assert seen == []  # recorded, not applied
-    placement.maintain()
+    residency.maintain()
     assert seen == [key(i) for i in range(10, LOOKUP_BUFFER + 10)]
-    assert placement.counters["lookups_dropped"] == 10
+    assert residency.counters["lookups_dropped"] == 10
 
 
 def test_counters_lose_no_increments_across_threads() -> None:
