@@ -12,6 +12,7 @@ Primitives, one line each:
 - ``PutResult``      a ``put_from`` answer that also says which pages the tier already held.
 - ``PlacementPolicy`` pure, event-fed object deciding admission, victims, promotion and demotion;
                      never moves bytes, reads no clock, takes no tier lock.
+- ``ExpertStanding`` one expert of an adaptive policy's tier: leading or not, its shadow's hit ratio.
 - ``STATS_SHAPE``    the nesting of ``TieredStore.stats()`` (one namespace per source of counts).
 
 Tier indices are positions in the store's speed order: 0 is the fastest tier.
@@ -43,6 +44,8 @@ def page_nbytes(page: PageView) -> int:
 #               promotions_dropped},
 #    "mover":  {background (0/1), submitted, completed, dropped, failed, waits, timeouts},
 #    "policy": {...}  the policy's own ``stats()``,
+#    "experts": {<tier name>: {"leader_switches": n, "experts": {<expert>: {"lead": 0/1,
+#                "shadow_hit_ratio": r}}}}  from ``PlacementPolicy.standings()`` (adaptive only),
 #    "tiers":  {<unique tier name, e.g. "host", "lmdb", "host.1" for a second host tier>: {
 #        "usage": {capacity_bytes, used_bytes, holdable_bytes, pages}  (or {"error": "..."} for a
 #                  dead tier),
@@ -53,7 +56,18 @@ def page_nbytes(page: PageView) -> int:
 #                  evictions, eviction_aborts (victims whose removal failed), room_refused,
 #                  lost (pages gone without an eviction)}  counted by the store for this tier,
 #        "tier":  {...}  the tier's own ``stats()``}}}
-STATS_SHAPE = ("store", "mover", "policy", "tiers")
+STATS_SHAPE = ("store", "mover", "policy", "experts", "tiers")
+
+
+@dataclass(frozen=True)
+class ExpertStanding:
+    """One expert (``lru``, ``arc``, ...) of an adaptive policy in one tier."""
+
+    tier: int
+    expert: str
+    leading: bool  # its ranking chooses the tier's victims now
+    shadow_hit_ratio: float  # prefix hit ratio of its sampled shadow cache
+    leader_switches: int  # changes of the tier's leader so far (the same for every expert of it)
 
 
 class TierKind(enum.Enum):
@@ -264,6 +278,10 @@ class PlacementPolicy(ABC):
 
     def tick(self, now: float) -> None:
         """Logical time advanced to ``now`` (seconds); drives decay and pin expiry."""
+
+    def standings(self) -> list[ExpertStanding]:
+        """The experts an adaptive policy chooses among, per tier; empty for any other policy."""
+        return []
 
     def stats(self) -> dict[str, float]:
         return {}

@@ -197,3 +197,15 @@ def test_a_batch_larger_than_dram_is_stored_even_where_the_policy_did_not_admit(
         assert read(s, pages) == [True] * 6
     finally:
         s.close()
+
+
+def test_the_per_tier_counts_of_the_store_s_parts_never_share_a_name() -> None:
+    # A tier's "store" entry merges the request paths', the placer's and the promoter's counts;
+    # a shared name would silently overwrite one of them.
+    from dataclasses import fields
+
+    from mooncake_sgl.store.stats import TierPlacementStats, TierPromotionStats, TierReadStats
+
+    names = [f.name for shape in (TierReadStats, TierPlacementStats, TierPromotionStats)
+             for f in fields(shape)]
+    assert len(names) == len(set(names))

@@ -17,9 +17,11 @@ Threading: SGLang calls from its prefetch, prefetch-IO, backup and scheduler thr
 store is thread-safe; the state here is the metrics lists (under a lock), the pool binding, set at
 attach before IO starts, and the sidecar pool objects, built once per pool under ``_pools_lock``.
 
-Error boundary: every public method catches ``Exception`` and answers a miss (``False``, ``0``,
-``[False] * n``, or ``None`` for one legacy page), logging at most one line per method per
-``_LOG_INTERVAL_S``. A ``None`` where a list is expected would kill SGLang's storage thread.
+Error boundary: a tier's failure is already a miss inside the store (``store.tier_calls``); as a
+last resort for what the store itself raises, every public method catches ``Exception`` and answers
+a miss (``False``, ``0``, ``[False] * n``, or ``None`` for one legacy page), logging through the
+same ``failure_log.FailureLog`` (one line per method per interval). A ``None`` where a list is
+expected would kill SGLang's storage thread.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Files, one class each, top to bottom (each calls only those below it):
 - ``tier_calls``    ``TierCalls``: every call into a tier; the store's one error boundary (a tier's
                     failure is a miss, logged through the rate-limited ``failure_log.FailureLog``).
 - ``staging``       ``Staging``: reusable buffers for pages the store moves itself.
-- ``counters``      ``Counters``: thread-safe named counts, one set per owner.
+- ``stats``         the typed stats shapes, one per component that counts (``tally.Tally`` of each).
 
 A read: ``exists_prefix`` → ``TierCalls.locate`` (contains, fastest tier first) → the lookup is
 buffered in ``Residency`` for the policy. ``get_into`` → ``TierCalls.call(get)`` tier by tier on the

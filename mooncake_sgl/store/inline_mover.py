@@ -11,7 +11,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .counters import MOVER_COUNTERS, Counters
+from ..tally import Tally
+from .stats import MoverStats
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ class InlineMover:
     background = False
 
     def __init__(self) -> None:
-        self.counters = Counters(MOVER_COUNTERS)
+        self.counters = Tally(MoverStats)
 
     def submit(self, fn: Callable[..., Any], *args: Any, urgent: bool = False) -> bool:
         self.counters.add(submitted=1)

@@ -28,7 +28,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from .counters import MOVER_COUNTERS, Counters
+from ..tally import Tally
+from .stats import MoverStats
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class BackgroundMover:
     background = True
 
     def __init__(self, name: str = "mooncake-sgl-mover", capacity: int = QUEUE_TASKS) -> None:
-        self.counters = Counters(MOVER_COUNTERS)
+        self.counters = Tally(MoverStats)
         self._capacity = capacity
         self._cond = threading.Condition()
         self._urgent: deque[tuple[Callable[..., Any], tuple, Future | None]] = deque()

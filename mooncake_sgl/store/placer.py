@@ -23,11 +23,12 @@ import functools
 from collections.abc import Sequence
 
 from ..api import PageKey, PageView, page_nbytes
-from .counters import Counters
+from ..tally import Tally
 from .inline_mover import InlineMover
 from .mover import BackgroundMover
 from .residency import Residency
 from .staging import Staging
+from .stats import TierPlacementStats
 from .tier_calls import TierCalls
 
 # Arbitrary: share of each managed tier the mover keeps free after writes (at least two of the
@@ -39,9 +40,6 @@ ROOM_WAIT = 5.0
 # Arbitrary: how many times a tier's put is retried after making more room, when its real
 # footprint turned out larger than estimated (LMDB page overhead, fragmentation).
 MAX_ROOM_ROUNDS = 3
-
-PLACER_COUNTERS = ("writes", "bytes_written", "write_failures", "demotions", "demotion_failures",
-                   "evictions", "eviction_aborts", "room_refused")
 
 
 class Placer:
@@ -63,7 +61,7 @@ class Placer:
         self._staging = staging
         self._room_wait = room_wait
         n = len(calls)
-        self.counters = [Counters(PLACER_COUNTERS) for _ in range(n)]
+        self.counters = [Tally(TierPlacementStats) for _ in range(n)]
         # Coalescing flags: at most one queued headroom task per tier. Plain bools: a lost race
         # queues one extra harmless task.
         self._headroom_queued = [False] * n

@@ -10,12 +10,13 @@ held on the record while they move, so the room made for them never evicts them.
 from __future__ import annotations
 
 from ..api import PageKey, PageView
-from .counters import Counters
+from ..tally import Tally
 from .inline_mover import InlineMover
 from .mover import BackgroundMover
 from .placer import Placer
 from .residency import Residency
 from .staging import Staging
+from .stats import TierPromotionStats
 from .tier_calls import TierCalls
 
 
@@ -32,7 +33,7 @@ class Promoter:
         self._placer = placer
         self._mover = mover
         self._staging = staging
-        self.counters = [Counters(("promotions",)) for _ in range(len(calls))]
+        self.counters = [Tally(TierPromotionStats) for _ in range(len(calls))]
 
     def promote(self, keys: list[PageKey], found: list[int], pages: list[PageView] | None,
                 hold: list[PageKey]) -> None:

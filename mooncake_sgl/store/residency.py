@@ -37,18 +37,15 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-from ..api import PageKey, PlacementPolicy
-from .counters import Counters
+from ..api import ExpertStanding, PageKey, PlacementPolicy
+from ..tally import Tally
+from .stats import ResidencyStats
 
 # Arbitrary: lookups buffered between maintenance runs. SGLang looks up once per prefetch, so this
 # is far more than arrive between two writes; it only bounds memory when writes stop.
 LOOKUP_BUFFER = 4096
 # Buffered lookups that make the store ask the mover for a maintenance run (coalesced). Arbitrary.
 DRAIN_AT = LOOKUP_BUFFER // 4
-
-RESIDENCY_COUNTERS = ("lookups_recorded", "lookups_dropped", "maintenance_runs", "evictions_prepared",
-                      "evictions_committed", "evictions_aborted")
-
 
 class Residency:
     """Residency of the managed tiers and the policy behind it (see the module docstring).
@@ -70,7 +67,7 @@ class Residency:
         self._holds: dict[PageKey, int] = {}
         self._lookups: deque[tuple[float, Sequence[PageKey], list[int | None], PageKey | None]] = \
             deque(maxlen=LOOKUP_BUFFER)
-        self.counters = Counters(RESIDENCY_COUNTERS)
+        self.counters = Tally(ResidencyStats)
 
     # ------------------------------------------------------------------ lookups
 
@@ -231,6 +228,7 @@ class Residency:
         with self._lock:
             return [self.policy.is_pinned(k) for k in keys]
 
-    def policy_stats(self) -> dict[str, float]:
+    def policy_stats(self) -> tuple[dict[str, float], list[ExpertStanding]]:
+        """The policy's own counters and its experts' standings, read together."""
         with self._lock:
-            return self.policy.stats()
+            return self.policy.stats(), self.policy.standings()

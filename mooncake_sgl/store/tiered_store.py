@@ -35,20 +35,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
 from ..api import PageKey, PageView, PlacementPolicy, Tier, page_nbytes
-from .counters import Counters
+from ..tally import Tally
 from .inline_mover import InlineMover
 from .mover import BackgroundMover
 from .placer import ROOM_WAIT, Placer
 from .promoter import Promoter
 from .residency import DRAIN_AT, Residency
 from .staging import Staging
+from .stats import LookupStats, TierReadStats
 from .tier_calls import TierCalls
 
 logger = logging.getLogger(__name__)
 
-# What the request paths count per tier; the placer and the promoter count their own moves.
-READ_COUNTERS = ("hits", "misses", "bytes_read", "lookup_hits", "admission_refused", "lost")
-STORE_COUNTERS = ("lookups", "lookup_pages", "lookup_hit_pages", "promotions_dropped")
 MOVERS = ("background", "inline")
 
 
@@ -81,8 +79,9 @@ class TieredStore:
         staging = staging or Staging()
         self._placer = Placer(calls, self._residency, self._mover, staging, room_wait)
         self._promoter = Promoter(calls, self._residency, self._placer, self._mover, staging)
-        self._counters = Counters(STORE_COUNTERS)
-        self._read_counters = [Counters(READ_COUNTERS) for _ in self.tiers]
+        self._counters = Tally(LookupStats)
+        # Per tier, what the request paths count; the placer and the promoter count their own moves.
+        self._read_counters = [Tally(TierReadStats) for _ in self.tiers]
         shared = [t for t, tier in enumerate(self.tiers) if tier.capabilities.shared]
         self._shared = frozenset(shared if mover == "background" else ())
         self._shared_writer = ThreadPoolExecutor(len(shared), "mooncake-sgl-shared-put") \
@@ -299,12 +298,18 @@ class TieredStore:
                 own = tier.stats()
             except Exception as e:
                 own = {"error": str(e)}
-            moved = {**self._read_counters[t].snapshot(), **self._placer.counters[t].snapshot(),
-                     **self._promoter.counters[t].snapshot()}
+            moved = {**self._read_counters[t].as_dict(), **self._placer.counters[t].as_dict(),
+                     **self._promoter.counters[t].as_dict()}
             tiers[name] = {"usage": usage, "store": moved, "tier": own}
-        return {"store": {**self._counters.snapshot(), **self._residency.counters.snapshot()},
-                "mover": {"background": int(self._mover.background), **self._mover.counters.snapshot()},
-                "policy": self._residency.policy_stats(), "tiers": tiers}
+        policy, standings = self._residency.policy_stats()
+        experts: dict[str, Any] = {}
+        for s in standings:
+            entry = experts.setdefault(self.names[s.tier], {"leader_switches": s.leader_switches,
+                                                            "experts": {}})
+            entry["experts"][s.expert] = {"lead": int(s.leading), "shadow_hit_ratio": s.shadow_hit_ratio}
+        return {"store": {**self._counters.as_dict(), **self._residency.counters.as_dict()},
+                "mover": {"background": int(self._mover.background), **self._mover.counters.as_dict()},
+                "policy": policy, "experts": experts, "tiers": tiers}
 
     # ------------------------------------------------------------------ internals
 

@@ -230,12 +230,13 @@ def test_the_adaptive_policy_shows_its_leader_and_shadows_per_tier(tmp_path: Pat
 
 def test_changes_of_leader_count_once_each(tmp_path: Path) -> None:
     stats = {"tiers": {"host": {}, "lmdb": {}},
-             "policy": {"tier0_leader_switches": 2.0, "tier0_lead_arc": 1.0, "tier0_lead_lru": 0.0}}
+             "experts": {"host": {"leader_switches": 2, "experts": {
+                 "arc": {"lead": 1, "shadow_hit_ratio": 0.5}, "lru": {"lead": 0, "shadow_hit_ratio": 0.4}}}}}
     registry = CollectorRegistry()
     exporter = StoreExporter(lambda: stats, RANK, registry=registry)
     exporter.sync()
     exporter.sync()  # nothing new
-    stats["policy"] = {**stats["policy"], "tier0_leader_switches": 5.0}
+    stats["experts"]["host"]["leader_switches"] = 5
     exporter.sync()
     text = scrape_registry(registry)
     assert _samples(text, "mooncake_sgl_policy_leader_changes_total") == {("host",): 5.0}
