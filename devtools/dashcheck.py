@@ -80,7 +80,6 @@ def check(prometheus: str, dashboard_path: Path, seconds: float) -> int:
     from prometheus_client import CollectorRegistry, start_http_server
 
     from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, PoolTierConfig, StoreConfig
-    from mooncake_sgl.metrics.attach import policy_name
     from mooncake_sgl.metrics.exporter import StoreExporter
     from mooncake_sgl.pool.config import PoolServerConfig
     from mooncake_sgl.pool.server import PoolServer
@@ -99,7 +98,7 @@ def check(prometheus: str, dashboard_path: Path, seconds: float) -> int:
                    LmdbTierConfig(path=f"{tmp}/lmdb", capacity="256MiB")]))  # the default policy
         registry = CollectorRegistry()
         exporter = StoreExporter(store.stats, {"tp_rank": 0}, frozenset(), registry,
-                                 policy_name(store.policy)).start()
+                                 store.policy.name).start()
         store.observe_latency = exporter.observe_tier(store)
         sglang_port = free_port()
         http, _ = start_http_server(sglang_port, addr="127.0.0.1", registry=registry)

@@ -42,7 +42,7 @@ def _store(setup: str, path: Path, page: int, batch: int):  # noqa: ANN202 (Tier
     tiers = [HostTier(HostTierConfig(capacity=2 * batch * page, slot_size=page, pin_memory=False))]
     if setup == "host+lmdb":
         tiers.append(LmdbTier(LmdbTierConfig(path=str(path), capacity=max(64 << 20, 8 * batch * page))))
-    return TieredStore(tiers, LruPolicy(len(tiers)), placement="inline")
+    return TieredStore(tiers, LruPolicy(len(tiers)), mover="inline")
 
 
 def _pages(batch: int, page: int, fill: int) -> list[list[memoryview]]:

@@ -12,6 +12,7 @@ Primitives, one line each:
 - ``PutResult``      a ``put_from`` answer that also says which pages the tier already held.
 - ``PlacementPolicy`` pure, event-fed object deciding admission, victims, promotion and demotion;
                      never moves bytes, reads no clock, takes no tier lock.
+- ``ExpertStanding`` one expert of an adaptive policy's tier: leading or not, its shadow's hit ratio.
 - ``STATS_SHAPE``    the nesting of ``TieredStore.stats()`` (one namespace per source of counts).
 
 Tier indices are positions in the store's speed order: 0 is the fastest tier.
@@ -43,6 +44,8 @@ def page_nbytes(page: PageView) -> int:
 #               promotions_dropped},
 #    "mover":  {background (0/1), submitted, completed, dropped, failed, waits, timeouts},
 #    "policy": {...}  the policy's own ``stats()``,
+#    "experts": {<tier name>: {"leader_switches": n, "experts": {<expert>: {"lead": 0/1,
+#                "shadow_hit_ratio": r}}}}  from ``PlacementPolicy.standings()`` (adaptive only),
 #    "tiers":  {<unique tier name, e.g. "host", "lmdb", "host.1" for a second host tier>: {
 #        "usage": {capacity_bytes, used_bytes, holdable_bytes, pages}  (or {"error": "..."} for a
 #                  dead tier),
@@ -53,7 +56,18 @@ def page_nbytes(page: PageView) -> int:
 #                  evictions, eviction_aborts (victims whose removal failed), room_refused,
 #                  lost (pages gone without an eviction)}  counted by the store for this tier,
 #        "tier":  {...}  the tier's own ``stats()``}}}
-STATS_SHAPE = ("store", "mover", "policy", "tiers")
+STATS_SHAPE = ("store", "mover", "policy", "experts", "tiers")
+
+
+@dataclass(frozen=True)
+class ExpertStanding:
+    """One expert (``lru``, ``arc``, ...) of an adaptive policy in one tier."""
+
+    tier: int
+    expert: str
+    leading: bool  # its ranking chooses the tier's victims now
+    shadow_hit_ratio: float  # prefix hit ratio of its sampled shadow cache
+    leader_switches: int  # changes of the tier's leader so far (the same for every expert of it)
 
 
 class TierKind(enum.Enum):
@@ -199,12 +213,19 @@ class PlacementPolicy(ABC):
     ``tick`` times and in arrival order, before any decision (``admit``, ``victims``,
     ``promotion_target``); under a flood of lookups the oldest buffered ones may be dropped.
     Inserts and removals arrive when they are committed, so the policy's view of a tier is the
-    store's. ``victims`` starts an eviction: the store then reports ``on_remove`` for the victims
-    it removed and ``on_evict_aborted`` for those it could not.
+    store's record (``store.residency``); the policy keeps the ordering state its decisions need.
+    ``victims`` starts an eviction and forgets the victims at once, in every policy: the store
+    never reports ``on_remove`` for them, and hands back those it could not remove through
+    ``on_evict_aborted``.
+
+    ``name`` is the policy's name as the config's ``policy.name`` spells it (``lru``, ``heat``,
+    ``adaptive``; the simulator's references ``arc``, ``lirs``, ``lfuda``): metrics label by it.
 
     A *chain* is a run of keys in prefix order: ``keys[i]`` is only useful when ``keys[:i]`` are.
     ``parent`` is the key before ``keys[0]`` in its chain, or ``None`` at the root.
     """
+
+    name: str
 
     @abstractmethod
     def on_lookup(self, keys: Sequence[PageKey], tiers: Sequence[int | None],
@@ -228,8 +249,10 @@ class PlacementPolicy(ABC):
     @abstractmethod
     def victims(self, tier: int, nbytes: int, protected: frozenset[PageKey] = frozenset()
                 ) -> list[PageKey] | None:
-        """Pages of ``tier`` to evict to free at least ``nbytes``, never one in ``protected``.
-        ``None`` if that much cannot be freed; then no state changes."""
+        """Pages of ``tier`` to evict to free at least ``nbytes``, never one in ``protected`` (the
+        pages the store holds for a move in flight). The returned pages are forgotten at once (a
+        later ``victims`` never names them again). ``None`` if that much cannot be freed; then no
+        state changes."""
 
     @abstractmethod
     def promotion_target(self, key: PageKey, found_tier: int) -> int | None:
@@ -255,6 +278,10 @@ class PlacementPolicy(ABC):
 
     def tick(self, now: float) -> None:
         """Logical time advanced to ``now`` (seconds); drives decay and pin expiry."""
+
+    def standings(self) -> list[ExpertStanding]:
+        """The experts an adaptive policy chooses among, per tier; empty for any other policy."""
+        return []
 
     def stats(self) -> dict[str, float]:
         return {}

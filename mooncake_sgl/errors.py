@@ -10,7 +10,11 @@ are for a component that is broken, closed or misconfigured as a whole.
     └── ProtocolError          a malformed, truncated, oversized or wrong-version frame
         └── AuthError          wrong or missing shared secret
 
-The SGLang adapter (``hicache/``) is the one boundary where every one of these becomes a miss.
+Where they become misses: a tier's error (any exception from a tier call) becomes a miss in one
+place, ``store.tier_calls.TierCalls``, so nothing above the store's tier calls sees one. The SGLang
+adapter (``hicache/backend.py``) turns what the store itself raises (bad arguments, a bug) into a
+miss as a last resort, since SGLang's storage threads must never see an exception. Both log through
+``failure_log.FailureLog``: one WARNING per operation per interval, with the count held back.
 """
 
 from __future__ import annotations

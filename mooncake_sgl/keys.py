@@ -108,3 +108,9 @@ def page_hash_part(page_hash: str) -> bytes:
         except ValueError:
             pass
     return _TEXT_HASH + page_hash.encode()
+
+
+def hash_part_of(key: PageKey) -> bytes:
+    """The ``page_hash_part`` a page key was built from (the namespace digest stripped): the one
+    place besides ``page_key`` that knows the key layout."""
+    return key[NAMESPACE_DIGEST_BYTES:]

@@ -64,7 +64,7 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
              LmdbTier(LmdbTierConfig(path=str(workdir / mode), capacity=lmdb_cap, sync=False))]
     config = PolicyConfig(name="heat", admission_min_hits=15, admission_min_reuse=1.0, demotion_min_hits=1,
                           promotion_min_hits=1)
-    store = TieredStore(tiers, policy_for_capacities(config, [host_cap, lmdb_cap]), placement=mode)
+    store = TieredStore(tiers, policy_for_capacities(config, [host_cap, lmdb_cap]), mover=mode)
     src = [page(s, nbytes) for s in range(64)]
     try:
         # Prefill: every document written once and looked up once (so its pages are warm), then

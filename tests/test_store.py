@@ -30,7 +30,7 @@ def lmdb(path: Path) -> LmdbTier:
 
 @pytest.fixture(params=["background", "inline"])
 def store(request, tmp_path: Path):
-    s = TieredStore([host(4), lmdb(tmp_path / "db")], LruPolicy(2), placement=request.param)
+    s = TieredStore([host(4), lmdb(tmp_path / "db")], LruPolicy(2), mover=request.param)
     yield s
     s.close()
 
@@ -98,9 +98,9 @@ class WriteBackLru(LruPolicy):
         return [tier == 0] * len(keys)
 
 
-@pytest.mark.parametrize("placement", ["background", "inline"])
-def test_victims_not_yet_in_the_slower_tier_are_demoted_not_lost(tmp_path: Path, placement: str) -> None:
-    s = TieredStore([host(4), lmdb(tmp_path / "db")], WriteBackLru(2), placement=placement)
+@pytest.mark.parametrize("mover", ["background", "inline"])
+def test_victims_not_yet_in_the_slower_tier_are_demoted_not_lost(tmp_path: Path, mover: str) -> None:
+    s = TieredStore([host(4), lmdb(tmp_path / "db")], WriteBackLru(2), mover=mover)
     try:
         pages = put(s, range(9))
         assert s.wait_idle()
@@ -186,10 +186,10 @@ def test_build_store_from_config(tmp_path: Path) -> None:
         s.close()
 
 
-@pytest.mark.parametrize("placement", ["background", "inline"])
+@pytest.mark.parametrize("mover", ["background", "inline"])
 def test_a_batch_larger_than_dram_is_stored_even_where_the_policy_did_not_admit(tmp_path: Path,
-                                                                                placement: str) -> None:
-    s = TieredStore([host(4), lmdb(tmp_path / "db")], WriteBackLru(2), placement=placement)
+                                                                                mover: str) -> None:
+    s = TieredStore([host(4), lmdb(tmp_path / "db")], WriteBackLru(2), mover=mover)
     try:
         pages = put(s, range(6), batch=6)  # asserts every put was acknowledged
         assert s.wait_idle()
@@ -197,3 +197,15 @@ def test_a_batch_larger_than_dram_is_stored_even_where_the_policy_did_not_admit(
         assert read(s, pages) == [True] * 6
     finally:
         s.close()
+
+
+def test_the_per_tier_counts_of_the_store_s_parts_never_share_a_name() -> None:
+    # A tier's "store" entry merges the request paths', the placer's and the promoter's counts;
+    # a shared name would silently overwrite one of them.
+    from dataclasses import fields
+
+    from mooncake_sgl.store.stats import TierPlacementStats, TierPromotionStats, TierReadStats
+
+    names = [f.name for shape in (TierReadStats, TierPlacementStats, TierPromotionStats)
+             for f in fields(shape)]
+    assert len(names) == len(set(names))

@@ -1,5 +1,5 @@
 """Fault injection at the store seam: real tiers (two host DRAM tiers over LMDB files) whose remove,
-put or get fails on demand, in every tier position, under both policies and both placement modes. After the
+put or get fails on demand, in every tier position, under both policies and both movers. After the
 faults stop, the store, the policy and the tiers must agree on which pages each tier holds, and the
 store must take and serve fresh pages again."""
 
@@ -95,13 +95,13 @@ def usable(store: TieredStore, base: int) -> None:
     assert all(same(pages[i], outs[i]) for i in pages)
 
 
-@pytest.mark.parametrize("placement", ["inline", "background"])
-def test_a_full_tier_whose_removes_failed_takes_fresh_pages_once_they_work(placement: str) -> None:
+@pytest.mark.parametrize("mover", ["inline", "background"])
+def test_a_full_tier_whose_removes_failed_takes_fresh_pages_once_they_work(mover: str) -> None:
     # One tier of 8 slots, full; ten removes in a row fail. Victims whose removal failed stay
     # resident and evictable: once removes work, the next 8 fresh pages are all accepted.
     tier = FaultyTier(host(8))
     store = TieredStore([tier], policy_for_capacities(PolicyConfig(name="lru"), [8 * PAGE]),
-                        placement=placement, room_wait=2.0)
+                        mover=mover, room_wait=2.0)
     try:
         for i in range(8):
             assert store.put_from([key(i)], [make_page(i, SEG)]) == [True]
@@ -125,19 +125,19 @@ def test_a_full_tier_whose_removes_failed_takes_fresh_pages_once_they_work(place
 FAULTS = [("remove", "raise"), ("put", "raise"), ("put", "false"), ("get", "raise"), ("get", "false")]
 
 
-@pytest.mark.parametrize("placement", ["inline", "background"])
+@pytest.mark.parametrize("mover", ["inline", "background"])
 @pytest.mark.parametrize("policy", ["lru", "heat", "adaptive"])
 @pytest.mark.parametrize("position", [0, 1, 2])
 @pytest.mark.parametrize("op,how", FAULTS)
 def test_faults_in_any_tier_leave_store_policy_and_tiers_in_agreement(
-        tmp_path: Path, op: str, how: str, position: int, policy: str, placement: str) -> None:
+        tmp_path: Path, op: str, how: str, position: int, policy: str, mover: str) -> None:
     tiers = [FaultyTier(host(4), seed=1), FaultyTier(host(8), seed=2),
              FaultyTier(lmdb(tmp_path / "db"), seed=3)]
     # Small admission thresholds so heat writes, demotes and promotes within a short workload.
     config = (PolicyConfig(name="heat", admission_min_hits=2, demotion_min_hits=1, promotion_min_hits=1)
               if policy == "heat" else PolicyConfig(name=policy))
     pol: PlacementPolicy = policy_for_capacities(config, [4 * PAGE, 8 * PAGE, 64 << 20])
-    store = TieredStore(tiers, pol, placement=placement, room_wait=2.0)
+    store = TieredStore(tiers, pol, mover=mover, room_wait=2.0)
     rng = random.Random(f"{op}{how}{position}{policy}")
     pages = {i: make_page(i, SEG) for i in range(32)}
     try:

@@ -14,9 +14,10 @@ from mooncake_sgl.api import PageKey, PageView, Tier, TierCapabilities
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig
 from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.store import TieredStore
-from mooncake_sgl.store.counters import Counters
 from mooncake_sgl.store.mover import BackgroundMover
-from mooncake_sgl.store.placement import LOOKUP_BUFFER, Placement
+from mooncake_sgl.store.residency import LOOKUP_BUFFER, Residency
+from mooncake_sgl.store.stats import MoverStats
+from mooncake_sgl.tally import Tally
 from mooncake_sgl.tiers.host import HostTier
 from mooncake_sgl.tiers.lmdb import LmdbTier
 from tests.tiers.conformance import empty_like, key, make_page, same
@@ -188,29 +189,29 @@ def test_the_lookup_buffer_drops_the_oldest_lookups_instead_of_blocking() -> Non
     policy = LruPolicy(1)
     seen: list[PageKey] = []
     policy.on_lookup = lambda keys, tiers, parent=None: seen.extend(keys)  # type: ignore[method-assign]
-    placement = Placement(policy, [True], clock=lambda: 0.0)
+    residency = Residency(policy, [True], clock=lambda: 0.0)
     for i in range(LOOKUP_BUFFER + 10):
-        placement.record_lookup([key(i)], [None], None)
+        residency.record_lookup([key(i)], [None], None)
     assert seen == []  # recorded, not applied
-    placement.maintain()
+    residency.maintain()
     assert seen == [key(i) for i in range(10, LOOKUP_BUFFER + 10)]
-    assert placement.counters["lookups_dropped"] == 10
+    assert residency.counters["lookups_dropped"] == 10
 
 
 def test_counters_lose_no_increments_across_threads() -> None:
-    counters = Counters(("a", "b"))
+    counters = Tally(MoverStats)
 
     def bump() -> None:
         for _ in range(20_000):
-            counters.add(a=1, b=2)
+            counters.add(submitted=1, completed=2)
 
     threads = [threading.Thread(target=bump) for _ in range(4)]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
-    assert counters.snapshot() == {"a": 80_000, "b": 160_000}
-    with pytest.raises(KeyError, match="no counter c"):
+    assert counters.snapshot() == MoverStats(submitted=80_000, completed=160_000)
+    with pytest.raises(KeyError, match="MoverStats has no count c"):
         counters.add(c=1)
 
 

@@ -17,9 +17,11 @@ Threading: SGLang calls from its prefetch, prefetch-IO, backup and scheduler thr
 store is thread-safe; the state here is the metrics lists (under a lock), the pool binding, set at
 attach before IO starts, and the sidecar pool objects, built once per pool under ``_pools_lock``.
 
-Error boundary: every public method catches ``Exception`` and answers a miss (``False``, ``0``,
-``[False] * n``, or ``None`` for one legacy page), logging at most one line per method per
-``_LOG_INTERVAL_S``. A ``None`` where a list is expected would kill SGLang's storage thread.
+Error boundary: a tier's failure is already a miss inside the store (``store.tier_calls``); as a
+last resort for what the store itself raises, every public method catches ``Exception`` and answers
+a miss (``False``, ``0``, ``[False] * n``, or ``None`` for one legacy page), logging through the
+same ``failure_log.FailureLog`` (one line per method per interval). A ``None`` where a list is
+expected would kill SGLang's storage thread.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from ..api import PageKey
 from ..builtin_config import wait_for_store_server
 from ..config import tier_kind
 from ..config_sources import resolve_config
+from ..failure_log import FailureLog
 from ..keys import KV_POOL, KeyNamespace, page_key
 from ..metrics.attach import StoreWatch, observe_store
 from ..store import TieredStore, build_store
@@ -57,32 +60,6 @@ except ImportError:  # sglang <= 0.5.5
     from sglang.srt.metrics.collector import StorageMetrics  # type: ignore[no-redef]
 
 logger = logging.getLogger(__name__)
-
-# Arbitrary: one log line per failing method per half minute keeps a dead tier from flooding logs.
-_LOG_INTERVAL_S = 30.0
-
-
-class _RateLimitedLog:
-    """At most one warning per operation name per interval; counts what it swallowed."""
-
-    def __init__(self, interval_s: float = _LOG_INTERVAL_S):
-        self._interval = interval_s
-        self._lock = threading.Lock()
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def report(self, op: str, exc: BaseException) -> None:
-        now = time.monotonic()
-        with self._lock:
-            last = self._last.get(op)
-            if last is not None and now - last < self._interval:
-                self._suppressed[op] = self._suppressed.get(op, 0) + 1
-                return
-            self._last[op] = now
-            suppressed = self._suppressed.pop(op, 0)
-        logger.warning("mooncake_sgl %s failed, answering a miss: %s: %s (%d similar failures since "
-                       "the last report)", op, type(exc).__name__, exc, suppressed)
-
 
 def _count(keys: Any) -> int:
     try:
@@ -168,7 +145,7 @@ class MooncakeSglStorage(HiCacheStorage):
 
     def __init__(self, storage_config: HiCacheStorageConfig, mem_pool_host: Any = None):
         self.storage_config = storage_config
-        self._errors = _RateLimitedLog()
+        self._errors = FailureLog(logger)
         resolved = resolve_config(getattr(storage_config, "extra_config", None), storage_config)
         logger.info("mooncake_sgl: %s", resolved.describe())
         if resolved.check_server_url:  # SGLang's built-in check_server: wait for a store server

@@ -25,11 +25,6 @@ def rank_labels(storage_config: Any) -> dict[str, int]:
     return {k: int(getattr(storage_config, k, 0) or 0) for k in RANK_LABELS}
 
 
-def policy_name(policy: object) -> str:
-    """``HeatPolicy`` -> ``heat``: the name the config's ``policy.name`` uses."""
-    return type(policy).__name__.removesuffix("Policy").lower()
-
-
 class StoreWatch:
     """The exporter (``--enable-metrics`` only) and counter file (with an LMDB tier) of one store."""
 
@@ -74,7 +69,7 @@ def observe_store(store: TieredStore, storage_config: Any, enabled: bool,
     if enabled:
         try:
             exporter = StoreExporter(store.stats, labels, elsewhere,
-                                     policy=policy_name(store.policy)).start()
+                                     policy=store.policy.name).start()
             store.observe_latency = exporter.observe_tier(store)
         except Exception:
             logger.exception("mooncake_sgl: metrics export is off")

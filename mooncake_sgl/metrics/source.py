@@ -7,7 +7,6 @@ series need from those and nothing else.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -68,28 +67,19 @@ def snapshot_of(stats: Mapping[str, Any], rank: str = "", taken_at: float | None
     return Snapshot(samples, time.time() if taken_at is None else taken_at, {rank: counters})
 
 
-# The adaptive policy's per-tier stats: ``tier{i}_lead_{expert}``, ``tier{i}_shadow_{expert}_hit_ratio``
-# and ``tier{i}_leader_switches`` (``policy.adaptive.AdaptivePolicy.stats``).
-_EXPERT_STAT = re.compile(r"^tier(\d+)_(lead|shadow)_(\w+?)(_hit_ratio)?$")
-_SWITCHES = re.compile(r"^tier(\d+)_leader_switches$")
-
-
 def policy_series(stats: Mapping[str, Any]
                   ) -> tuple[dict[tuple[str, str, str], float], dict[str, float]]:
-    """From a store's ``stats()``: ``{(field, tier, expert): value}`` for ``POLICY_GAUGES`` fields and
-    ``{tier: leader switches}``, tiers by name; empty for a policy without experts."""
-    names = list(_section(stats, "tiers"))
-    policy = _section(stats, "policy")
+    """From a store's ``stats()["experts"]`` (the policy's ``standings()``, by tier name):
+    ``{(field, tier, expert): value}`` for ``POLICY_GAUGES`` fields and ``{tier: leader switches}``;
+    empty for a policy without experts. No name is parsed: a renamed expert is a renamed label."""
     gauges: dict[tuple[str, str, str], float] = {}
     switches: dict[str, float] = {}
-    for key, value in policy.items():
-        m = _SWITCHES.match(key)
-        if m and int(m[1]) < len(names):
-            switches[names[int(m[1])]] = float(value)
+    for tier, entry in _section(stats, "experts").items():
+        if not isinstance(entry, Mapping):
             continue
-        m = _EXPERT_STAT.match(key)
-        if m is None or int(m[1]) >= len(names) or (m[2] == "shadow") != bool(m[4]):
-            continue
-        field = "lead" if m[2] == "lead" else "shadow_hit_ratio"
-        gauges[(field, names[int(m[1])], m[3])] = float(value)
+        switches[tier] = float(entry.get("leader_switches", 0.0))
+        for expert, standing in _section(entry, "experts").items():
+            if isinstance(standing, Mapping):
+                gauges[("lead", tier, expert)] = float(standing.get("lead", 0.0))
+                gauges[("shadow_hit_ratio", tier, expert)] = float(standing.get("shadow_hit_ratio", 0.0))
     return gauges, switches

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
-from ..api import PageKey, PlacementPolicy
+from ..api import ExpertStanding, PageKey, PlacementPolicy
 from ..config import PolicyConfig
 from .chains import ChainLinks
 from .experts import EXPERTS, Expert, LruExpert
@@ -116,6 +116,8 @@ class AdaptivePolicy(PlacementPolicy):
             makes room on its own (the store never asks for its victims; nothing is tracked there).
         config: the ``policy`` section of the store config (``pins`` is used).
     """
+
+    name = "adaptive"
 
     def __init__(self, capacities: Sequence[int | None], config: PolicyConfig | None = None):
         if not capacities:
@@ -240,14 +242,20 @@ class AdaptivePolicy(PlacementPolicy):
                 continue
             tour = t.tournament
             out[f"tier{i}_leader"] = float(tour.leader)
-            out[f"tier{i}_leader_switches"] = float(tour.switches)
             out[f"tier{i}_sample_rate"] = tour.rate
             out[f"tier{i}_expert_entries"] = float(sum(e.entries() for e in t.experts))
             out[f"tier{i}_shadow_entries"] = float(tour.entries())
+        return out
+
+    def standings(self) -> list[ExpertStanding]:
+        out = []
+        for i, t in enumerate(self._tiers):
+            tour = t.tournament
+            if tour is None:
+                continue
             for j, s in enumerate(tour.shadows):
-                ratio = s.hits / s.lookups if s.lookups else 0.0
-                out[f"tier{i}_shadow_{s.expert.name}_hit_ratio"] = ratio
-                out[f"tier{i}_lead_{s.expert.name}"] = float(j == tour.leader)
+                out.append(ExpertStanding(i, s.expert.name, j == tour.leader,
+                                          s.hits / s.lookups if s.lookups else 0.0, tour.switches))
         return out
 
     def leader(self, tier: int) -> str | None:

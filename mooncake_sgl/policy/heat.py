@@ -164,6 +164,8 @@ class HeatPolicy(PlacementPolicy):
         config: the ``policy`` section of the store config.
     """
 
+    name = "heat"
+
     def __init__(self, capacities: Sequence[int | None], config: PolicyConfig | None = None):
         if not capacities:
             raise ValueError("HeatPolicy needs at least one tier")

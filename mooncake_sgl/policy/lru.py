@@ -14,6 +14,8 @@ from ..api import PageKey, PlacementPolicy
 
 
 class LruPolicy(PlacementPolicy):
+    name = "lru"
+
     def __init__(self, ntiers: int):
         if ntiers < 1:
             raise ValueError("LruPolicy needs at least one tier")
@@ -58,7 +60,10 @@ class LruPolicy(PlacementPolicy):
                 continue
             chosen.append(key)
             freed += n
-        return chosen if freed >= nbytes else None
+        if freed < nbytes:
+            return None
+        self.on_remove(chosen, tier)  # a victim is forgotten at once, as by every policy
+        return chosen
 
     def promotion_target(self, key: PageKey, found_tier: int) -> int | None:
         return 0 if found_tier > 0 else None

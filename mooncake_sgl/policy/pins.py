@@ -12,10 +12,8 @@ from collections.abc import Sequence
 
 from ..api import PageKey
 from ..config import PinConfig
-from ..keys import NAMESPACE_DIGEST_BYTES, page_hash_part
+from ..keys import hash_part_of, page_hash_part
 
-# Byte offset in a page key where its kind byte and page hash start (see ``keys.page_key``).
-_HASH_OFFSET = NAMESPACE_DIGEST_BYTES
 # TTL assumed for the sweep schedule when no pin is configured (seconds). Arbitrary.
 _DEFAULT_TTL = 60.0
 
@@ -54,7 +52,7 @@ class Pins:
         if not self._roots or not keys:
             return
         if parent is None:
-            ttl = self._roots.get(keys[0][_HASH_OFFSET:])
+            ttl = self._roots.get(hash_part_of(keys[0]))
         else:
             ttl = self._until[parent] - self._now if self.is_pinned(parent) else None
         if ttl is not None:

@@ -114,6 +114,7 @@ class _ExpertPolicy(PlacementPolicy):
 class ArcPolicy(_ExpertPolicy):
     """ARC per tier."""
 
+    name = "arc"
     expert = ArcExpert
 
     def stats(self) -> dict[str, float]:
@@ -125,6 +126,7 @@ class LirsPolicy(_ExpertPolicy):
     small queue of resident HIR pages, whose non-resident ghosts in the stack turn LIR when they return
     sooner than the oldest LIR page was last used."""
 
+    name = "lirs"
     expert = LirsExpert
 
 
@@ -132,6 +134,7 @@ class LfuDaPolicy(_ExpertPolicy):
     """LFU with dynamic aging per tier: priority = L + references while resident, where L rises to
     each victim's priority, so pages that were popular long ago age out."""
 
+    name = "lfuda"
     expert = LfuDaExpert
 
 

@@ -7,7 +7,7 @@ Per request (a prompt's chain of pages, arriving at ``t``), the calls SGLang mak
 2. ``get_into`` of that run (pages found in a slower tier may be promoted);
 3. ``put_from`` of the pages after the run, with ``parent`` = the last hit page.
 
-The store runs with ``placement="inline"`` (placement work on the calling thread, so a replay is
+The store runs with ``mover="inline"`` (placement work on the calling thread, so a replay is
 deterministic) and with the trace's time as its clock. Nothing is re-implemented here: admission,
 eviction, demotion and promotion are the store's.
 """
@@ -74,7 +74,7 @@ class Simulator:
         self._now = 0.0
         self._page = sized_page(page_bytes)
         self.store = TieredStore([SizeTier(f"t{i}", c) for i, c in enumerate(self.caps)], policy,
-                                 placement="inline", clock=self._clock, staging=SizeStaging())
+                                 mover="inline", clock=self._clock, staging=SizeStaging())
 
     def _clock(self) -> float:
         return self._now

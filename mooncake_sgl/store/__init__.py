@@ -1,19 +1,38 @@
 """The tiered page store: ``TieredStore`` and ``build_store``.
 
-- ``core``       ``TieredStore``: request paths (lookup, cascade read, write with admission) and stats.
-- ``placement``  ``Placement``: the one owner of residency, the lookup buffer, every policy call,
-                 two-phase eviction (prepare → commit/abort).
-- ``moves``      the placement I/O: two-phase eviction with demotion, promotion, headroom.
-- ``mover``      where placement I/O runs: a bounded background thread, or inline.
-- ``staging``    reusable buffers for pages the store moves between tiers itself.
-- ``counters``   thread-safe counters, one set per source.
+Files, one class each, top to bottom (each calls only those below it):
+
+- ``tiered_store``  ``TieredStore``: the request paths (lookup, cascade read, write with admission),
+                    remove/clear, and stats gathered from the parts below.
+- ``promoter``      ``Promoter``: pages a read found in a slower tier, copied up.
+- ``placer``        ``Placer``: a write into one tier with room made first (two-phase eviction
+                    with demotion, which is a write of the placer into a slower tier), headroom.
+- ``mover``         ``BackgroundMover``: the bounded background thread placement work runs on.
+- ``inline_mover``  ``InlineMover``: the same interface on the caller's thread (simulator).
+- ``residency``     ``Residency``: the one record of which managed tier holds which page (with
+                    per-page holds in place of "protected" sets), the lookup buffer, every policy call.
+- ``tier_calls``    ``TierCalls``: every call into a tier; the store's one error boundary (a tier's
+                    failure is a miss, logged through the rate-limited ``failure_log.FailureLog``).
+- ``staging``       ``Staging``: reusable buffers for pages the store moves itself.
+- ``stats``         the typed stats shapes, one per component that counts (``tally.Tally`` of each).
+
+A read: ``exists_prefix`` → ``TierCalls.locate`` (contains, fastest tier first) → the lookup is
+buffered in ``Residency`` for the policy. ``get_into`` → ``TierCalls.call(get)`` tier by tier on the
+keys still missing → pages found below tier 0 → ``Promoter.promote`` (on the mover, or inline) →
+``Residency.promotion_targets`` → ``Placer.write`` into the faster tier.
+
+A write: ``put_from`` holds its keys on ``Residency`` → ``Residency.admit`` (per tier) →
+``Placer.write`` per admitting tier (shared tiers in parallel) → room: ``Residency.prepare_evict``
+(the policy names victims) → victims copied to their demotion tier by ``Placer.write`` there → removed
+→ ``commit_evict`` / ``abort_evict`` → ``TierCalls.call(put)`` → ``Residency.inserted`` (the
+policy hears of it) → headroom kept later on the mover.
 """
 
 from __future__ import annotations
 
 from ..api import Tier
 from ..config import StoreConfig
-from .core import TieredStore
+from .tiered_store import TieredStore
 
 __all__ = ["TieredStore", "build_store"]
 

@@ -1,6 +1,7 @@
-"""Movers: where the store's placement work (promotion, demotion, eviction) runs.
+"""``BackgroundMover``: where the store's placement work (promotion, demotion, eviction) runs in the
+product.
 
-``BackgroundMover`` is one daemon thread fed by a bounded queue, so placement I/O leaves SGLang's
+It is one daemon thread fed by a bounded queue, so placement I/O leaves SGLang's
 prefetch and backup threads:
 
 - ``submit`` never blocks: a full queue refuses the task (``False``) and the caller drops it
@@ -12,9 +13,7 @@ prefetch and backup threads:
 - ``close`` stops taking tasks, lets the running one finish, cancels the queued ones (a waiting
   ``call`` gets its ``default``) and joins the thread.
 
-``InlineMover`` runs every task on the calling thread at once: the trace simulator needs
-deterministic replays (Caffeine's simulator runs its product policy with a same-thread executor for
-the same reason), and it is the "before" of ``scripts/bench_mover_latency.py``.
+``inline_mover.InlineMover`` is the same interface on the calling thread (simulator, baselines).
 
 A task that raises is logged and counted; it never kills the mover thread.
 """
@@ -29,7 +28,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from .counters import Counters
+from ..tally import Tally
+from .stats import MoverStats
 
 logger = logging.getLogger(__name__)
 
@@ -40,43 +40,6 @@ T = TypeVar("T")
 QUEUE_TASKS = 256
 
 
-class InlineMover:
-    """Runs each task at once on the caller's thread (simulator, baselines)."""
-
-    background = False
-
-    def __init__(self) -> None:
-        self.counters = Counters(("submitted", "completed", "dropped", "failed", "waits", "timeouts"))
-
-    def submit(self, fn: Callable[..., Any], *args: Any, urgent: bool = False) -> bool:
-        self.counters.add(submitted=1)
-        self._run(fn, args)
-        return True
-
-    def call(self, fn: Callable[..., T], *args: Any, default: T, timeout: float) -> T:
-        self.counters.add(submitted=1)
-        return self._run(fn, args, default)
-
-    def on_mover_thread(self) -> bool:
-        return True
-
-    def wait_idle(self, timeout: float = 30.0) -> bool:
-        return True
-
-    def close(self) -> None:
-        """Nothing runs after the caller returns, so nothing to stop."""
-
-    def _run(self, fn: Callable[..., Any], args: tuple, default: Any = None) -> Any:
-        try:
-            out = fn(*args)
-        except Exception:
-            logger.exception("placement task %s failed", getattr(fn, "__name__", fn))
-            self.counters.add(failed=1)
-            return default
-        self.counters.add(completed=1)
-        return out
-
-
 class BackgroundMover:
     """One thread running placement tasks from a bounded queue (see the module docstring). Tasks a
     caller waits for (``call``) run before queued ones: a write waiting for room must not queue
@@ -85,7 +48,7 @@ class BackgroundMover:
     background = True
 
     def __init__(self, name: str = "mooncake-sgl-mover", capacity: int = QUEUE_TASKS) -> None:
-        self.counters = Counters(("submitted", "completed", "dropped", "failed", "waits", "timeouts"))
+        self.counters = Tally(MoverStats)
         self._capacity = capacity
         self._cond = threading.Condition()
         self._urgent: deque[tuple[Callable[..., Any], tuple, Future | None]] = deque()
@@ -138,6 +101,12 @@ class BackgroundMover:
 
     def on_mover_thread(self) -> bool:
         return threading.current_thread() is self._thread
+
+    def yield_now(self) -> None:
+        """On the mover, between the steps of a move: let a request thread waiting for the GIL have
+        it now, rather than after the interpreter's switch interval (5 ms), the wait a busy mover
+        adds to SGLang's calls."""
+        time.sleep(0)
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Wait until every task queued before this call has run; ``False`` on timeout."""

@@ -113,7 +113,7 @@ class MooncakeStoreTier(Tier):
         self._counts: dict[str, int] = dict.fromkeys((
             "puts", "put_bytes", "put_already_present", "put_no_space_retries",
             "put_failed_no_space", "put_failed",
-            "put_skipped_down", "gets", "get_bytes", "get_misses", "get_failed", "get_skipped_down",
+            "put_skipped_down", "get_hits", "get_bytes", "get_misses", "get_failed", "get_skipped_down",
             "zero_copy_pages", "staged_pages", "too_large"), 0)
         self._plain_cfg = self._replicate_config(pin=False)
         self._pin_cfg = self._replicate_config(pin=True)
@@ -159,7 +159,7 @@ class MooncakeStoreTier(Tier):
                 ok[i] = c == sizes[i]
                 got += sizes[i] if ok[i] else 0
             with self._lock:
-                self._counts["gets"] += sum(ok)
+                self._counts["get_hits"] += sum(ok)
                 self._counts["get_bytes"] += got
                 self._counts["get_misses"] += sum(c in (NOT_FOUND, REPLICA_NOT_READY) for c in codes)
                 self._counts["get_failed"] += sum(

@@ -26,19 +26,34 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TypeVar
 
 import xxhash
 
 from ..api import PageKey, PageView, PutResult, Tier, TierCapabilities, TierKind, TierUsage
 from ..config import PoolTierConfig
-from ..counters import Counters
 from ..errors import MooncakeSglError, TierClosed
+from ..tally import Tally
 from ..transfer.client import PoolClient
 
 log = logging.getLogger("mooncake_sgl.tiers.pool")
 T = TypeVar("T")
 _USAGE_TTL = 0.5  # seconds a usage() answer is reused; arbitrary, keeps it off the hot path
+
+
+@dataclass(frozen=True)
+class PoolTierStats:
+    """The pool tier's own counts (its ``stats()``), owned by the client side: the pool server
+    counts its own under its own names (``pool/``)."""
+
+    gets: int = 0  # pages asked to be read
+    get_hits: int = 0  # of those, read
+    puts: int = 0  # pages offered
+    put_ok: int = 0  # of those, stored (or already there)
+    put_already_present: int = 0  # of those, already there
+    endpoint_failures: int = 0  # calls to a pool server that failed (it is skipped a while)
+    skipped_keys: int = 0  # pages whose pool server was skipped as down
 
 
 class PoolTier(Tier):
@@ -59,8 +74,7 @@ class PoolTier(Tier):
         self._closed = False
         self._usage: tuple[float, TierUsage] | None = None
         self._pool = ThreadPoolExecutor(len(self._clients), "pool-tier") if len(self._clients) > 1 else None
-        self._counters = Counters(("gets", "get_hits", "puts", "put_ok", "put_already_present",
-                                   "endpoint_failures", "skipped_keys"))
+        self._counters = Tally(PoolTierStats)
 
     def reachable(self) -> bool:
         return bool(self._live())
@@ -79,7 +93,7 @@ class PoolTier(Tier):
         live = self._live()
         groups: dict[int, list[int]] = {}
         if not live:
-            self._counters.add("skipped_keys", len(keys))
+            self._counters.add(skipped_keys=len(keys))
             return groups
         if len(live) == 1:
             groups[live[0]] = list(range(len(keys)))
@@ -95,7 +109,7 @@ class PoolTier(Tier):
         with self._lock:
             was_live = self._dead_until[i] <= time.monotonic()
             self._dead_until[i] = time.monotonic() + self._config.retry_after
-            self._counters.add("endpoint_failures")
+            self._counters.add(endpoint_failures=1)
         if was_live:
             log.warning("pool endpoint %s failed, treating its pages as misses for %.1fs: %s",
                         self._clients[i].endpoint, self._config.retry_after, e)
@@ -137,8 +151,7 @@ class PoolTier(Tier):
     def get_into(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
         out = self._fan_out(keys, False, lambda c, ps: c.get_batch([keys[p] for p in ps],
                                                                    [pages[p] for p in ps]))
-        self._counters.add("gets", len(keys))
-        self._counters.add("get_hits", sum(out))
+        self._counters.add(gets=len(keys), get_hits=sum(out))
         return out
 
     def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> PutResult:
@@ -147,9 +160,7 @@ class PoolTier(Tier):
             return list(zip(res, res.present))
 
         out = PutResult(*zip(*self._fan_out(keys, (False, False), put))) if keys else PutResult([], [])
-        self._counters.add("puts", len(keys))
-        self._counters.add("put_ok", sum(out))
-        self._counters.add("put_already_present", sum(out.present))
+        self._counters.add(puts=len(keys), put_ok=sum(out), put_already_present=sum(out.present))
         self._usage = None
         return out
 
@@ -191,7 +202,7 @@ class PoolTier(Tier):
         self._usage = None
 
     def stats(self) -> dict[str, float]:
-        out = self._counters.snapshot()
+        out: dict[str, float] = {k: float(v) for k, v in self._counters.as_dict().items()}
         out["endpoints"] = float(len(self._clients))
         out["endpoints_live"] = float(len(self._live()))
         out["shm_endpoints"] = float(sum(c.mode == "shm" for c in self._clients))

@@ -28,7 +28,7 @@ def main() -> None:
     tp_rank, endpoint, pages = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     tiers = [HostTier(HostTierConfig(capacity=4 * PAGE, slot_size=PAGE, pin_memory=False)),
              PoolTier(PoolTierConfig(endpoints=[endpoint], transport="tcp"))]
-    store = TieredStore(tiers, LruPolicy(2), placement="inline")
+    store = TieredStore(tiers, LruPolicy(2), mover="inline")
     ranks = {"tp_rank": tp_rank, "pp_rank": 0, "dp_rank": 0, "attn_cp_rank": 0}
     elsewhere = usage_reported_elsewhere(store, SimpleNamespace(**ranks), reports_local_usage=True)
     exporter = StoreExporter(store.stats, ranks, skip_gauges=elsewhere)

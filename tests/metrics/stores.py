@@ -20,7 +20,7 @@ def host_lmdb_store(path: Path, host_pages: int = 4, policy: PlacementPolicy | N
                     ) -> TieredStore:
     host = HostTier(HostTierConfig(capacity=host_pages * PAGE, slot_size=PAGE, pin_memory=False))
     lmdb = LmdbTier(LmdbTierConfig(path=str(path), capacity="64MiB", sync=False))
-    return TieredStore([host, lmdb], policy or LruPolicy(2), placement="inline")
+    return TieredStore([host, lmdb], policy or LruPolicy(2), mover="inline")
 
 
 def write(store: TieredStore, ids: range) -> None:

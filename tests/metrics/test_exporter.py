@@ -117,7 +117,6 @@ def test_tier_calls_are_timed_only_with_metrics_on(tmp_path: Path) -> None:
 def test_admission_refusals_are_counted_per_policy_and_tier(tmp_path: Path) -> None:
     # A heat policy that admits nothing cold to the slower tier: 5 fresh pages, 5 refusals there.
     from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, PolicyConfig, StoreConfig
-    from mooncake_sgl.metrics.attach import policy_name
     from mooncake_sgl.store import build_store
 
     cfg = StoreConfig(tiers=[HostTierConfig(capacity=8 * PAGE, slot_size=PAGE, pin_memory=False),
@@ -126,7 +125,7 @@ def test_admission_refusals_are_counted_per_policy_and_tier(tmp_path: Path) -> N
     store = build_store(cfg)
     try:
         registry = CollectorRegistry()
-        exporter = StoreExporter(store.stats, RANK, registry=registry, policy=policy_name(store.policy))
+        exporter = StoreExporter(store.stats, RANK, registry=registry, policy=store.policy.name)
         write(store, range(5))
         exporter.sync()
         text = scrape_registry(registry)
@@ -180,7 +179,7 @@ def test_a_page_failing_its_checksum_shows_in_the_corrupt_page_series(tmp_path: 
 
     db = tmp_path / "db"
     s = TieredStore([LmdbTier(LmdbTierConfig(path=str(db), capacity="64MiB"))], LruPolicy(1),
-                    placement="inline")
+                    mover="inline")
     write(s, range(1))
     s.close()
     raw = bytearray((db / "pages.bin").read_bytes())
@@ -188,7 +187,7 @@ def test_a_page_failing_its_checksum_shows_in_the_corrupt_page_series(tmp_path: 
     raw[at + PAGE // 2] ^= 0x01
     (db / "pages.bin").write_bytes(bytes(raw))
     s = TieredStore([LmdbTier(LmdbTierConfig(path=str(db), capacity="64MiB"))], LruPolicy(1),
-                    placement="inline")
+                    mover="inline")
     try:
         registry = CollectorRegistry()
         exporter = StoreExporter(s.stats, RANK, registry=registry)
@@ -232,12 +231,13 @@ def test_the_adaptive_policy_shows_its_leader_and_shadows_per_tier(tmp_path: Pat
 
 def test_changes_of_leader_count_once_each(tmp_path: Path) -> None:
     stats = {"tiers": {"host": {}, "lmdb": {}},
-             "policy": {"tier0_leader_switches": 2.0, "tier0_lead_arc": 1.0, "tier0_lead_lru": 0.0}}
+             "experts": {"host": {"leader_switches": 2, "experts": {
+                 "arc": {"lead": 1, "shadow_hit_ratio": 0.5}, "lru": {"lead": 0, "shadow_hit_ratio": 0.4}}}}}
     registry = CollectorRegistry()
     exporter = StoreExporter(lambda: stats, RANK, registry=registry)
     exporter.sync()
     exporter.sync()  # nothing new
-    stats["policy"] = {**stats["policy"], "tier0_leader_switches": 5.0}
+    stats["experts"]["host"]["leader_switches"] = 5
     exporter.sync()
     text = scrape_registry(registry)
     assert _samples(text, "mooncake_sgl_policy_leader_changes_total") == {("host",): 5.0}

@@ -75,7 +75,7 @@ def test_lru_replay_matches_a_hand_computed_run():
 
 
 def _store_replay(policy, tiers: list[HostTier], requests: list[Request]) -> tuple[list[int], dict]:
-    store = TieredStore(tiers, policy, placement="inline")
+    store = TieredStore(tiers, policy, mover="inline")
     runs = []
     try:
         for r in requests:

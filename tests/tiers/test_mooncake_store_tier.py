@@ -365,10 +365,10 @@ def test_master_killed_and_restarted_under_sglang_calls(caplog, tmp_path) -> Non
             want = pools.page_bytes(pool, idx)
             assert _wait(lambda: backend.batch_set_v1(after, idx) == [True] * 32, 10)
             pools.zero_pages(pool, idx)
-            hits_before = remote.stats()["gets"]
+            hits_before = remote.stats()["get_hits"]
             assert backend.batch_get_v1(after, idx) == [True] * 32
             assert pools.page_bytes(pool, idx) == want
-            assert remote.stats()["gets"] - hits_before >= 16  # the DRAM tier holds only 16
+            assert remote.stats()["get_hits"] - hits_before >= 16  # the DRAM tier holds only 16
         finally:
             backend.close()
     errors = [r.getMessage() for r in caplog.records

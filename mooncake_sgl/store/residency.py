@@ -1,19 +1,21 @@
-"""``Placement``: the one owner of which managed tier holds which page, and the only caller of the
+"""``Residency``: the one record of which managed tier holds which page, and the only caller of the
 policy.
 
 Facts and their owners:
 
 - a tier owns its bytes and its own index of them (what ``contains`` answers);
-- ``Placement`` owns residency: per managed tier (one that does not evict on its own), the pages the
-  store put there and their footprints. Every placement decision reads it, and the policy hears of a
-  change only when it is committed here, so the policy's view is derived from this one, never kept
-  beside it;
-- the policy owns its decisions (which victims, which tier) and the bookkeeping they need.
+- ``Residency`` owns, per managed tier (one that does not evict on its own), the pages the store
+  put there and their footprints, which of them are *leaving* (an eviction under way), and per page
+  a hold count: a page held by a write, a demotion or a promotion in flight is never a victim. The
+  policy hears of a change only when it is committed here, so its view is derived from this record,
+  never kept beside it; it keeps ordering state only;
+- the policy owns its decisions (which victims, which tier) and the ordering they need.
 
 Moves out of a tier are two-phase, as the tiers' own writes are:
 
-1. ``prepare_evict``: the policy names victims; they stay resident but *leaving*, so no second
-   eviction picks them while their bytes are being copied down or removed;
+1. ``prepare_evict``: the policy names victims and forgets them (``PlacementPolicy.victims``); here
+   they stay resident but leaving, so nothing else removes them while their bytes are being copied
+   down or removed;
 2. the store copies (demotes) and removes them through the tier;
 3. ``commit_evict`` forgets the victims whose removal succeeded; ``abort_evict`` gives the rest
    back to the policy (``PlacementPolicy.on_evict_aborted``), so a tier whose ``remove`` failed
@@ -23,7 +25,7 @@ Lookups are recorded, not applied: ``record_lookup`` appends to a bounded, lossy
 taking the lock (Caffeine's read buffer), and ``maintain`` drains it into the policy in one step
 under the lock. A full buffer drops the oldest lookups (a lost recency signal costs a little
 precision; a blocked reader costs latency). Decisions that depend on heat (``admit``,
-``promotion_target``) drain first, so they see every lookup that was not dropped.
+``promotion_targets``, ``prepare_evict``) drain first, so they see every lookup that was not dropped.
 
 All methods are thread-safe; none does I/O. The lock is never held while a tier is called.
 """
@@ -32,10 +34,12 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
-from ..api import PageKey, PlacementPolicy
-from .counters import Counters
+from ..api import ExpertStanding, PageKey, PlacementPolicy
+from ..tally import Tally
+from .stats import ResidencyStats
 
 # Arbitrary: lookups buffered between maintenance runs. SGLang looks up once per prefetch, so this
 # is far more than arrive between two writes; it only bounds memory when writes stop.
@@ -43,8 +47,7 @@ LOOKUP_BUFFER = 4096
 # Buffered lookups that make the store ask the mover for a maintenance run (coalesced). Arbitrary.
 DRAIN_AT = LOOKUP_BUFFER // 4
 
-
-class Placement:
+class Residency:
     """Residency of the managed tiers and the policy behind it (see the module docstring).
 
     Args:
@@ -61,10 +64,10 @@ class Placement:
         self._lock = threading.Lock()
         self._resident: list[dict[PageKey, int]] = [{} for _ in managed]
         self._leaving: list[set[PageKey]] = [set() for _ in managed]
+        self._holds: dict[PageKey, int] = {}
         self._lookups: deque[tuple[float, Sequence[PageKey], list[int | None], PageKey | None]] = \
             deque(maxlen=LOOKUP_BUFFER)
-        self.counters = Counters(("lookups_recorded", "lookups_dropped", "maintenance_runs",
-                                  "evictions_prepared", "evictions_committed", "evictions_aborted"))
+        self.counters = Tally(ResidencyStats)
 
     # ------------------------------------------------------------------ lookups
 
@@ -94,6 +97,28 @@ class Placement:
             policy.tick(now)
             policy.on_lookup(keys, where, parent)
         self.counters.add(maintenance_runs=1)
+
+    # ------------------------------------------------------------------ holds
+
+    @contextmanager
+    def held(self, keys: Sequence[PageKey]) -> Iterator[None]:
+        """While the block runs, none of ``keys`` is a victim in any tier (a write, demotion or
+        promotion of them is in flight). Holds nest and count: a page two writers hold stays held
+        until both are done."""
+        holds = self._holds
+        with self._lock:
+            for k in keys:
+                holds[k] = holds.get(k, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                for k in keys:
+                    n = holds[k] - 1
+                    if n:
+                        holds[k] = n
+                    else:
+                        del holds[k]
 
     # ------------------------------------------------------------------ residency
 
@@ -138,30 +163,30 @@ class Placement:
 
     # ------------------------------------------------------------------ two-phase eviction
 
-    def prepare_evict(self, t: int, nbytes: int, protected: frozenset[PageKey]
-                      ) -> list[tuple[PageKey, int]] | None:
+    def prepare_evict(self, t: int, nbytes: int) -> list[tuple[PageKey, int]] | None:
         """Victims (key, footprint) freeing at least ``nbytes`` of tier ``t``, marked leaving; ``None``
-        when the policy cannot free that much (nothing changes then)."""
+        when the policy cannot free that much without a held page (nothing changes then).
+
+        Raises: ``RuntimeError`` when the policy names a page this record does not hold in ``t``:
+        the policy's view is fed only from here, so that is a bug in the policy.
+        """
         with self._lock:
             self._drain()
-            leaving = self._leaving[t]
-            victims = self.policy.victims(t, nbytes, protected | leaving if leaving else protected)
+            victims = self.policy.victims(t, nbytes, frozenset(self._holds))
             if not victims:
                 return None
-            resident = self._resident[t]
-            out = []
-            for k in victims:
-                n = resident.get(k)
-                if n is None:  # the policy knew a page the store does not: it is not here
-                    self.policy.on_remove([k], t)
-                    continue
-                leaving.add(k)
-                out.append((k, n))
+            resident, leaving = self._resident[t], self._leaving[t]
+            unknown = [k for k in victims if k not in resident or k in leaving]
+            if unknown:
+                raise RuntimeError(f"{type(self.policy).__name__} named {len(unknown)} victim(s) of "
+                                   f"tier {t} that are not resident there (or already leaving)")
+            leaving.update(victims)
+            out = [(k, resident[k]) for k in victims]
         self.counters.add(evictions_prepared=len(out))
         return out
 
     def commit_evict(self, t: int, keys: Sequence[PageKey]) -> None:
-        """The victims ``keys`` are gone from tier ``t``: forget them."""
+        """The victims ``keys`` are gone from tier ``t``: forget them (the policy already has)."""
         if not keys:
             return
         with self._lock:
@@ -169,7 +194,6 @@ class Placement:
             for k in keys:
                 leaving.discard(k)
                 resident.pop(k, None)
-            self.policy.on_remove(list(keys), t)
         self.counters.add(evictions_committed=len(keys))
 
     def abort_evict(self, t: int, victims: Sequence[tuple[PageKey, int]]) -> None:
@@ -204,6 +228,7 @@ class Placement:
         with self._lock:
             return [self.policy.is_pinned(k) for k in keys]
 
-    def policy_stats(self) -> dict[str, float]:
+    def policy_stats(self) -> tuple[dict[str, float], list[ExpertStanding]]:
+        """The policy's own counters and its experts' standings, read together."""
         with self._lock:
-            return self.policy.stats()
+            return self.policy.stats(), self.policy.standings()

@@ -1,0 +1,243 @@
+"""``Placer``: writes pages into one tier, making room there first by two-phase eviction with
+demotion, and keeps a headroom free in each managed tier.
+
+One object owns the whole of "put these pages into tier t": room is made in ``t`` by evicting
+victims the policy names (``Residency.prepare_evict``), each victim is first copied into the tier
+the policy demotes it to, and a copy into a slower tier is a write of this same object into that
+tier. So demotion cascades downward (tier indices only grow, so it ends at the slowest tier) inside
+this one class, which calls only the objects below it: ``TierCalls`` (the tiers), ``Residency`` (the
+record and the policy), the mover (where a copy runs) and ``Staging`` (its buffers).
+
+Where it runs: on the mover in the product, on the caller with ``mover="inline"``. A request thread
+only chooses victims and removes those that need no copy; copying a victim down is another page's
+I/O and waits for the mover (back-pressure, up to ``room_wait``). After each write the mover keeps
+``HEADROOM`` of each managed tier free, so a write rarely waits.
+
+Pages being written, demoted or promoted are held on the record (``Residency.held``), so room made
+for them never evicts them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+from ..api import PageKey, PageView, page_nbytes
+from ..tally import Tally
+from .inline_mover import InlineMover
+from .mover import BackgroundMover
+from .residency import Residency
+from .staging import Staging
+from .stats import TierPlacementStats
+from .tier_calls import TierCalls
+
+# Arbitrary: share of each managed tier the mover keeps free after writes (at least two of the
+# largest batches written there so far, at most a quarter of the tier), so writes rarely wait for
+# eviction.
+HEADROOM = 0.05
+# Arbitrary: how long a write waits for the mover to make room before it writes what fits.
+ROOM_WAIT = 5.0
+# Arbitrary: how many times a tier's put is retried after making more room, when its real
+# footprint turned out larger than estimated (LMDB page overhead, fragmentation).
+MAX_ROOM_ROUNDS = 3
+
+
+class Placer:
+    """Writes into a tier with room made first (see the module docstring).
+
+    Args:
+        calls: the tiers.
+        residency: the record of managed tiers and the policy.
+        mover: where copies run (``BackgroundMover``), or the caller (``InlineMover``).
+        staging: buffers for the victims it copies down.
+        room_wait: seconds a request thread waits for the mover to make room.
+    """
+
+    def __init__(self, calls: TierCalls, residency: Residency, mover: BackgroundMover | InlineMover,
+                 staging: Staging, room_wait: float = ROOM_WAIT) -> None:
+        self._calls = calls
+        self._residency = residency
+        self._mover = mover
+        self._staging = staging
+        self._room_wait = room_wait
+        n = len(calls)
+        self.counters = [Tally(TierPlacementStats) for _ in range(n)]
+        # Coalescing flags: at most one queued headroom task per tier. Plain bools: a lost race
+        # queues one extra harmless task.
+        self._headroom_queued = [False] * n
+        self._largest_write = [0] * n
+
+    # ------------------------------------------------------------------ writes
+
+    def write(self, t: int, keys: list[PageKey], pages: list[PageView], parent: PageKey | None
+              ) -> list[bool]:
+        """Write into tier ``t``, making room first where the store manages the tier; per key
+        ``True`` once the page is readable there."""
+        calls, residency = self._calls, self._residency
+        tier = calls.tiers[t]
+        managed = calls.managed[t]
+        sizes = [page_nbytes(p) for p in pages]
+        ok = [False] * len(keys)
+        todo = list(range(len(keys)))
+        counters = self.counters[t]
+        for _ in range(MAX_ROOM_ROUNDS):
+            roomy = True
+            if managed:
+                need = sum(tier.footprint(sizes[i]) for i in todo if not residency.holds(t, keys[i]))
+                self._largest_write[t] = max(self._largest_write[t], need)
+                # Short of room (a batch larger than the tier): the tier still takes what fits.
+                roomy = self._ensure_room(t, need)
+            batch_keys, batch_pages = [keys[i] for i in todo], [pages[i] for i in todo]
+            if tier.capabilities.soft_pin:
+                put = functools.partial(tier.put_from, soft_pin=residency.pinned(batch_keys))
+            else:
+                put = tier.put_from
+            res = calls.call(t, "put", put, batch_keys, batch_pages)
+            held = getattr(res, "present", None) or [False] * len(todo)  # api.PutResult
+            written, failed, was_held = [], [], []
+            for i, good, h in zip(todo, res, held):
+                (written if good else failed).append(i)
+                ok[i] = bool(good)
+                if good:
+                    was_held.append(h)
+            new = residency.inserted(t, [keys[i] for i in written],
+                                     [tier.footprint(sizes[i]) for i in written], parent)
+            new = [f and not h for f, h in zip(new, was_held)]
+            # Pages the tier already held were acknowledged without being written again.
+            counters.add(writes=sum(new), bytes_written=sum(sizes[i] for i, f in zip(written, new) if f))
+            todo = failed
+            if not todo or not managed or not roomy:
+                break
+        counters.add(write_failures=len(todo))
+        return ok
+
+    # ------------------------------------------------------------------ room
+
+    def _ensure_room(self, t: int, need: int) -> bool:
+        if need <= 0:
+            return True
+        mover = self._mover
+        if not mover.background:
+            return self._calls.free(t) >= need or self.make_room(t, need)
+        if mover.on_mover_thread():
+            # The mover's own writes (promotions, demotions) keep the headroom free, so they do
+            # not take the room SGLang's next backup is about to need.
+            need += self._headroom(t)
+            return self._calls.free(t) >= need or self.make_room(t, need)
+        # A request thread that outran the mover: choosing victims is bookkeeping, and removing
+        # victims that a slower tier already holds (or that are dropped) is part of this write;
+        # only copying victims down is another page's I/O, left to the mover.
+        free = self._calls.free(t)
+        if free >= need:
+            return True
+        if free < 0:
+            return False
+        victims = self._residency.prepare_evict(t, need - free)
+        if not victims:
+            self.counters[t].add(room_refused=1)
+            return False
+        if self._needs_copy(t, victims):
+            return mover.call(self._evict, t, victims, default=False, timeout=self._room_wait)
+        return self._evict(t, victims)
+
+    def make_room(self, t: int, need: int) -> bool:
+        """Evict (with demotion) until ``need`` bytes are free in tier ``t``; ``False`` when nothing
+        could be freed."""
+        free = self._calls.free(t)
+        if free < 0:
+            return False
+        if free >= need:
+            return True
+        victims = self._residency.prepare_evict(t, need - free)
+        if not victims:
+            self.counters[t].add(room_refused=1)
+            return False
+        return self._evict(t, victims)
+
+    def _needs_copy(self, t: int, victims: list[tuple[PageKey, int]]) -> bool:
+        """Would evicting ``victims`` copy any of them down (a reachable target tier not known to
+        hold it). A target known to be cut off takes no copy: the victim is dropped at once, not
+        after the mover, who may be stuck in a call to that very tier (a dead master's RPC
+        timeout, ~4 s), gets round to it."""
+        keys = [k for k, _ in victims]
+        tiers, managed, residency = self._calls.tiers, self._calls.managed, self._residency
+        for k, target in zip(keys, residency.demotion_targets(t, keys)):
+            if target is not None and target > t and tiers[target].reachable() and not (
+                    managed[target] and residency.holds(target, k)):
+                return True
+        return False
+
+    def _evict(self, t: int, victims: list[tuple[PageKey, int]]) -> bool:
+        """Demote and remove prepared victims, then commit the removed and abort the rest."""
+        self._demote(t, victims)
+        gone, kept = self._remove_victims(t, victims)
+        self._residency.commit_evict(t, gone)
+        self._residency.abort_evict(t, kept)
+        self.counters[t].add(evictions=len(gone), eviction_aborts=len(kept))
+        return bool(gone)
+
+    def _remove_victims(self, t: int, victims: list[tuple[PageKey, int]]
+                        ) -> tuple[list[PageKey], list[tuple[PageKey, int]]]:
+        """(removed keys, victims still in the tier)."""
+        keys = [k for k, _ in victims]
+        if self._calls.remove(t, keys) is not None:
+            return keys, []
+        gone = set(self._calls.gone(t, keys, False))
+        return [k for k in keys if k in gone], [v for v in victims if v[0] not in gone]
+
+    def _demote(self, t: int, victims: list[tuple[PageKey, int]]) -> None:
+        calls = self._calls
+        keys = [k for k, _ in victims]
+        footprints = dict(victims)
+        by_target: dict[int, list[PageKey]] = {}
+        for k, target in zip(keys, self._residency.demotion_targets(t, keys)):
+            if target is not None and target > t:
+                by_target.setdefault(target, []).append(k)
+        for target in [x for x in by_target if not calls.tiers[x].reachable()]:
+            # Cut off: a copy would only fail (after reading the victims for nothing).
+            self.counters[t].add(demotion_failures=len(by_target.pop(target)))
+        source = calls.tiers[t]
+        for target, group in by_target.items():
+            have = calls.contains(target, group)
+            move = [k for k, h in zip(group, have) if not h]
+            sizes = [source.page_size_of(k) or footprints[k] for k in move]
+            for batch in self._staging.batches(sizes):
+                bk = [move[i] for i in batch]
+                staged = self._staging.pages(("demote", t), [sizes[i] for i in batch])
+                got = calls.call(t, "get", source.get_into, bk, staged)
+                self._mover.yield_now()
+                moved = [k for k, g in zip(bk, got) if g]
+                pages = [p for p, g in zip(staged, got) if g]
+                ok: Sequence[bool] = []
+                if moved:
+                    with self._residency.held(moved):
+                        ok = self.write(target, moved, pages, None)
+                self.counters[target].add(demotions=sum(ok))
+                self.counters[t].add(demotion_failures=len(bk) - sum(ok))
+
+    # ------------------------------------------------------------------ headroom
+
+    def keep_headroom_later(self, tiers: set[int]) -> None:
+        """After a write into ``tiers``: ask the mover to bring each managed one back to its
+        headroom (coalesced: one queued task per tier)."""
+        if not self._mover.background:
+            return
+        for t in tiers:
+            if (self._calls.managed[t] and not self._headroom_queued[t]
+                    and self._calls.free(t) < self._headroom(t)):
+                self._headroom_queued[t] = True
+                if not self._mover.submit(self._keep_headroom, t, urgent=True):
+                    self._headroom_queued[t] = False
+
+    def _headroom(self, t: int) -> int:
+        try:
+            # Of what the tier can hold now: against a budget a full disk cannot reach, keeping a
+            # share of the budget free would evict the whole tier.
+            cap = self._calls.tiers[t].usage().holdable_bytes
+        except Exception:
+            return 0
+        return min(cap // 4, max(int(cap * HEADROOM), 2 * self._largest_write[t]))
+
+    def _keep_headroom(self, t: int) -> None:
+        self._headroom_queued[t] = False
+        self.make_room(t, self._headroom(t))

@@ -1,0 +1,339 @@
+"""``TieredStore``: pages across tiers, fastest first, placed by a ``PlacementPolicy``.
+
+This class is the request paths and nothing else; each concern it uses is an object of its own,
+called in one direction (see the package docstring for the tree):
+
+- ``TierCalls`` every call into a tier, where a tier's failure becomes a miss;
+- ``Residency`` the one record of which managed tier holds which page, and the policy behind it;
+- ``Placer`` a write into one tier with room made first (two-phase eviction with demotion);
+- ``Promoter`` pages found in slower tiers copied up;
+- the mover (``BackgroundMover``, or ``InlineMover``) where placement work runs.
+
+Request paths (SGLang's threads) do only their own pages' I/O:
+
+- ``exists_prefix`` asks the tiers which of its pages they hold and buffers the lookup for the
+  policy (no lock beyond the counters').
+- ``get_into`` cascades: a batch is offered to tier 0, the keys it missed to tier 1, and so on. A
+  page found in a slower tier is handed to the mover for promotion (dropped when the mover is
+  backlogged).
+- ``put_from`` writes tier 0 and every slower tier the policy admits; shared tiers (a pool or the
+  Mooncake Store, seen by other SGLang instances) are written at the same time as the local ones,
+  not after them, so another instance can read a backed-up page as early as possible. It returns
+  once each ``True`` page is readable. A page no admitting tier could take goes to the first slower
+  tier that takes it (admission saves writes; it must not lose pages).
+
+``mover="inline"`` runs the same placement work on the calling thread at once (the trace simulator
+and latency baselines): the same code, in a deterministic order.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Literal
+
+from ..api import PageKey, PageView, PlacementPolicy, Tier, page_nbytes
+from ..tally import Tally
+from .inline_mover import InlineMover
+from .mover import BackgroundMover
+from .placer import ROOM_WAIT, Placer
+from .promoter import Promoter
+from .residency import DRAIN_AT, Residency
+from .staging import Staging
+from .stats import LookupStats, TierReadStats
+from .tier_calls import TierCalls
+
+logger = logging.getLogger(__name__)
+
+MOVERS = ("background", "inline")
+
+
+class TieredStore:
+    """Thread-safe page store over ``tiers`` (fastest first).
+
+    Args:
+        tiers: the tiers, fastest first; the store closes them.
+        policy: decides placement; the store serialises every call into it.
+        mover: ``"background"`` (placement I/O on the mover thread) or ``"inline"`` (on the caller,
+            deterministic: simulator, baselines).
+        clock: logical time for the policy (``time.monotonic`` by default).
+        staging: buffers for pages the store moves itself (the simulator's hold no bytes).
+        room_wait: seconds a write waits for the mover to make room.
+    """
+
+    def __init__(self, tiers: Sequence[Tier], policy: PlacementPolicy, *,
+                 mover: Literal["background", "inline"] = "background",
+                 clock: Callable[[], float] = time.monotonic, staging: Staging | None = None,
+                 room_wait: float = ROOM_WAIT):
+        if not tiers:
+            raise ValueError("TieredStore needs at least one tier")
+        if mover not in MOVERS:
+            raise ValueError(f"mover must be 'background' or 'inline', got {mover!r}")
+        self._calls = calls = TierCalls(tiers)
+        self.tiers = calls.tiers
+        self.names = calls.names
+        self._residency = Residency(policy, calls.managed, clock)
+        self._mover = BackgroundMover() if mover == "background" else InlineMover()
+        staging = staging or Staging()
+        self._placer = Placer(calls, self._residency, self._mover, staging, room_wait)
+        self._promoter = Promoter(calls, self._residency, self._placer, self._mover, staging)
+        self._counters = Tally(LookupStats)
+        # Per tier, what the request paths count; the placer and the promoter count their own moves.
+        self._read_counters = [Tally(TierReadStats) for _ in self.tiers]
+        shared = [t for t, tier in enumerate(self.tiers) if tier.capabilities.shared]
+        self._shared = frozenset(shared if mover == "background" else ())
+        self._shared_writer = ThreadPoolExecutor(len(shared), "mooncake-sgl-shared-put") \
+            if self._shared else None
+        # Coalescing flag: at most one queued maintenance run. A plain bool: a lost race queues one
+        # extra harmless run.
+        self._maintenance_queued = False
+        self._closed = False
+        self._seed_from_persistent_tiers()
+
+    @property
+    def policy(self) -> PlacementPolicy:
+        return self._residency.policy
+
+    @property
+    def observe_latency(self) -> Callable[[Tier, str, float], None] | None:
+        """Metrics hook (``metrics.attach``): called as ``(tier, what, seconds)`` after every tier
+        call; ``None`` costs nothing."""
+        return self._calls.observe_latency
+
+    @observe_latency.setter
+    def observe_latency(self, hook: Callable[[Tier, str, float], None] | None) -> None:
+        self._calls.observe_latency = hook
+
+    # ------------------------------------------------------------------ public API
+
+    def contains(self, keys: Sequence[PageKey]) -> list[bool]:
+        """Per key: readable in some tier now."""
+        return [t is not None for t in self._calls.locate(keys)]
+
+    def landed(self, keys: Sequence[PageKey]) -> list[bool]:
+        """Per key: readable in some tier now, answered without a tier call where the store knows
+        (a page resident in a tier the store manages); only the other keys are asked of the tiers
+        that evict on their own (a pool, Mooncake Store), in one batch each. ``put_from`` already
+        returns only once a page is readable; this is for a caller that wants to check later (a
+        page backed up here, seen by another instance through a shared tier) without re-reading."""
+        managed, residency = self._calls.managed, self._residency
+        out = [any(residency.holds(t, k) for t, m in enumerate(managed) if m) for k in keys]
+        pending = [i for i, known in enumerate(out) if not known]
+        for t in range(len(self.tiers)):
+            if not pending:
+                break
+            if managed[t]:
+                continue
+            found = self._calls.contains(t, [keys[i] for i in pending])
+            for i, hit in zip(pending, found):
+                out[i] = bool(hit)
+            pending = [i for i in pending if not out[i]]
+        return out
+
+    def exists_prefix(self, keys: Sequence[PageKey], parent: PageKey | None = None) -> int:
+        """Length of the leading run of ``keys`` readable in some tier. This is the access event
+        the policy learns heat from (SGLang asks it once per prefetch); it is buffered, and applied
+        at the next maintenance run."""
+        where = self._calls.locate(keys)
+        run = next((i for i, t in enumerate(where) if t is None), len(where))
+        self._counters.add(lookups=1, lookup_pages=len(keys), lookup_hit_pages=run)
+        per_tier: dict[int, int] = {}
+        for t in where[:run]:
+            per_tier[t] = per_tier.get(t, 0) + 1  # type: ignore[index]
+        for t, n in per_tier.items():
+            self._read_counters[t].add(lookup_hits=n)
+        buffered = self._residency.record_lookup(keys, where, parent)
+        if not self._mover.background:
+            self._residency.maintain()
+        elif buffered >= DRAIN_AT and not self._maintenance_queued:
+            self._maintenance_queued = True
+            if not self._mover.submit(self._maintain):
+                self._maintenance_queued = False
+        return run
+
+    def get_into(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+        """Copy each page into its destination from the fastest tier holding it; per key ``True``
+        once its bytes are in place. Promotion of pages found in slower tiers happens later."""
+        if len(keys) != len(pages):
+            raise ValueError(f"{len(keys)} keys but {len(pages)} destination pages")
+        calls, residency = self._calls, self._residency
+        done = [False] * len(keys)
+        found_in: list[int] = [0] * len(keys)
+        pending = list(range(len(keys)))
+        for t, tier in enumerate(self.tiers):
+            if not pending:
+                break
+            ok = calls.call(t, "get", tier.get_into, [keys[i] for i in pending], [pages[i] for i in pending])
+            missed, lost, nread = [], [], 0
+            for i, hit in zip(pending, ok):
+                if hit:
+                    done[i] = True
+                    found_in[i] = t
+                    nread += page_nbytes(pages[i])
+                else:
+                    missed.append(i)
+                    if calls.managed[t] and residency.holds(t, keys[i]):
+                        lost.append(keys[i])  # removed under us, or found corrupt by the tier
+            self._read_counters[t].add(hits=len(pending) - len(missed), misses=len(missed),
+                                       bytes_read=nread)
+            if lost:
+                # A failed read is not proof the page left: ask the tier (a rare extra call, only
+                # for pages the store believed were there).
+                gone = calls.gone(t, lost, False)
+                self._read_counters[t].add(lost=len(gone))
+                residency.lost(t, gone)
+            pending = missed
+        slow = [i for i in range(len(keys)) if done[i] and found_in[i] > 0]
+        if slow:
+            sk, sf = [keys[i] for i in slow], [found_in[i] for i in slow]
+            if self._mover.background:
+                if not self._mover.submit(self._promoter.promote, sk, sf, None, sk):
+                    self._counters.add(promotions_dropped=len(slow))
+            else:
+                self._promoter.promote(sk, sf, [pages[i] for i in slow], list(keys))
+        return done
+
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView],
+                 parent: PageKey | None = None) -> list[bool]:
+        """Write pages; per key ``True`` once the page is readable in at least one tier (every tier
+        that acknowledged it, shared tiers included, serves it when this returns)."""
+        if len(keys) != len(pages):
+            raise ValueError(f"{len(keys)} keys but {len(pages)} source pages")
+        if not keys:
+            return []
+        with self._residency.held(keys):
+            return self._put_held(keys, pages, parent)
+
+    def _put_held(self, keys: Sequence[PageKey], pages: Sequence[PageView],
+                  parent: PageKey | None) -> list[bool]:
+        n = len(keys)
+        stored = [False] * n
+        ntiers = len(self.tiers)
+        admitted = self._residency.admit(keys, ntiers)
+        for t in range(1, ntiers):
+            self._read_counters[t].add(admission_refused=n - sum(map(bool, admitted[t])))
+        shared: list[tuple[list[int], Future]] = []
+        if self._shared_writer is not None:
+            for t in self._shared:
+                idx = [i for i in range(n) if admitted[t][i]]
+                if idx:
+                    fut = self._shared_writer.submit(self._placer.write, t, [keys[i] for i in idx],
+                                                     [pages[i] for i in idx], parent)
+                    shared.append((idx, fut))
+        for t in range(ntiers):
+            if t not in self._shared:
+                self._write_some(t, keys, pages, [i for i in range(n) if admitted[t][i]], stored, parent)
+        for idx, fut in shared:
+            try:
+                ok = fut.result()
+            except Exception:  # the placer's tier calls are guarded; this is the executor failing
+                logger.exception("shared-tier write failed")
+                ok = [False] * len(idx)
+            for i, good in zip(idx, ok):
+                stored[i] = stored[i] or good
+        written = {t for t in range(ntiers) if any(admitted[t])}
+        for t in range(1, ntiers):
+            idx = [i for i in range(n) if not stored[i] and not admitted[t][i]]
+            if idx:
+                written.add(t)
+                self._write_some(t, keys, pages, idx, stored, parent)
+        self._placer.keep_headroom_later(written)
+        return stored
+
+    def remove(self, keys: Sequence[PageKey]) -> int:
+        """Drop pages from every tier; returns how many (page, tier) copies were present."""
+        calls, residency = self._calls, self._residency
+        removed = 0
+        keys = list(keys)
+        for t in range(len(self.tiers)):
+            got = calls.remove(t, keys)
+            removed += got or 0
+            if calls.managed[t]:
+                known = [k for k in keys if residency.holds(t, k)]
+                residency.lost(t, calls.gone(t, known, got is not None))
+        return removed
+
+    def clear(self) -> None:
+        calls, residency = self._calls, self._residency
+        for t, tier in enumerate(self.tiers):
+            cleared = calls.call(t, "clear", lambda tier=tier: tier.clear() or True) is not None
+            if calls.managed[t]:
+                residency.lost(t, calls.gone(t, list(residency.keys_in(t)), cleared))
+
+    def register_memory(self, ptr: int, nbytes: int) -> None:
+        for t, tier in enumerate(self.tiers):
+            self._calls.call(t, "register_memory", tier.register_memory, ptr, nbytes)
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Wait until the placement work queued so far has run (tests, benchmarks, shutdown)."""
+        return self._mover.wait_idle(timeout)
+
+    def resident_keys(self, t: int) -> set[PageKey]:
+        """The pages the store knows to be in managed tier ``t`` (consistency checks)."""
+        return self._residency.keys_in(t)
+
+    def close(self) -> None:
+        """Stop the mover (queued placement work is dropped), then close every tier."""
+        if self._closed:
+            return
+        self._closed = True
+        self._mover.close()
+        if self._shared_writer is not None:
+            self._shared_writer.shutdown(wait=True)
+        self._calls.close()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, one namespace per source; the shape is ``api.STATS_SHAPE``."""
+        tiers: dict[str, Any] = {}
+        for t, (name, tier) in enumerate(zip(self.names, self.tiers)):
+            try:
+                u = tier.usage()
+                usage: dict[str, Any] = {"capacity_bytes": u.capacity_bytes, "used_bytes": u.used_bytes,
+                                         "holdable_bytes": u.holdable_bytes, "pages": u.pages}
+            except Exception as e:  # a dead remote tier still reports its counters
+                usage = {"error": str(e)}
+            try:
+                own = tier.stats()
+            except Exception as e:
+                own = {"error": str(e)}
+            moved = {**self._read_counters[t].as_dict(), **self._placer.counters[t].as_dict(),
+                     **self._promoter.counters[t].as_dict()}
+            tiers[name] = {"usage": usage, "store": moved, "tier": own}
+        policy, standings = self._residency.policy_stats()
+        experts: dict[str, Any] = {}
+        for s in standings:
+            entry = experts.setdefault(self.names[s.tier], {"leader_switches": s.leader_switches,
+                                                            "experts": {}})
+            entry["experts"][s.expert] = {"lead": int(s.leading), "shadow_hit_ratio": s.shadow_hit_ratio}
+        return {"store": {**self._counters.as_dict(), **self._residency.counters.as_dict()},
+                "mover": {"background": int(self._mover.background), **self._mover.counters.as_dict()},
+                "policy": policy, "experts": experts, "tiers": tiers}
+
+    # ------------------------------------------------------------------ internals
+
+    def _write_some(self, t: int, keys: Sequence[PageKey], pages: Sequence[PageView], idx: list[int],
+                    stored: list[bool], parent: PageKey | None) -> None:
+        if not idx:
+            return
+        ok = self._placer.write(t, [keys[i] for i in idx], [pages[i] for i in idx], parent)
+        for i, good in zip(idx, ok):
+            stored[i] = stored[i] or good
+
+    def _maintain(self) -> None:
+        self._maintenance_queued = False
+        self._residency.maintain()
+
+    def _seed_from_persistent_tiers(self) -> None:
+        """Warm restart: pages a persistent tier kept are known to the policy again."""
+        for t, tier in enumerate(self.tiers):
+            if not (tier.capabilities.persistent and self._calls.managed[t]):
+                continue
+            keys, sizes = [], []
+            for key, n in tier.scan():
+                keys.append(key)
+                sizes.append(tier.footprint(n))
+            if keys:
+                self._residency.inserted(t, keys, sizes, None)
+                logger.info("tier %s: %d pages found at start", tier.name, len(keys))
