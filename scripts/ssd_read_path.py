@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
-from ssd_user_view import aligned_buffer, drop_cache, keys, page_data, page_views
+from ssd_user_view import aligned_buffer, drop_cache, keys, page_data, page_views, run_profile_child
 
 from devtools.bench.console import human, log
 
@@ -142,17 +139,8 @@ def get_profile(script: str, sizes: list[tuple[int, int]], batch: int, workdir: 
     out: dict[str, dict] = {}
     for size, n in sizes:
         label = f"{human(size)} x{n}"
-        d = workdir / "get-profile"
-        d.mkdir(parents=True)
         log(f"[get profile {label}] fill, warm get, cold get")
-        try:
-            res = subprocess.run([sys.executable, script, "_get-profile", str(d), str(size), str(n),
-                                  str(batch)], capture_output=True, text=True)
-        finally:
-            shutil.rmtree(d, ignore_errors=True)
-        if res.returncode:
-            raise SystemExit(f"bench: get profile child failed: {res.stderr[-2000:]}")
-        row = json.loads(res.stdout.splitlines()[-1])
+        row = run_profile_child(script, "_get-profile", workdir / "get-profile", size, n, batch)
         row["nbytes"] = size * n
         out[label] = row
     return out

@@ -20,6 +20,7 @@ pages recovered (``scan``), and the time to list them.
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import shutil
@@ -146,6 +147,20 @@ def _child(script: str, *args: object) -> list[float]:
     if out.returncode:
         raise SystemExit(f"bench: child {args[:2]} failed: {out.stderr[-2000:]}")
     return [float(x) for x in out.stdout.split()]
+
+
+def run_profile_child(script: str, mode: str, directory: Path, *args: object) -> dict:
+    """Run ``script mode directory *args`` in a fresh process on a fresh ``directory`` (removed
+    after); the JSON object of its last output line."""
+    directory.mkdir(parents=True)
+    try:
+        res = subprocess.run([sys.executable, script, mode, str(directory), *map(str, args)],
+                             capture_output=True, text=True)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    if res.returncode:
+        raise SystemExit(f"bench: {mode.strip('_')} child failed: {res.stderr[-2000:]}")
+    return json.loads(res.stdout.splitlines()[-1])
 
 
 def drop_cache(directory: Path) -> str:

@@ -39,7 +39,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from ssd_user_view import keys, page_data, page_views
+from ssd_user_view import keys, page_data, page_views, run_profile_child
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from devtools.bench.console import human, log  # noqa: E402
@@ -115,17 +115,8 @@ def put_profile(script: str, sizes: list[tuple[int, int]], batch: int, workdir: 
         label = f"{human(size)} x{n}"
         row: dict = {}
         for prof in (0, 1):
-            d = workdir / "put-profile"
-            d.mkdir(parents=True)
             log(f"[put profile {label}] {'cProfile' if prof else 'phases'}")
-            try:
-                res = subprocess.run([sys.executable, script, "_put-profile", str(d), str(size), str(n),
-                                      str(batch), str(prof)], capture_output=True, text=True)
-            finally:
-                shutil.rmtree(d, ignore_errors=True)
-            if res.returncode:
-                raise SystemExit(f"bench: put profile child failed: {res.stderr[-2000:]}")
-            got = json.loads(res.stdout.splitlines()[-1])
+            got = run_profile_child(script, "_put-profile", workdir / "put-profile", size, n, batch, prof)
             row.update(got if not prof else {"profile": got["profile"]})
         row["nbytes"] = size * n
         out[label] = row
