@@ -32,9 +32,10 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..api import PageKey
-from ..counters import Counters
+from ..tally import Tally
 from .allocator import SlabAllocator, slot_size_for
 
 
@@ -53,6 +54,26 @@ class Entry:
 
 PRESENT = "present"  # reserve(): the key is already readable at that size (a no-op success)
 NO_ROOM = None  # reserve(): nothing could be freed within put_wait
+
+
+@dataclass(frozen=True)
+class PoolIndexStats:
+    """What a tenant's index counts (the pool's /metrics exports each as a counter)."""
+
+    puts: int = 0
+    put_present: int = 0
+    put_no_room: int = 0
+    put_waits: int = 0
+    put_dup_writes: int = 0
+    put_replaced: int = 0
+    evictions: int = 0
+    evicted_bytes: int = 0
+    removes: int = 0
+    gets: int = 0
+    get_hits: int = 0
+    exists_checks: int = 0
+    aborts: int = 0
+    clears: int = 0
 
 
 class PoolIndex:
@@ -76,10 +97,7 @@ class PoolIndex:
         self._leased = 0  # entries with at least one lease
         self._leased_bytes = 0  # their sizes (the pool's /metrics shows it)
         self.stored_bytes = 0
-        self.counters = Counters(
-            ("puts", "put_present", "put_no_room", "put_waits", "put_dup_writes", "put_replaced",
-             "evictions", "evicted_bytes", "removes", "gets", "get_hits", "exists_checks", "aborts",
-             "clears"))
+        self.counters = Tally(PoolIndexStats)
 
     # ------------------------------------------------------------------------------------ writes
 
@@ -91,17 +109,17 @@ class PoolIndex:
         deadline: float | None = None
         count = self.counters.add
         with self._cond:
-            count("puts", len(keys))
+            count(puts=len(keys))
             for key, size in zip(keys, sizes):
                 stored = self._index.get(key)
                 if stored is not None and stored.size == size:
                     out.append(PRESENT)
-                    count("put_present")
+                    count(put_present=1)
                     continue
                 slot = slot_size_for(size)
                 if size <= 0 or not self.alloc.fits(slot):
                     out.append(NO_ROOM)
-                    count("put_no_room")
+                    count(put_no_room=1)
                     continue
                 offset = self.alloc.alloc(slot)
                 while offset is None:
@@ -110,7 +128,7 @@ class PoolIndex:
                         break
                     if deadline is None:
                         deadline = time.monotonic() + self.put_wait
-                        count("put_waits")
+                        count(put_waits=1)
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
@@ -119,7 +137,7 @@ class PoolIndex:
                     offset = self.alloc.alloc(slot)
                 if offset is None:
                     out.append(NO_ROOM)
-                    count("put_no_room")
+                    count(put_no_room=1)
                     continue
                 e = Entry(key, offset, size, slot)
                 self._writing += 1
@@ -136,11 +154,11 @@ class PoolIndex:
                 self._writing -= 1
                 stored = self._index.get(e.key) if ok else None
                 if stored is not None and stored.size == e.size:
-                    self.counters.add("put_dup_writes")
+                    self.counters.add(put_dup_writes=1)
                     self._free(e)
                     continue
                 if stored is not None:
-                    self.counters.add("put_replaced")
+                    self.counters.add(put_replaced=1)
                     self._drop(stored)
                 if ok:
                     self._tick += 1
@@ -148,7 +166,7 @@ class PoolIndex:
                     self._index[e.key] = e
                     self._lru.setdefault(e.slot, OrderedDict())[e.key] = e
                 else:
-                    self.counters.add("aborts")
+                    self.counters.add(aborts=1)
                     self._free(e)
             self._cond.notify_all()
 
@@ -161,7 +179,7 @@ class PoolIndex:
         """Pin each readable page whose size matches (``None`` otherwise) and mark it recently used."""
         out: list[Entry | None] = []
         with self._cond:
-            self.counters.add("gets", len(keys))
+            self.counters.add(gets=len(keys))
             for i, key in enumerate(keys):
                 e = self._index.get(key)
                 if e is None or (sizes is not None and sizes[i] != e.size):
@@ -175,7 +193,7 @@ class PoolIndex:
                 e.tick = self._tick
                 self._lru[e.slot].move_to_end(key)
                 out.append(e)
-            self.counters.add("get_hits", sum(e is not None for e in out))
+            self.counters.add(get_hits=sum(e is not None for e in out))
         return out
 
     def release(self, entries: Sequence[Entry | None]) -> None:
@@ -194,7 +212,7 @@ class PoolIndex:
     def contains(self, keys: Sequence[PageKey]) -> bytes:
         index = self._index
         # A dict lookup per key under the GIL is atomic; no lock needed for a snapshot answer.
-        self.counters.add("exists_checks", len(keys))
+        self.counters.add(exists_checks=len(keys))
         return bytes(k in index for k in keys)
 
     # ---------------------------------------------------------------------------------- removal
@@ -207,7 +225,7 @@ class PoolIndex:
                 if e is not None:
                     self._drop(e)
                     n += 1
-            self.counters.add("removes", n)
+            self.counters.add(removes=n)
             self._cond.notify_all()
         return n
 
@@ -216,7 +234,7 @@ class PoolIndex:
             entries = list(self._index.values())
             for e in entries:
                 self._drop(e)
-            self.counters.add("clears")
+            self.counters.add(clears=1)
             self._cond.notify_all()
         return len(entries)
 
@@ -268,8 +286,8 @@ class PoolIndex:
         return self.alloc.alloc(slot)
 
     def _evict(self, e: Entry) -> None:
-        self.counters.add("evictions")
-        self.counters.add("evicted_bytes", e.size)
+        self.counters.add(evictions=1)
+        self.counters.add(evicted_bytes=e.size)
         self._drop(e)
 
     def _drop(self, e: Entry) -> None:
@@ -291,7 +309,7 @@ class PoolIndex:
 
     def snapshot(self) -> dict[str, float]:
         with self._cond:
-            out = self.counters.snapshot()
+            out = {k: float(v) for k, v in self.counters.as_dict().items()}
             out.update(capacity_bytes=float(self.alloc.capacity), used_bytes=float(self.alloc.used_bytes),
                        stored_bytes=float(self.stored_bytes), pages=float(len(self._index)),
                        writing=float(self._writing),

@@ -11,8 +11,8 @@ from __future__ import annotations
 import itertools
 import time
 
-from ..counters import Counters
 from ..errors import ProtocolError
+from ..tally import Tally
 from ..transfer import protocol as P
 from .conn import Conn, Hold, HoldLedger
 from .index import PRESENT, Entry
@@ -23,7 +23,7 @@ MAX_OPEN_PER_CONNECTION = 64
 
 
 class OneSided:
-    def __init__(self, holds: HoldLedger, hold_timeout: float, counters: Counters):
+    def __init__(self, holds: HoldLedger, hold_timeout: float, counters: Tally):
         self.holds = holds
         self.hold_timeout = hold_timeout
         self._counters = counters
@@ -65,7 +65,7 @@ class OneSided:
             return bytes(r is PRESENT for r in res)
         ok = [bool(written[i]) for i, r in enumerate(res) if isinstance(r, Entry)]
         index.commit(entries, ok)
-        self._counters.add("bytes_in", sum(e.size for e, w in zip(entries, ok) if w))
+        self._counters.add(bytes_in=sum(e.size for e, w in zip(entries, ok) if w))
         return bytes(bool(written[i]) if isinstance(r, Entry) else r is PRESENT
                      for i, r in enumerate(res))
 

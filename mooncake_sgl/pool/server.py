@@ -30,9 +30,10 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 
-from ..counters import Counters
 from ..errors import AuthError, ConfigError, ProtocolError
+from ..tally import Tally
 from ..transfer import protocol as P
 from ..transfer.tcp import (
     discard,
@@ -70,6 +71,22 @@ def _mem_available() -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class PoolServerStats:
+    """What the server counts across tenants: connections, wire errors, bytes moved."""
+
+    connections_total: int = 0
+    auth_failures: int = 0
+    protocol_errors: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    refused_connections: int = 0
+    handshake_drops: int = 0
+    timeouts: int = 0
+    idle_closed: int = 0
+    holds_expired: int = 0
+
+
 class _Expired(Exception):
     """A connection held a reservation or lease past ``hold_timeout``."""
 
@@ -92,9 +109,7 @@ class PoolServer:
         self.unix_name = ""
         self.rdma: dict[str, object] = {}  # tenant -> its segment's RDMA registration
         self.started = 0.0
-        self.counters = Counters(("connections_total", "auth_failures", "protocol_errors",
-                                  "bytes_in", "bytes_out", "refused_connections", "handshake_drops",
-                                  "timeouts", "idle_closed", "holds_expired"))
+        self.counters = Tally(PoolServerStats)
         self.one_sided = OneSided(self.holds, config.hold_timeout, self.counters)
         # With ``metrics_port``: the /metrics endpoint and its per-op latency histogram.
         self.metrics: PoolMetrics | None = None
@@ -231,16 +246,16 @@ class PoolServer:
                     self._pending[c] = None
             if victim is not None:
                 # The oldest unauthenticated connection gives way: its thread sees the shutdown.
-                self.counters.add("handshake_drops")
+                self.counters.add(handshake_drops=1)
                 try:
                     victim.sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
             if full:
-                self.counters.add("refused_connections")
+                self.counters.add(refused_connections=1)
                 self._refuser.refuse(sock)
                 continue
-            self.counters.add("connections_total")
+            self.counters.add(connections_total=1)
             self._spawn(self._serve, c)
 
     # ------------------------------------------------------------------------------- connection
@@ -314,7 +329,7 @@ class PoolServer:
                 break
             except BlockingIOError:  # the kernel timeout passed with nothing received
                 if c.oldest_hold() is None and time.monotonic() - idle_since >= cfg.idle_timeout:
-                    self.counters.add("idle_closed")
+                    self.counters.add(idle_closed=1)
                     log.debug("closing %s: idle for %.0fs", c.peer, cfg.idle_timeout)
                     return None
         if n == 0:
@@ -344,21 +359,21 @@ class PoolServer:
                 if self.metrics is not None:
                     self.metrics.observe_op(header.op, time.perf_counter() - started)
         except AuthError as e:
-            self.counters.add("auth_failures")
+            self.counters.add(auth_failures=1)
             log.warning("refused %s: %s", c.peer, e)
             self._send_error(c.sock, "auth", str(e))
         except ProtocolError as e:
-            self.counters.add("protocol_errors")
+            self.counters.add(protocol_errors=1)
             log.warning("protocol error from %s: %s", c.peer, e)
             self._send_error(c.sock, "protocol", str(e))
         except _Expired:
-            self.counters.add("holds_expired")
+            self.counters.add(holds_expired=1)
             log.warning("closing %s: a reservation or lease was held past hold_timeout (%.0fs)",
                         c.peer, cfg.hold_timeout)
             self._cleanup(c, expired=True)
             return
         except TimeoutError:
-            self.counters.add("timeouts")
+            self.counters.add(timeouts=1)
             log.info("closing %s: %s", c.peer, "handshake not finished within handshake_timeout"
                      if c.tenant is None else "request not sent or reply not taken in time")
         except OSError as e:
@@ -399,7 +414,7 @@ class PoolServer:
         n = sum(v.nbytes for v in data) if data else 0
         send_buffers(c.sock, [P.frame(op | P.REPLY_BIT, msg, n), *(data or [])],  # type: ignore[arg-type]
                      deadline + n / MIN_RATE)
-        self.counters.add("bytes_out", n)
+        self.counters.add(bytes_out=n)
 
     def _dispatch(self, c: Conn, header: P.Header, meta: bytearray, deadline: float) -> None:
         op = header.op
@@ -474,7 +489,7 @@ class PoolServer:
         except BaseException:
             index.abort(entries)  # a truncated PUT leaves nothing readable
             raise
-        self.counters.add("bytes_in", sum(sizes))
+        self.counters.add(bytes_in=sum(sizes))
         index.commit(entries, [True] * len(entries))
         return bytes(P.PUT_PRESENT if r is PRESENT else int(isinstance(r, Entry)) for r in res)
 
@@ -488,7 +503,7 @@ class PoolServer:
             if tenant is None or t.name == tenant:
                 for k, v in t.index.snapshot().items():
                     out[k] = out.get(k, 0.0) + v
-        out.update(self.counters.snapshot())
+        out.update((k, float(v)) for k, v in self.counters.as_dict().items())
         with self._lock:
             out["connections"] = float(len(self._conns))
         out["quarantined_bytes"] = float(self.holds.quarantined_bytes())

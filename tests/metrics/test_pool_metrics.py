@@ -69,13 +69,13 @@ def test_pages_being_read_show_as_leased_bytes(pool: PoolServer) -> None:
         assert c.put_batch([key(1)], [make_page(1, SEG)]) == [True]
     finally:
         c.close()
-    store = next(iter(pool.tenants.values())).store
-    entries = store.lease([key(1)], [2 * SEG])  # what a one-sided reader holds while it copies
+    index = next(iter(pool.tenants.values())).index
+    entries = index.lease([key(1)], [2 * SEG])  # what a one-sided reader holds while it copies
     try:
         m = scrape(pool)
         assert (m["leased_pages"], m["leased_bytes"]) == (1, 2 * SEG)
     finally:
-        store.release(entries)
+        index.release(entries)
     assert scrape(pool)["leased_bytes"] == 0
 
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from mooncake_sgl.counters import Counters
 from mooncake_sgl.pool.allocator import SlabAllocator
-from mooncake_sgl.pool.index import NO_ROOM, PRESENT, Entry, PoolIndex
+from mooncake_sgl.pool.index import NO_ROOM, PRESENT, Entry, PoolIndex, PoolIndexStats
+from mooncake_sgl.tally import Tally
 
 KIB = 1024
 
@@ -166,14 +166,14 @@ def test_page_larger_than_a_slab_is_refused_not_stored() -> None:
     assert s.reserve([b"empty"], [0]) == [NO_ROOM]
 
 
-def test_counters_take_only_declared_names_and_snapshot_a_copy() -> None:
-    c = Counters(("gets", "hits"))
-    c.add("gets", 3)
+def test_index_counts_take_only_declared_names_and_snapshot_a_copy() -> None:
+    c = Tally(PoolIndexStats)
+    c.add(gets=3)
     snap = c.snapshot()
-    c.add("gets")
-    assert snap == {"gets": 3.0, "hits": 0.0} and c["gets"] == 4
-    with pytest.raises(KeyError):
-        c.add("getz")  # a misspelt counter is a bug, not a new series
+    c.add(gets=1)
+    assert snap == PoolIndexStats(gets=3) and c["gets"] == 4
+    with pytest.raises(KeyError, match="getz"):
+        c.add(getz=1)  # a misspelt counter is a bug, not a new series
 
 
 def test_a_put_at_another_size_replaces_the_page_and_leaves_a_reader_its_old_slot() -> None:
