@@ -274,7 +274,7 @@ class LmdbTier(Tier):
         the writer's mutex) from later ones, by POSIX locks on lock.mdb, and closing *any*
         descriptor of a file drops every such lock the process holds on it. Closed here, a second
         process opening the directory took itself for the only one and reset both under the live
-        writer (SIGSEGV, SIGABRT or a corrupted index; issue 22)."""
+        writer (SIGSEGV, SIGABRT or a corrupted index)."""
         lock = os.path.join(self.path, "lock.mdb")
         fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
         try:
@@ -343,7 +343,7 @@ class LmdbTier(Tier):
         restart overlapping the old process's exit), so all of it happens in one write
         transaction: no commit can fall between the records read, the file size, the drops and
         the transaction id the allocator is current with. Read apart, a commit in between counted
-        as seen while its extents were unknown, and they were handed out again (issue 22).
+        as seen while its extents were unknown, and they were handed out again.
 
         Records past this process's capacity are kept: they may be another live process's pages
         (it has a larger capacity). After a lowered capacity the store evicts them, as they count
@@ -495,7 +495,7 @@ class LmdbTier(Tier):
         """Free the reader slots of processes that died reading (LMDB tells them by their locks)
         and return the oldest snapshot a reader still holds. A dead reader's slot pins every
         extent freed after its snapshot, so without this a process killed mid-read left the
-        others refusing every write for good (issue 22). Run when an allocation fails for want of
+        others refusing every write for good. Run when an allocation fails for want of
         reusable space, and at most every ``_READER_CHECK_S`` at the start of a write."""
         self._next_reader_check = time.monotonic() + _READER_CHECK_S
         cleared = self._env.reader_check()
