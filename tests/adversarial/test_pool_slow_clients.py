@@ -197,10 +197,12 @@ def test_refusing_connections_over_the_limit_never_stalls_the_accept_loop() -> N
             check = PoolClient(pool.endpoint, transport="tcp", secret=SECRET, connections=1)
             with pytest.raises(TierUnavailable, match="too many connections"):
                 check.stats()
-            assert time.monotonic() - t0 < 3.0  # it used to wait for the refused peers' bytes
+            # It used to wait for the refused peers' bytes (8.8 s, and as long as they trickle); the
+            # bound leaves room for a loaded 2-core machine.
+            assert time.monotonic() - t0 < 6.0
             check.close()
             holders.pop().close()
-            assert wait_for(lambda: _stats_ok(pool), 3.0)  # a freed slot is usable at once
+            assert wait_for(lambda: _stats_ok(pool), 10.0)  # a freed slot is usable (polled)
         finally:
             stop.set()
             t.join()
