@@ -61,9 +61,14 @@ class EnvVar(Generic[T]):
     def is_set(self, environ: Mapping[str, str] | None = None) -> bool:
         return bool((os.environ if environ is None else environ).get(self.name, "").strip())
 
-    def set_default(self, value: T) -> None:
-        """Set the variable for this process and its children unless the operator already did."""
-        os.environ.setdefault(self.name, str(value))
+    def set_default(self, value: object) -> None:
+        """Set the variable for this process and its children unless the operator already did.
+
+        ``value`` is written as the library that reads it expects (``1``/``0`` for a flag). An empty
+        value counts as unset, as in ``get`` and ``is_set``: left empty, a flag we turn on would stay
+        off while we logged it on."""
+        if not self.is_set():
+            os.environ[self.name] = str(value)
 
 
 def _str(name: str, doc: str, default: str = "") -> EnvVar[str]:

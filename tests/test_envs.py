@@ -80,6 +80,12 @@ def test_set_default_leaves_the_operators_value(monkeypatch: pytest.MonkeyPatch)
     assert envs.MC_RPC_TIMEOUT_MS.get() == 3000
 
 
+def test_set_default_fills_a_variable_set_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MC_RPC_TIMEOUT_MS", "")  # unset, for get() and is_set() alike
+    envs.MC_RPC_TIMEOUT_MS.set_default(3000)
+    assert envs.MC_RPC_TIMEOUT_MS.get() == 3000
+
+
 def test_each_variable_is_declared_once() -> None:
     names = [v.name for v in envs.REGISTRY]
     assert len(names) == len(set(names)) and "MOONCAKE_SGL_CONFIG" in names
