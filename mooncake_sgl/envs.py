@@ -98,8 +98,6 @@ MOONCAKE_MASTER_BIN = _str("MOONCAKE_MASTER_BIN", "path of the mooncake_master b
 # --------------------------------------------------------------------- test-suite opt-ins (tests/)
 MOONCAKE_SGL_TEST_HA = _bool("MOONCAKE_SGL_TEST_HA", "run the etcd high-availability tests")
 MOONCAKE_SGL_TEST_CHAOS = _bool("MOONCAKE_SGL_TEST_CHAOS", "run the live chaos tests")
-MOONCAKE_SGL_TEST_CLUSTER_FAULTS = _bool("MOONCAKE_SGL_TEST_CLUSTER_FAULTS",
-                                         "run the cluster fault test (live traffic through four faults)")
 
 # ------------------------------------------------------------- set by mooncake_sgl for its libraries
 SGLANG_HICACHE_MOONCAKE_REUSE_TE = _bool(

@@ -17,7 +17,7 @@ previous turn), TTFT mean/p50/p99, throughput, and the tier each of our page hit
 emptied) behind a router of its own. The question: does a shared pool let round-robin match
 cache-aware routing, and by how much does it beat isolated tiers?
 
---faults: the CI fault test's schedule (mooncake_sgl/testing/cluster_faults.py) under this
+--faults: the CI fault test's schedule (devtools/testing/cluster_faults.py) under this
 workload instead: three servers over the pool (fourth host), the Mooncake Store (etcd and the
 leading master on the fourth host, the standby on host 0) and an LMDB tier (host 0's on a small
 file system filled before it opened). The workload's requests go through the router in

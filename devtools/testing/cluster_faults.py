@@ -181,13 +181,14 @@ HoldUntil = Callable[[list[Sample], "Snapshot | None", "Snapshot | None"], bool]
 def run_fault(name: str, traffic: Traffic, inject: Callable[[], None], heal: Callable[[], None],
               hold_s: float, settle_requests: int = 4, timeout_s: float = 600.0,
               scrape: Callable[[], Snapshot] | None = None, hold_until: HoldUntil | None = None,
-              scrape_held: bool = True) -> FaultReport:
+              scrape_held: bool = True, settle_until: HoldUntil | None = None) -> FaultReport:
     """``inject``, wait ``hold_s`` under traffic (and until ``hold_until`` says the fault showed,
     polled about once a second, or ``timeout_s``), ``heal``, then wait for
-    ``settle_requests`` answers with storage hits (or ``timeout_s``); counts the requests sent from
-    the injection on. ``scrape``: our metrics over the servers, read at the injection, just before
-    the heal (unless not ``scrape_held``: a fault that cuts a server off would hold the scrape, and
-    so itself, for the scrape's timeouts) and at the end."""
+    ``settle_requests`` answers with storage hits and, with ``settle_until``, until it says the
+    heal shows in our metrics (its ``start`` is the scrape at the heal), or ``timeout_s``; counts
+    the requests sent from the injection on. ``scrape``: our metrics over the servers, read at the
+    injection, just before the heal (unless not ``scrape_held``: a fault that cuts a server off
+    would hold the scrape, and so itself, for the scrape's timeouts) and at the end."""
     first = len(traffic.samples)
     snaps = [_safe(scrape)]
     t0 = time.monotonic()
@@ -206,10 +207,19 @@ def run_fault(name: str, traffic: Traffic, inject: Callable[[], None], heal: Cal
     healed = snaps[1] if scrape_held else _safe(scrape)
     report = FaultReport(name, fault_s=t_heal - t0)
     deadline = t_heal + timeout_s
+    end: Snapshot | None = None
     while time.monotonic() < deadline:
         after = [s for s in traffic.samples[first:] if s.t >= t_heal]
         if sum(1 for s in after if s.storage_tokens > 0) >= settle_requests:
-            break
+            if settle_until is None:
+                break
+            # Our gauges are published about once a second, off the request path: an answer with
+            # hits can come before the heal shows in them.
+            shown = _safe(scrape)
+            if settle_until(after, healed, shown):
+                end = shown
+                break
+            time.sleep(0.8)
         time.sleep(0.2)
     window = traffic.samples[first:]
     report.requests = len(window)
@@ -221,7 +231,7 @@ def run_fault(name: str, traffic: Traffic, inject: Callable[[], None], heal: Cal
     if hit is not None:
         report.hits_resume_s = hit.t - t0
         report.hits_resume_after_heal_s = hit.t - t_heal
-    end = _safe(scrape)
+    end = end or _safe(scrape)
     for label, a, b in (("during", snaps[0], snaps[1]), ("after", healed, end)):
         if a is not None and b is not None:
             report.tiers[label] = {tier: {"hits": t.hits, "written_bytes": t.written_bytes,
@@ -243,6 +253,14 @@ def ssd_refused_and_hits_returned(samples: list[Sample], start: Snapshot | None,
     lmdb = tiers.get("lmdb")
     others = sum(t.hits for name, t in tiers.items() if name != "lmdb")
     return lmdb is not None and lmdb.puts_refused + lmdb.evictions > 0 and others > 0
+
+
+def ssd_has_room_again(samples: list[Sample], start: Snapshot | None, now: Snapshot | None) -> bool:
+    """The freed disk has shown: the SSD tier can hold more than it could at the heal."""
+    if start is None or now is None:
+        return False
+    before, after = start.by_tier().get("lmdb"), now.by_tier().get("lmdb")
+    return before is not None and after is not None and after.holdable_bytes > before.holdable_bytes
 
 
 def _safe(scrape: Callable[[], Snapshot] | None) -> Snapshot | None:
@@ -391,26 +409,42 @@ class Rig:
 CUT_S = 10.0
 
 
+@dataclass(frozen=True)
+class Step:
+    """One fault of ``schedule``: how it is injected and healed, and ``run_fault``'s waits for it."""
+    name: str
+    actions: tuple[Callable[[], None], Callable[[], None]]  # (inject, heal)
+    hold_s: float
+    hold_until: HoldUntil | None = None
+    scrape_held: bool = True
+    settle_until: HoldUntil | None = None
+
+
+def steps(rig: Rig) -> list[Step]:
+    """The four faults in ``schedule``'s order: the disk fault first, since its disk was full from
+    the start. The full disk shows only once pages were written to it, and its end only once our
+    gauges say so; a server cut off is not scraped while it is cut."""
+    return [
+        Step("SSD tier's disk full from the start", disk_full(rig.disk, rig.clear_storage), 5.0,
+             hold_until=ssd_refused_and_hits_returned, settle_until=ssd_has_room_again),
+        Step(f"server host cut off {CUT_S:.0f} s", cut_host(rig.cluster, rig.server_host), CUT_S,
+             scrape_held=False),
+        Step("pool host killed, restarted",
+             restart_host(rig.cluster, rig.pool_host, rig.restart_pool_host, rig.masters), 2.0),
+        Step("active master killed", kill_leader(rig.masters), 2.0),
+    ]
+
+
 def schedule(rig: Rig, traffic: Traffic, scrape: Callable[[], Snapshot] | None = None,
              log: Callable[[str], None] = lambda _: None) -> list[FaultReport]:
-    """The four faults, one after another, each healed and its hits resumed before the next; the
-    disk fault first, since its disk was full from the start."""
-    # (name, (inject, heal), hold_s, hold until: the full disk shows only once pages were written
-    # to it, scrape while held: not a server cut off)
-    steps: list[tuple[str, tuple[Callable[[], None], Callable[[], None]], float, HoldUntil | None,
-                      bool]] = [
-        ("SSD tier's disk full from the start", disk_full(rig.disk, rig.clear_storage), 5.0,
-         ssd_refused_and_hits_returned, True),
-        (f"server host cut off {CUT_S:.0f} s", cut_host(rig.cluster, rig.server_host), CUT_S, None, False),
-        ("pool host killed, restarted", restart_host(rig.cluster, rig.pool_host, rig.restart_pool_host,
-                                                     rig.masters), 2.0, None, True),
-        ("active master killed", kill_leader(rig.masters), 2.0, None, True),
-    ]
+    """The four faults of ``steps``, one after another, each healed and its hits resumed (and its
+    end shown) before the next."""
     reports = []
-    for name, (inject, heal), hold_s, until, scrape_held in steps:
-        log(f"fault: {name}")
-        reports.append(run_fault(name, traffic, inject, heal, hold_s, scrape=scrape, hold_until=until,
-                                 scrape_held=scrape_held))
+    for step in steps(rig):
+        log(f"fault: {step.name}")
+        reports.append(run_fault(step.name, traffic, *step.actions, step.hold_s, scrape=scrape,
+                                 hold_until=step.hold_until, scrape_held=step.scrape_held,
+                                 settle_until=step.settle_until))
         log(f"  {reports[-1].failed} failed, {reports[-1].differing} differing of "
             f"{reports[-1].requests}; hits resume {reports[-1].hits_resume_s}")
     return reports
