@@ -29,7 +29,7 @@ done at once here rather than one after the other:
   readahead hints: the kernel's own readahead serves the readers' sequential runs. Measured cold
   in a fresh reader process (page cache dropped, interleaved A/B, 2-vCPU VM whose disk has
   ``read_ahead_kb`` 8192): hinting each run with ``POSIX_FADV_WILLNEED`` a 32 MiB window ahead
-  read 0.5x as fast as no hints at 64 KiB and 1 MiB pages and 0.5-0.9x at 8 MiB (a hint is a
+  read 0.3-0.6x as fast as no hints at 64 KiB and 1 MiB pages and 0.5-0.9x at 8 MiB (a hint is a
   request the size of one run, issued by the reader before its read; the kernel's readahead
   issues its full window at once). Every page is still checked against its record before it
   counts as a hit.
