@@ -11,7 +11,8 @@ more than the get's wall time:
   record parsing per key, counting);
 - ``read syscalls``: ``preadv`` into the destination's segments (the copy out of the page cache,
   and on a cold read the wait for the disk);
-- ``readahead hints``: ``posix_fadvise(WILLNEED)`` calls;
+- ``readahead hints``: ``posix_fadvise(WILLNEED)`` calls (the read path makes none now; a row
+  here would say it does again);
 - ``checksum``: xxh3 of every page (one-shot and streaming).
 
 Every page read is compared with what was written (untimed).

@@ -2,7 +2,9 @@
 
 User's view, per page size and round, for each backend in turn (rounds interleave them):
 
-1. a **writer process** puts N pages into a fresh directory in batches, times the puts, exits;
+1. a **writer process** puts N pages into a fresh directory in batches, times the puts, then
+   ``fdatasync``-s every file in the directory and times the puts again up to that point ("put +
+   sync": until the bytes are on the disk, not just in the page cache), exits;
 2. the page cache is dropped (root: ``/proc/sys/vm/drop_caches``; otherwise every file written is
    ``posix_fadvise(DONTNEED)``-ed after a sync, and the report says so);
 3. a **reader process** opens the directory, times reading every page into a destination buffer
@@ -83,9 +85,21 @@ def _hicache_file(directory: str):
     return HiCacheFile(cfg)
 
 
+def sync_files(directory: str) -> None:
+    """``fdatasync`` every file under ``directory`` (the backend's pages and index)."""
+    for f in Path(directory).rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+
+
 def child_main(argv: list[str]) -> None:
-    """``bench_tiers.py _user-view write|read BACKEND DIR SIZE N BATCH``: prints seconds (a reader:
-    of the cold pass, then of the warm one)."""
+    """``bench_tiers.py _user-view write|read BACKEND DIR SIZE N BATCH``: prints seconds (a writer:
+    of the puts, then of the puts plus ``sync_files``; a reader: of the cold pass, then of the
+    warm one)."""
     role, backend, directory = argv[0], argv[1], argv[2]
     size, n, batch = int(argv[3]), int(argv[4]), int(argv[5])
     buf = page_data(size, n) if role == "write" else aligned_buffer(size * n)
@@ -101,6 +115,9 @@ def child_main(argv: list[str]) -> None:
             for i in range(0, n, batch):
                 if not all(op(names[i:i + batch], pages[i:i + batch])):
                     raise SystemExit(f"bench: our tier refused or missed pages in the {role}r")
+            took.append(time.perf_counter() - t0)
+        if role == "write":
+            sync_files(directory)
             took.append(time.perf_counter() - t0)
         tier.close()
     elif backend == "HiCacheFile":
@@ -120,6 +137,9 @@ def child_main(argv: list[str]) -> None:
                 if not ok:
                     raise SystemExit(f"bench: HiCacheFile failed in the {role}r")
             took.append(time.perf_counter() - t0)
+        if role == "write":
+            sync_files(directory)
+            took.append(time.perf_counter() - t0)
     else:
         path = os.path.join(directory, "raw.bin")
         flags = (os.O_WRONLY | os.O_CREAT if role == "write" else os.O_RDONLY) | os.O_DIRECT
@@ -133,6 +153,9 @@ def child_main(argv: list[str]) -> None:
                     done = os.pwrite(fd, part, off) if role == "write" else os.preadv(fd, [part], off)
                     if done != min(_CHUNK, size * n - off):
                         raise SystemExit("bench: short O_DIRECT transfer")
+                took.append(time.perf_counter() - t0)
+            if role == "write":  # the bytes are on the device already; its cache is flushed
+                os.fdatasync(fd)
                 took.append(time.perf_counter() - t0)
         finally:
             os.close(fd)
@@ -182,28 +205,28 @@ def drop_cache(directory: Path) -> str:
 
 def user_view(script: str, sizes: list[tuple[int, int]], rounds: int, batch: int, workdir: Path,
               hicache_file: bool) -> dict:
-    """Per size: median GB/s of put, cold get and warm get per backend, and how the cache was
-    dropped."""
+    """Per size: median GB/s of put, put until on disk, cold get and warm get per backend, and how
+    the cache was dropped."""
     backends = [b for b in BACKENDS if hicache_file or b != "HiCacheFile"]
     results: dict[str, dict] = {}
     how = ""
     for size, n in sizes:
         label = f"{human(size)} x{n}"
-        times = {b: {"put": [], "get": [], "get_warm": []} for b in backends}
+        times = {b: {"put": [], "put_synced": [], "get": [], "get_warm": []} for b in backends}
         for r in range(rounds):
             for b in backends:
                 log(f"[user view {label}] round {r + 1}/{rounds}: {b}")
                 d = workdir / f"uv-{b.replace(' ', '_')}"
                 d.mkdir(parents=True)
                 try:
-                    put = _child(script, "write", b, d, size, n, batch)[0]
+                    put, synced = _child(script, "write", b, d, size, n, batch)
                     how = drop_cache(d)
                     cold, warm = _child(script, "read", b, d, size, n, batch)
-                    for op, t in (("put", put), ("get", cold), ("get_warm", warm)):
+                    for op, t in (("put", put), ("put_synced", synced), ("get", cold), ("get_warm", warm)):
                         times[b][op].append(t)
                     gb = size * n / GB
-                    log(f"[user view {label}] {b}: put {gb / put:.2f}, cold get {gb / cold:.2f}, "
-                        f"warm get {gb / warm:.2f} GB/s")
+                    log(f"[user view {label}] {b}: put {gb / put:.2f}, put + sync {gb / synced:.2f}, "
+                        f"cold get {gb / cold:.2f}, warm get {gb / warm:.2f} GB/s")
                 finally:
                     shutil.rmtree(d, ignore_errors=True)
         row = results.setdefault(label, {})
@@ -216,8 +239,9 @@ def user_view(script: str, sizes: list[tuple[int, int]], rounds: int, batch: int
 def user_view_table(uv: dict) -> str:
     lines = [f"user's view: writer process -> page cache dropped ({uv['cache_dropped_by']}) -> reader "
              f"process; GB/s, median of {uv['rounds']} interleaved rounds",
-             f"{'pages':>12} {'backend':<13} {'put':>6} {'cold get':>9} {'warm get':>9}   "
-             "ours vs HiCacheFile / vs raw O_DIRECT (put, cold get, warm get)"]
+             "(put + sync: until every file of the backend is fdatasync-ed)",
+             f"{'pages':>12} {'backend':<13} {'put':>6} {'put+sync':>9} {'cold get':>9} {'warm get':>9}   "
+             "ours vs HiCacheFile / vs raw O_DIRECT (put, put + sync, cold get, warm get)"]
     for label, row in uv["results"].items():
         for b, v in row.items():
             ratios = ""
@@ -226,10 +250,12 @@ def user_view_table(uv: dict) -> str:
                 for ref in ("HiCacheFile", "raw O_DIRECT"):
                     if ref in row:
                         parts.append(f"put {v['put'] / row[ref]['put']:.2f}x "
+                                     f"synced {v['put_synced'] / row[ref]['put_synced']:.2f}x "
                                      f"cold {v['get'] / row[ref]['get']:.2f}x "
                                      f"warm {v['get_warm'] / row[ref]['get_warm']:.2f}x")
                 ratios = " / ".join(parts)
-            lines.append(f"{label:>12} {b:<13} {v['put']:>6.2f} {v['get']:>9.2f} {v['get_warm']:>9.2f}   "
+            lines.append(f"{label:>12} {b:<13} {v['put']:>6.2f} {v['put_synced']:>9.2f} {v['get']:>9.2f} "
+                         f"{v['get_warm']:>9.2f}   "
                          f"{ratios}")
     return "\n".join(lines)
 

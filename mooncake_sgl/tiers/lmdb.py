@@ -9,9 +9,8 @@ Why each choice:
 - *Disk speed.* Page bytes never pass through LMDB's memory map: a put writes the caller's
   segments into preallocated extents from writer threads while it checksums them, through the page
   cache while the kernel takes them freely and with ``O_DIRECT`` once it would throttle; a get
-  reads into the destination's segments and hashes each piece as it lands, from the page cache
-  without blocking where it can and with readahead ahead of the readers where it cannot
-  (``ssd_io``).
+  reads into the destination's segments and hashes each piece as it lands, leaving readahead
+  to the kernel (``ssd_io``).
   Measured the way a user meets the tier (writer process, page cache dropped, new reader
   process), values kept in LMDB read 1.4-2.3x slower and were written 2-7x slower at 64 KiB and
   8 MiB than this; ``scripts/bench_tiers.py --modes user-view`` compares it with SGLang's

@@ -19,9 +19,10 @@ dropped, reader process; 64 KiB / 1 MiB / 8 MiB pages on the development VM's vi
   than writing into a sparse file, and a full disk shows up as a refused page at allocation instead
   of a failed write. The step doubles with the file (from ``_GROW_MIN`` up to ``_GROW_MAX``), so a
   tier that holds a few pages takes a few MiB of disk, not a quarter of a GiB.
-- Readahead hints (``POSIX_FADV_WILLNEED``) for every extent of a read batch before the first
-  ``preadv``: the kernel has the whole batch in flight (1.5-3x faster cold reads of 8 MiB pages
-  than without).
+- No readahead hints on reads: hinting every extent of a batch (``POSIX_FADV_WILLNEED``) before
+  the first ``preadv`` once made cold 8 MiB reads 1.5-3x faster, but against the kernel's own
+  readahead (a disk with ``read_ahead_kb`` 8192) hints per run made cold reads 2-3x slower at
+  64 KiB and 1 MiB (``ssd_io``).
 - Adjacent extents move in few calls: a batch of fresh pages is a few large ``pwritev`` (puts
   1.2-1.3x raw ``O_DIRECT`` instead of 0.5-0.9x one page per call); reads merge only up to 1 MiB
   (``ssd_io``).

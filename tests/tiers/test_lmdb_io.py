@@ -152,11 +152,14 @@ def test_a_device_refusing_the_o_direct_alignment_gets_the_pages_buffered(tmp_pa
     tier.close()
 
 
-def test_a_warm_read_asks_for_no_readahead_and_a_cold_one_does(tmp_path: Path, monkeypatch) -> None:
+def test_reads_warm_and_cold_leave_readahead_to_the_kernel(tmp_path: Path, monkeypatch) -> None:
+    """No ``POSIX_FADV_WILLNEED`` from a read, cached or not: a hint per run, issued by the reader
+    before its read, made cold reads 2-3x slower than the kernel's own readahead (``ssd_io``)."""
     tier = tier_at(tmp_path, "buffered")
-    buf, pages = aligned_pages(32, seed=7)
-    names = [b"warm-%02d" % i for i in range(32)]
-    assert tier.put_from(names, pages) == [True] * 32
+    n = (32 << 20) // PAGE  # a batch the pool's threads share (``ssd_io._GANG_MIN_BYTES``)
+    buf, pages = aligned_pages(n, seed=7)
+    names = [b"ahead-%03d" % i for i in range(n)]
+    assert tier.put_from(names, pages) == [True] * n
     hints: list[int] = []
     advise = os.posix_fadvise
 
@@ -166,18 +169,17 @@ def test_a_warm_read_asks_for_no_readahead_and_a_cold_one_does(tmp_path: Path, m
         advise(fd, offset, length, advice)
 
     monkeypatch.setattr(ssd_io.os, "posix_fadvise", counted)
-    ok, out = read_all(tier, names, 32)  # just written: every byte is in the page cache
-    assert ok == [True] * 32 and np.array_equal(out, buf)
-    assert hints == []
+    ok, out = read_all(tier, names, n)  # just written: every byte is in the page cache
+    assert ok == [True] * n and np.array_equal(out, buf)
     fd = os.open(tmp_path / "pages.bin", os.O_RDONLY)
     try:
         os.fdatasync(fd)
         advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
-    ok, out = read_all(tier, names, 32)
-    assert ok == [True] * 32 and np.array_equal(out, buf)
-    assert sum(hints) > 0  # the kernel was asked for the batch once a read found it not cached
+    ok, out = read_all(tier, names, n)  # from the disk
+    assert ok == [True] * n and np.array_equal(out, buf)
+    assert hints == []
     tier.close()
 
 
