@@ -25,7 +25,14 @@ done at once here rather than one after the other:
 - *Reads*: the runs of a batch are shared by the calling thread and the pool's threads, each
   reading a run straight into the destination's segments and hashing it at once, a piece at a time
   while the piece is still in that core's cache (``xxhash``'s streaming update releases the GIL
-  above 64 KiB, so two cores hash at once). Reads are plain blocking ``preadv`` calls, with no
+  above 64 KiB, so two cores hash at once). Each reader takes a contiguous stretch of the batch,
+  in file order, through a descriptor of its own: the kernel keeps readahead state per open file,
+  so each reader is one sequential stream it can follow. Readers that took turns run by run on
+  one descriptor looked random to it (measured cold, 8 MiB pages, 10 interleaved rounds in fresh
+  reader processes: own stretch and descriptor 1.2-3.5x the shared one in every round, median
+  1.33 against 0.91 GB/s). A reader done with its stretch takes the last runs of another's, so a
+  helper that has not started is never waited for.
+  Reads are plain blocking ``preadv`` calls, with no
   readahead hints: the kernel's own readahead serves the readers' sequential runs. Measured cold
   in a fresh reader process (page cache dropped, interleaved A/B, 2-vCPU VM whose disk has
   ``read_ahead_kb`` 8192): hinting each run with ``POSIX_FADV_WILLNEED`` a 32 MiB window ahead
@@ -47,10 +54,11 @@ is in flight; it joins the pool.
 from __future__ import annotations
 
 import errno
-import itertools
 import os
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 
 import numpy as np
 import xxhash
@@ -147,6 +155,15 @@ def _preadv_all(fd: int, segments: list[memoryview], offset: int) -> int:
     return total
 
 
+def _fill(fd: int, segs: list[memoryview], offset: int) -> int:
+    """Read ``segs`` from ``offset``; the bytes read (fewer at the end of the file, 0 on an error:
+    the pages are misses)."""
+    try:
+        return _preadv_all(fd, segs, offset)
+    except OSError:
+        return 0
+
+
 def _run_now(fn, *args) -> Future:
     """``fn(*args)`` on this thread, as a finished future (batches too small for the pool)."""
     done: Future = Future()
@@ -220,6 +237,67 @@ class DirtyRoom:
         return dirty + nbytes < (background + limit) // 2
 
 
+class _Stretches:
+    """Which task each of a gang's readers takes next: worker ``w`` owns the ``w``-th contiguous
+    stretch of ``0..ntasks-1`` and takes it front to back; once it is done, it takes the last task
+    of the stretch with the most left (the owner keeps its sequential front)."""
+
+    def __init__(self, ntasks: int, workers: int) -> None:
+        bounds = [ntasks * w // workers for w in range(workers + 1)]
+        self._left = [[bounds[w], bounds[w + 1]] for w in range(workers)]
+        self._lock = threading.Lock()
+
+    def next(self, worker: int) -> int | None:
+        with self._lock:
+            own = self._left[worker]
+            if own[0] < own[1]:
+                own[0] += 1
+                return own[0] - 1
+            other = max(self._left, key=lambda span: span[1] - span[0])
+            if other[0] >= other[1]:
+                return None
+            other[1] -= 1
+            return other[1]
+
+
+class _ReadDescriptors:
+    """Read-only descriptors of the file, one per reader at a time, opened as needed and kept: the
+    kernel's readahead state belongs to an open file, and readers at different offsets sharing one
+    thrash it. Where no descriptor can be opened (out of descriptors), the shared one serves."""
+
+    def __init__(self, path: str, shared_fd: int) -> None:
+        self._path = path
+        self._shared = shared_fd
+        self._free: list[int] = []
+        self._opened: list[int] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def one(self) -> Iterator[int]:
+        with self._lock:
+            fd = self._free.pop() if self._free else -1
+        if fd < 0:
+            try:
+                fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                yield self._shared
+                return
+            with self._lock:
+                self._opened.append(fd)
+        try:
+            yield fd
+        finally:
+            with self._lock:
+                self._free.append(fd)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._opened:
+                os.close(fd)
+            self._opened.clear()
+            self._free.clear()
+
+
 class PageIO:
     """Writes and reads of page bytes at extents of one file, with their checksums."""
 
@@ -237,6 +315,7 @@ class PageIO:
                 self._direct_fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | getattr(os, "O_DIRECT", 0))
             except OSError:  # tmpfs and some others refuse O_DIRECT: the buffered path serves
                 self._direct_fd = -1
+        self._readers = _ReadDescriptors(path, buffered_fd)
         self._pool = ThreadPoolExecutor(_IO_THREADS, thread_name_prefix="mooncake-sgl-ssd-io")
 
     @property
@@ -280,8 +359,9 @@ class PageIO:
 
         Each run of adjacent extents is read and then hashed by the same thread, a piece at a
         time, while the piece is still in that core's cache; runs go to the calling thread and the
-        pool's threads alike (``_gang``). No readahead hints: the kernel's readahead serves the
-        runs, which come in file order (module docstring: hints made cold reads slower)."""
+        pool's threads alike (``_gang``), each reading its own stretch in file order through its
+        own descriptor. No readahead hints: the kernel's readahead serves the runs (module
+        docstring: hints made cold reads slower)."""
         n = len(items)
         sizes = [page_nbytes(p) for _, p, _ in items]
         runs: list[tuple[int, int, list[int]]] = []  # (start, end, items), by offset
@@ -294,11 +374,11 @@ class PageIO:
                 runs.append((offset, offset + aligned(sizes[j]), [j]))
         done = [False] * n
 
-        def one(r: int) -> None:
+        def one(r: int, fd: int) -> None:
             start, _, run = runs[r]
             if len(run) == 1 and sizes[run[0]] > _PIECE:
                 j = run[0]
-                done[j] = self._read_piecewise(keys[j], items[j], sizes[j])
+                done[j] = self._read_piecewise(fd, keys[j], items[j], sizes[j])
                 return
             segs: list[memoryview] = []
             for j in run:
@@ -306,7 +386,7 @@ class PageIO:
                 gap = -sizes[j] % ALIGN
                 if gap and j != run[-1]:
                     segs.append(_PAD[:gap])  # the rest of its 4 KiB block, before the next extent
-            got = self._fill(segs, start)
+            got = _fill(fd, segs, start)
             for j in run:
                 offset, page, digest = items[j]
                 done[j] = offset + sizes[j] <= start + got and checksum(keys[j], page) == digest
@@ -314,19 +394,13 @@ class PageIO:
         if sum(sizes) >= _GANG_MIN_BYTES and len(runs) > 1:
             self._gang(len(runs), one)
         else:
-            for r in range(len(runs)):
-                one(r)
+            with self._readers.one() as fd:
+                for r in range(len(runs)):
+                    one(r, fd)
         return done
 
-    def _fill(self, segs: list[memoryview], offset: int) -> int:
-        """Read ``segs`` from ``offset``; the bytes read (fewer at the end of the file, 0 on an
-        error: the pages are misses)."""
-        try:
-            return _preadv_all(self._fd, segs, offset)
-        except OSError:
-            return 0
-
-    def _read_piecewise(self, key: PageKey, item: tuple[int, PageView, int], nbytes: int) -> bool:
+    def _read_piecewise(self, fd: int, key: PageKey, item: tuple[int, PageView, int], nbytes: int
+                        ) -> bool:
         """One large page, read and hashed ``_PIECE`` bytes at a time (each piece is hashed while
         it is still in this core's cache; the streaming digest equals the one-shot one)."""
         offset, page, digest = item
@@ -336,27 +410,28 @@ class PageIO:
             flat = _flat(seg)
             for at in range(0, flat.nbytes, _PIECE):
                 piece = flat[at:at + _PIECE]
-                if self._fill([piece], pos) < piece.nbytes:
+                if _fill(fd, [piece], pos) < piece.nbytes:
                     return False
                 h.update(piece)  # releases the GIL above 64 KiB: other runs hash meanwhile
                 pos += piece.nbytes
         return pos - offset == nbytes and h.intdigest() == digest
 
-    def _gang(self, ntasks: int, fn: Callable[[int], None]) -> None:
-        """``fn(0..ntasks-1)`` on the calling thread and up to ``_IO_THREADS`` pool threads, each
-        taking the next task when it is free. The caller works too, so a batch never waits for a
-        thread to wake (on a loaded machine a wake-up took longer than a small batch's read), and
-        helpers that had not started when the caller ran out of tasks are cancelled, not awaited."""
-        counter = itertools.count()
+    def _gang(self, ntasks: int, fn: Callable[[int, int], None]) -> None:
+        """``fn(task, fd)`` for tasks ``0..ntasks-1`` on the calling thread and up to
+        ``_GANG_HELPERS`` pool threads, each through its own descriptor and its own stretch of the
+        tasks (``_Stretches``). The caller works too, so a batch never waits for a thread to wake
+        (on a loaded machine a wake-up took longer than a small batch's read), and helpers that
+        had not started when the caller ran out of tasks are cancelled, not awaited."""
+        workers = min(_GANG_HELPERS, ntasks - 1) + 1
+        stretches = _Stretches(ntasks, workers)
 
-        def loop() -> None:
-            for i in iter(counter.__next__, None):  # next() of a count is atomic under the GIL
-                if i >= ntasks:
-                    return
-                fn(i)
+        def loop(worker: int) -> None:
+            with self._readers.one() as fd:
+                for task in iter(lambda: stretches.next(worker), None):
+                    fn(task, fd)
 
-        helpers = [self._pool.submit(loop) for _ in range(min(_GANG_HELPERS, ntasks - 1))]
-        loop()
+        helpers = [self._pool.submit(loop, w) for w in range(1, workers)]
+        loop(0)
         for f in helpers:
             if not f.cancel():
                 f.result()
@@ -383,6 +458,7 @@ class PageIO:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self._readers.close()
         if self._direct_fd >= 0:
             os.close(self._direct_fd)
             self._direct_fd = -1

@@ -208,6 +208,76 @@ def test_a_batch_is_read_by_the_calling_thread_and_the_pool_alike(tmp_path: Path
     tier.close()
 
 
+def test_readers_of_a_shared_batch_each_read_through_a_descriptor_of_their_own(tmp_path: Path,
+                                                                               monkeypatch) -> None:
+    """The kernel keeps readahead state per open file: readers sharing the writer's descriptor
+    at different offsets made each other look random to it (``ssd_io``: cold 8 MiB reads)."""
+    import threading
+    import time
+
+    tier = tier_at(tmp_path, "buffered")
+    n = (32 << 20) // PAGE  # large enough to be shared (``ssd_io._GANG_MIN_BYTES``)
+    buf, pages = aligned_pages(n, seed=10)
+    names = [b"own-fd-%03d" % i for i in range(n)]
+    assert tier.put_from(names, pages) == [True] * n
+    reads: list[tuple[str, int, int]] = []
+    read = ssd_io._preadv_all
+
+    def noted(fd: int, segments, offset: int) -> int:
+        reads.append((threading.current_thread().name, fd, offset))
+        time.sleep(0.02)  # long enough for a pool thread to wake and take a run
+        return read(fd, segments, offset)
+
+    monkeypatch.setattr(ssd_io, "_preadv_all", noted)
+    for _ in range(2):  # the second batch reuses the first one's descriptors
+        ok, out = read_all(tier, names, n)
+        assert ok == [True] * n and np.array_equal(out, buf)
+    fds_of: dict[str, set[int]] = {}
+    for thread, fd, _ in reads:
+        fds_of.setdefault(thread, set()).add(fd)
+    assert len(fds_of) >= 2 and all(len(fds) == 1 for fds in fds_of.values())
+    used = set().union(*fds_of.values())
+    assert len(used) == len(fds_of)  # no two readers on one descriptor
+    assert tier._file.fd not in used
+    tier.close()
+    for fd in used:  # the tier's close closes them
+        with pytest.raises(OSError):
+            os.fstat(fd)
+
+
+def test_each_reader_takes_its_own_stretch_in_order_then_the_ends_of_the_others() -> None:
+    both = ssd_io._Stretches(10, 2)
+    assert [(both.next(0), both.next(1)) for _ in range(5)] == [(i, 5 + i) for i in range(5)]
+    assert both.next(0) is None and both.next(1) is None
+    alone = ssd_io._Stretches(10, 2)  # the helper never started: the caller takes it all
+    assert [alone.next(0) for _ in range(11)] == [0, 1, 2, 3, 4, 9, 8, 7, 6, 5, None]
+    three = ssd_io._Stretches(9, 3)
+    assert three.next(2) == 6 and [three.next(0) for _ in range(3)] == [0, 1, 2]
+    assert three.next(0) == 5  # the stretch with the most left gives up its last task
+    taken = [three.next(w) for w in (1, 2, 0, 1, 2)]
+    assert sorted(t for t in taken if t is not None) == [3, 4, 7, 8]
+
+
+def test_reads_fall_back_to_the_shared_descriptor_when_none_can_be_opened(tmp_path: Path,
+                                                                          monkeypatch) -> None:
+    tier = tier_at(tmp_path, "buffered")
+    n = (32 << 20) // PAGE
+    buf, pages = aligned_pages(n, seed=11)
+    names = [b"no-fd-%03d" % i for i in range(n)]
+    assert tier.put_from(names, pages) == [True] * n
+    real_open = os.open
+
+    def out_of_descriptors(path, flags, *args):
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(ssd_io.os, "open", out_of_descriptors)
+    ok, out = read_all(tier, names, n)
+    assert ok == [True] * n and np.array_equal(out, buf)
+    tier.close()
+
+
 @pytest.mark.parametrize("where", [0, 3 * (1 << 20) + 5, (8 << 20) - 1])
 def test_a_flipped_byte_anywhere_in_a_large_page_is_a_miss(tmp_path: Path, where: int) -> None:
     tier = LmdbTier(LmdbTierConfig(path=str(tmp_path), capacity="64MiB", direct_io="buffered"))
