@@ -408,8 +408,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="user-view page sizes and counts, SIZE:COUNT comma separated")
     p.add_argument("--restart-gib", type=float, default=10.0, help="restart mode: GiB of pages on disk")
     p.add_argument("--restart-page", default="8MiB", help="restart mode: page size")
-    p.add_argument("--backlog-rate", type=float, default=1.5, help="backlog: GB/s offered (a GPU's "
-                   "write-through: 10k tokens/s of Llama-3-8B is about 1.3)")
+    p.add_argument("--backlog-rate", default=None, help="backlog: GB/s offered, comma separated for "
+                   "several runs (default 1.5, --quick 0.2; a GPU's write-through: 10k tokens/s of "
+                   "Llama-3-8B is about 1.3)")
     p.add_argument("--backlog-page", default="8MiB", help="backlog: page size")
     p.add_argument("--backlog-batch", type=int, default=16, help="backlog: pages per offered batch")
     p.add_argument("--backlog-seconds", type=float, default=4.0, help="backlog: seconds of offering")
@@ -437,7 +438,9 @@ def main(argv: list[str] | None = None) -> int:
         args.sizes, args.batch_size, args.batches = "64KiB,1MiB", 16, 1
         args.user_view_pages, args.restart_gib, args.restart_page = "64KiB:64,1MiB:16", 0.0625, "1MiB"
         args.backlog_page, args.backlog_batch, args.backlog_seconds = "1MiB", 4, 0.5
-        args.backlog_queue, args.backlog_capacity, args.backlog_rate = "16MiB", "32MiB", 0.2
+        args.backlog_queue, args.backlog_capacity = "16MiB", "32MiB"
+        args.backlog_rate = args.backlog_rate or "0.2"
+    args.backlog_rate = args.backlog_rate or "1.5"
     modes = {m.strip() for m in args.modes.split(",") if m.strip()}
     known = {"steady", "user-view", "restart", "put-profile", "get-profile", "backlog"}
     if not modes or modes - known:
@@ -449,6 +452,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--user-view-pages: expected SIZE:COUNT pairs like 1MiB:512, got {args.user_view_pages!r}")
     if any(s % 2 or s <= 0 or c <= 0 for s, c in uv_sizes):
         p.error("--user-view-pages: sizes must be positive and even, counts positive")
+    try:
+        backlog_rates = [float(r) for r in args.backlog_rate.split(",") if r.strip()]
+    except ValueError:
+        p.error(f"--backlog-rate: expected GB/s figures like 1.5,0.5, got {args.backlog_rate!r}")
+    if not backlog_rates or any(r <= 0 for r in backlog_rates):
+        p.error(f"--backlog-rate: every rate must be positive, got {args.backlog_rate!r}")
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if any(s % 2 or s <= 0 for s in sizes):
         p.error("page sizes must be positive and even (two segments per page)")
@@ -473,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
             get_prof = ssd_read_path.get_profile(script, uv_sizes, args.batch_size, workdir)
         if "backlog" in modes:
             backlog = ssd_write_path.backlog(
-                script, parse_size(args.backlog_page), args.backlog_batch, args.backlog_rate,
+                script, parse_size(args.backlog_page), args.backlog_batch, backlog_rates,
                 args.backlog_seconds, parse_size(args.backlog_queue), parse_size(args.backlog_capacity),
                 args.batches, workdir, [m.strip() for m in args.backlog_direct_io.split(",") if m.strip()])
         if "restart" in modes:
@@ -492,8 +501,8 @@ def main(argv: list[str] | None = None) -> int:
         print(ssd_write_path.put_profile_table(profile))
     if get_prof is not None:
         print(ssd_read_path.get_profile_table(get_prof))
-    if backlog is not None:
-        print(ssd_write_path.backlog_table(backlog))
+    for at_rate in backlog or []:
+        print(ssd_write_path.backlog_table(at_rate))
     if restart is not None:
         print(f"restart: {restart['pages_written']} pages of {restart['page']} "
               f"({restart['bytes_on_disk'] / 2**30:.1f} GiB on disk, cache dropped by "

@@ -17,10 +17,16 @@ process and directory, rounds interleaved: ``ours <mode>`` (``LmdbTier.put_from`
 config with ``direct_io`` from ``--backlog-direct-io``; the oldest batch removed when the next
 would not fit in ``--backlog-capacity``, as the store evicts)
 and ``raw O_DIRECT`` (the same bytes written sequentially with ``O_DIRECT`` in a ring of the same
-size: the disk's limit). Reported: pages stored, refused, dropped, the lag from offer to stored
-(p50, p99, max), the rate stored, and the share of the run the tier's writer was busy (its
+size, as many requests of the same size in flight as the tier's writer keeps: the disk's limit).
+Rounds run the consumers in A B B A order, so a disk whose speed drifts during the run meets each
+alike, and each consumer's writeback is finished before the next one starts. Reported: pages
+stored, refused, dropped, the lag from offer to stored (p50, p99, max), the rate stored (over the
+run, and "on disk": over the run plus the writeback it left in the page cache, timed by an
+``os.sync`` after the consumer ends), and the share of the run the tier's writer was busy (its
 ``write_busy_s`` over the run: ``rate(mooncake_sgl_tier_write_busy_seconds_total)`` in
-``/metrics``; near 1, it cannot keep up).
+``/metrics``; near 1, it cannot keep up); and per round the tier's on-disk rate over the raw
+disk's in the same round. ``--backlog-rate`` takes several rates: one above what the disk absorbs
+shows what each drops, one below it that the tier drops nothing the disk could have taken.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import sys
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ssd_user_view import keys, page_data, page_views, run_profile_child
@@ -46,6 +53,7 @@ from devtools.bench.console import human, log  # noqa: E402
 
 GB = 1e9
 _CHUNK = 4 << 20  # raw O_DIRECT request size, as ssd_user_view's raw rows
+_IN_FLIGHT = 4  # raw O_DIRECT requests at once in the backlog, as the tier's writer (ssd_io._IO_THREADS)
 
 
 def _tier(directory: str, capacity: int | str = "64GiB", direct_io: str = "auto"):
@@ -160,6 +168,7 @@ def backlog_child(consumer: str, directory: str, page: int, batch: int, rate: fl
     producing = True
 
     tier = _tier(directory, capacity, consumer) if consumer != "raw" else None
+    raw_writers = ThreadPoolExecutor(_IN_FLIGHT)
     fd = -1
     if tier is None:
         fd = os.open(os.path.join(directory, "raw.bin"), os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
@@ -173,10 +182,12 @@ def backlog_child(consumer: str, directory: str, page: int, batch: int, rate: fl
         if tier is None:
             at = (seq % ring) * batch_bytes
             mv = memoryview(buf)
+            writes = []
             for j in range(batch):
                 first = (seq * batch + j) % pool * page
-                for off in range(0, page, _CHUNK):
-                    os.pwrite(fd, mv[first + off:first + min(page, off + _CHUNK)], at + j * page + off)
+                writes.extend((mv[first + off:first + min(page, off + _CHUNK)], at + j * page + off)
+                              for off in range(0, page, _CHUNK))
+            list(raw_writers.map(lambda w: os.pwrite(fd, *w), writes))
             return batch
         if len(held) >= ring:  # the store evicts the oldest pages to make room
             tier.remove(held.popleft())
@@ -224,7 +235,9 @@ def backlog_child(consumer: str, directory: str, page: int, batch: int, rate: fl
         cv.notify()
     worker.join()
     elapsed = time.perf_counter() - t0
-    busy = tier.stats()["write_busy_s"] / elapsed if tier is not None else None
+    stats = tier.stats() if tier is not None else {}
+    busy = stats["write_busy_s"] / elapsed if tier is not None else None
+    raw_writers.shutdown()
     if tier is not None:
         tier.close()
     else:
@@ -233,15 +246,24 @@ def backlog_child(consumer: str, directory: str, page: int, batch: int, rate: fl
     print(json.dumps({**counts, "elapsed_s": elapsed, "stored_gbps": counts["stored"] * page / elapsed / GB,
                       "lag_p50_s": lags[len(lags) // 2] if lags else 0.0,
                       "lag_p99_s": lags[min(len(lags) - 1, int(len(lags) * 0.99))] if lags else 0.0,
-                      "lag_max_s": lags[-1] if lags else 0.0, "writer_busy": busy}), flush=True)
+                      "lag_max_s": lags[-1] if lags else 0.0, "writer_busy": busy,
+                      "direct_pages": stats.get("direct_pages"),
+                      "buffered_throttled": stats.get("buffered_throttled")}), flush=True)
 
 
-def backlog(script: str, page: int, batch: int, rate: float, seconds: float, queue_bytes: int,
-            capacity: int, rounds: int, workdir: Path, modes: list[str]) -> dict:
+def backlog(script: str, page: int, batch: int, rates: list[float], seconds: float, queue_bytes: int,
+            capacity: int, rounds: int, workdir: Path, modes: list[str]) -> list[dict]:
+    """One result per offered rate, its rounds interleaved A B B A."""
+    return [_backlog_at(script, page, batch, rate, seconds, queue_bytes, capacity, rounds, workdir, modes)
+            for rate in rates]
+
+
+def _backlog_at(script: str, page: int, batch: int, rate: float, seconds: float, queue_bytes: int,
+                capacity: int, rounds: int, workdir: Path, modes: list[str]) -> dict:
     consumers = ["raw O_DIRECT", *(f"ours {m}" for m in modes)]
     runs: dict[str, list[dict]] = {c: [] for c in consumers}
     for r in range(rounds):
-        for c in consumers:
+        for c in consumers if r % 2 == 0 else consumers[::-1]:
             log(f"[backlog {rate:.2f} GB/s of {human(page)} pages] round {r + 1}/{rounds}: {c}")
             d = workdir / "backlog"
             d.mkdir(parents=True)
@@ -250,32 +272,45 @@ def backlog(script: str, page: int, batch: int, rate: float, seconds: float, que
                 res = subprocess.run([sys.executable, script, "_backlog", verb, str(d),
                                       *map(str, (page, batch, rate, seconds, queue_bytes, capacity))],
                                      capture_output=True, text=True)
+                # What the page cache still holds goes to the disk now, before the files are deleted
+                # (which would discard it) and before the next consumer (which would pay for it).
+                t0 = time.perf_counter()
+                os.sync()
+                writeback = time.perf_counter() - t0
             finally:
                 shutil.rmtree(d, ignore_errors=True)
             if res.returncode:
                 raise SystemExit(f"bench: backlog child failed: {res.stderr[-2000:]}")
-            runs[c].append(json.loads(res.stdout.splitlines()[-1]))
+            run = json.loads(res.stdout.splitlines()[-1])
+            run["writeback_s"] = writeback
+            run["on_disk_gbps"] = run["stored"] * page / (run["elapsed_s"] + writeback) / GB
+            runs[c].append(run)
     summary = {c: {k: statistics.median(run[k] for run in rs) for k in rs[0] if rs[0][k] is not None}
                for c, rs in runs.items()}
+    raw = runs["raw O_DIRECT"]
+    vs_raw = {c: [o["on_disk_gbps"] / w["on_disk_gbps"] if w["on_disk_gbps"] else None
+                  for o, w in zip(rs, raw)] for c, rs in runs.items() if c != "raw O_DIRECT"}
     return {"rate_gbps": rate, "page": human(page), "batch": batch, "seconds": seconds,
             "queue_bytes": queue_bytes, "capacity": capacity, "rounds": rounds, "runs": runs,
-            "median": summary}
+            "median": summary, "vs_raw_by_round": vs_raw}
 
 
 def backlog_table(b: dict) -> str:
     lines = [f"backlog: {b['rate_gbps']:.2f} GB/s offered for {b['seconds']:g}s in batches of "
              f"{b['batch']} x {b['page']}, queue {b['queue_bytes'] / 2**20:.0f} MiB; medians of "
              f"{b['rounds']} interleaved rounds (fresh process and directory each)",
+             "(GB/s: stored over the run; on disk: stored over the run and the writeback it left)",
              f"{'consumer':<13} {'offered':>8} {'stored':>7} {'refused':>8} {'dropped':>8} "
-             f"{'GB/s':>6} {'lag p50':>8} {'p99':>7} {'max':>7} {'writer busy':>12}"]
+             f"{'GB/s':>6} {'on disk':>8} {'lag p50':>8} {'p99':>7} {'max':>7} {'writer busy':>12}"]
     for c, m in b["median"].items():
         bound = f"{m['writer_busy']:.0%}" if "writer_busy" in m else "-"
         lines.append(f"{c:<13} {m['offered']:>8.0f} {m['stored']:>7.0f} {m['refused']:>8.0f} "
-                     f"{m['dropped']:>8.0f} {m['stored_gbps']:>6.2f} {m['lag_p50_s']:>7.2f}s "
-                     f"{m['lag_p99_s']:>6.2f}s {m['lag_max_s']:>6.2f}s {bound:>12}")
+                     f"{m['dropped']:>8.0f} {m['stored_gbps']:>6.2f} {m['on_disk_gbps']:>8.2f} "
+                     f"{m['lag_p50_s']:>7.2f}s {m['lag_p99_s']:>6.2f}s {m['lag_max_s']:>6.2f}s {bound:>12}")
     raw = b["median"]["raw O_DIRECT"]
-    for c, m in b["median"].items():
-        if c != "raw O_DIRECT" and raw["stored_gbps"]:
-            lines.append(f"{c} stored {m['stored_gbps'] / raw['stored_gbps']:.2f}x the raw disk's rate, "
-                         f"dropped {m['dropped']:.0f} pages to its {raw['dropped']:.0f}")
+    for c, ratios in b["vs_raw_by_round"].items():
+        m = b["median"][c]
+        rounds = ", ".join("-" if x is None else f"{x:.2f}" for x in ratios)
+        lines.append(f"{c}: on-disk rate over the raw disk's in the same round {rounds}; dropped "
+                     f"{m['dropped']:.0f} pages to its {raw['dropped']:.0f} (medians)")
     return "\n".join(lines)

@@ -822,6 +822,7 @@ class LmdbTier(Tier):
             out: dict[str, float] = dict(self._counters)
         out["free_extents"] = self._alloc.free_extents()
         out["direct_pages"] = self._io.direct_pages
+        out["buffered_throttled"] = self._io.throttled
         out["write_busy_s"] = self._write_busy_s
         return out
 

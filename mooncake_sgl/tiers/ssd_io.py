@@ -12,16 +12,15 @@ done at once here rather than one after the other:
   two threads hashing ran no faster than one). The caller gets the digests and the per-page
   outcome only once every chunk of the page has been written, so the tier still commits a record
   only for bytes already in the file.
-- *Buffered while the page cache takes the batch freely, O_DIRECT once it would throttle*
-  (``LmdbTierConfig.direct_io: auto``). Below the kernel's free-run ceiling of dirty memory (halfway
-  between ``vm.dirty_background_*`` and ``vm.dirty_*``) a buffered write is a memory copy: faster
-  than the disk, and the pages stay in the cache for reads. Past it the kernel throttles the writer
-  to its writeback speed, which on the development VM (loaded) was 0.7-0.8x of O_DIRECT writing
-  the same bytes (and it makes every other writer on the machine wait too). There, O_DIRECT
-  moves the bytes from the caller's memory to the disk at the disk's speed, with no copy and no
-  dirty pages. O_DIRECT needs the segments on
-  4 KiB in memory and in length (the extent is in the file); other pages, and file systems without
-  it (tmpfs), take the buffered path.
+- *Buffered while the page cache takes the batch faster than the disk would, O_DIRECT once it does
+  not* (``LmdbTierConfig.direct_io: auto``; the choice is ``ssd_write_route``'s). A buffered
+  write the kernel does not throttle is a memory copy: faster than the disk, and the pages stay in
+  the cache for reads. A throttled one runs at the kernel's writeback speed, which on the
+  development VM was 0.45 GB/s while O_DIRECT wrote the same bytes at 0.6-1.9 GB/s (and it makes
+  every other writer on the machine wait too). There, O_DIRECT moves the bytes from the caller's
+  memory to the disk at the disk's speed, with no copy and no dirty pages. O_DIRECT needs the
+  segments on 4 KiB in memory and in length (the extent is in the file); other pages, and file
+  systems without it (tmpfs), take the buffered path.
 - *Reads*: the runs of a batch are shared by the calling thread and the pool's threads, each
   reading a run straight into the destination's segments and hashing it at once, a piece at a time
   while the piece is still in that core's cache (``xxhash``'s streaming update releases the GIL
@@ -56,6 +55,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -66,6 +66,7 @@ import xxhash
 from ..api import PageKey, PageView, page_nbytes
 from .ssd_extents import ALIGN, aligned
 from .ssd_records import checksum
+from .ssd_write_route import WriteRoute
 
 # Bytes per O_DIRECT request: several in flight keep the device queue busy while the caller hashes
 # (arbitrary; as the raw O_DIRECT baseline of ``bench_tiers.py``). Buffered writes to one file are
@@ -196,47 +197,6 @@ def _chunks(segments: list[memoryview], offset: int, limit: int) -> list[tuple[i
     return out
 
 
-def _meminfo() -> dict[str, int]:
-    out: dict[str, int] = {}
-    with open("/proc/meminfo", "rb") as f:
-        for line in f:
-            name, _, rest = line.partition(b":")
-            parts = rest.split()
-            if parts:
-                out[name.decode()] = int(parts[0]) * 1024
-    return out
-
-
-def _vm_setting(name: str) -> int:
-    try:
-        with open(f"/proc/sys/vm/{name}", "rb") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return 0
-
-
-class DirtyRoom:
-    """Whether the page cache takes ``nbytes`` more dirty bytes without throttling the writer: the
-    kernel lets a writer run free below the midpoint of its background and foreground dirty
-    thresholds (bytes settings, else ratios of the memory it can make dirty, which ``MemAvailable``
-    approximates). The thresholds are read once; the dirty and writeback totals per call (a read of
-    ``/proc/meminfo``, tens of microseconds, once per batch). ``False`` where it cannot tell."""
-
-    def __init__(self) -> None:
-        self._bytes = (_vm_setting("dirty_background_bytes"), _vm_setting("dirty_bytes"))
-        self._ratios = (_vm_setting("dirty_background_ratio") or 10, _vm_setting("dirty_ratio") or 20)
-
-    def takes(self, nbytes: int) -> bool:
-        try:
-            mem = _meminfo()
-        except (OSError, ValueError):
-            return False
-        avail = mem.get("MemAvailable", 0)
-        background, limit = (b or avail * r // 100 for b, r in zip(self._bytes, self._ratios))
-        dirty = mem.get("Dirty", 0) + mem.get("Writeback", 0)
-        return dirty + nbytes < (background + limit) // 2
-
-
 class _Stretches:
     """Which task each of a gang's readers takes next: worker ``w`` owns the ``w``-th contiguous
     stretch of ``0..ntasks-1`` and takes it front to back; once it is done, it takes the last task
@@ -306,7 +266,6 @@ class PageIO:
         self._fd = buffered_fd
         self._direct_fd = -1
         self._mode = mode
-        self._room = DirtyRoom() if mode == "auto" else None
         # Pages written with O_DIRECT (``stats``: ``direct_pages``). Written by the one writer at a
         # time (the tier's write lock), read by anyone.
         self.direct_pages = 0
@@ -315,12 +274,18 @@ class PageIO:
                 self._direct_fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | getattr(os, "O_DIRECT", 0))
             except OSError:  # tmpfs and some others refuse O_DIRECT: the buffered path serves
                 self._direct_fd = -1
+        self._route = WriteRoute() if mode == "auto" and self.direct else None
         self._readers = _ReadDescriptors(path, buffered_fd)
         self._pool = ThreadPoolExecutor(_IO_THREADS, thread_name_prefix="mooncake-sgl-ssd-io")
 
     @property
     def direct(self) -> bool:
         return self._direct_fd >= 0
+
+    @property
+    def throttled(self) -> int:
+        """Times a buffered batch was found throttled by the kernel (``direct_io: auto``)."""
+        return self._route.throttled if self._route is not None else 0
 
     def write(self, keys: Sequence[PageKey], items: Sequence[tuple[int, PageView]]
               ) -> tuple[list[bool], list[int]]:
@@ -329,7 +294,8 @@ class PageIO:
         n = len(items)
         jobs: list[tuple[list[int], bool, list[Future]]] = []
         total = sum(page_nbytes(p) for _, p in items)
-        buffered = self._room is not None and self._room.takes(total)
+        buffered = self._route is not None and self._route.buffered(total)
+        started = time.perf_counter()
         submit = self._pool.submit if total >= _POOL_MIN_BYTES else _run_now
         for run, direct in self._runs(items, buffered):
             segs = self._iovecs(items, run)
@@ -351,6 +317,9 @@ class PageIO:
                 done[j] = ok
             if direct and ok:
                 self.direct_pages += len(run)
+        ways = {direct for _, direct, _ in jobs}
+        if self._route is not None and all(done) and len(ways) == 1:  # one way only: its rate
+            self._route.wrote(not ways.pop(), total, time.perf_counter() - started)
         return done, digests
 
     def read(self, keys: Sequence[PageKey], items: Sequence[tuple[int, PageView, int]]) -> list[bool]:

@@ -14,7 +14,7 @@ import pytest
 
 from mooncake_sgl.config import LmdbTierConfig
 from mooncake_sgl.metrics.source import tier_sample
-from mooncake_sgl.tiers import ssd_io
+from mooncake_sgl.tiers import ssd_io, ssd_write_route
 from mooncake_sgl.tiers.lmdb import LmdbTier
 
 PAGE = 256 << 10
@@ -78,10 +78,10 @@ def test_auto_writes_through_the_page_cache_until_it_would_throttle(tmp_path: Pa
                                                                     monkeypatch) -> None:
     tier = tier_at(tmp_path, "auto")
     buf, pages = aligned_pages(8, seed=3)
-    monkeypatch.setattr(ssd_io.DirtyRoom, "takes", lambda self, nbytes: True)
+    monkeypatch.setattr(ssd_write_route.DirtyRoom, "takes", lambda self, nbytes: True)
     assert tier.put_from([b"free-%d" % i for i in range(4)], pages[:4]) == [True] * 4
     assert tier.stats()["direct_pages"] == 0
-    monkeypatch.setattr(ssd_io.DirtyRoom, "takes", lambda self, nbytes: False)
+    monkeypatch.setattr(ssd_write_route.DirtyRoom, "takes", lambda self, nbytes: False)
     assert tier.put_from([b"full-%d" % i for i in range(4)], pages[4:]) == [True] * 4
     assert tier.stats()["direct_pages"] == 4
     ok, out = read_all(tier, [b"free-%d" % i for i in range(4)] + [b"full-%d" % i for i in range(4)], 8)
@@ -99,12 +99,12 @@ def test_buffered_mode_never_uses_o_direct(tmp_path: Path) -> None:
 
 def test_the_dirty_ceiling_is_halfway_between_the_kernels_thresholds(monkeypatch) -> None:
     gib = 1 << 30
-    monkeypatch.setattr(ssd_io, "_meminfo", lambda: {"MemAvailable": 10 * gib, "Dirty": gib,
+    monkeypatch.setattr(ssd_write_route, "_meminfo", lambda: {"MemAvailable": 10 * gib, "Dirty": gib,
                                                      "Writeback": gib // 2})
-    room = ssd_io.DirtyRoom()
+    room = ssd_write_route.DirtyRoom()
     room._bytes, room._ratios = (0, 0), (10, 20)  # background 1 GiB, limit 2 GiB: free run < 1.5 GiB
     assert not room.takes(1)  # 1.5 GiB dirty or being written back already
-    monkeypatch.setattr(ssd_io, "_meminfo", lambda: {"MemAvailable": 10 * gib, "Dirty": gib // 4,
+    monkeypatch.setattr(ssd_write_route, "_meminfo", lambda: {"MemAvailable": 10 * gib, "Dirty": gib // 4,
                                                      "Writeback": 0})
     assert room.takes(gib) and not room.takes(gib + gib // 4)
     room._bytes = (gib // 8, gib // 4)  # vm.dirty_*_bytes win over the ratios
@@ -229,18 +229,21 @@ def test_readers_of_a_shared_batch_each_read_through_a_descriptor_of_their_own(t
         return read(fd, segments, offset)
 
     monkeypatch.setattr(ssd_io, "_preadv_all", noted)
-    for _ in range(2):  # the second batch reuses the first one's descriptors
+    used: list[set[int]] = []
+    for _ in range(2):
+        reads.clear()
         ok, out = read_all(tier, names, n)
         assert ok == [True] * n and np.array_equal(out, buf)
-    fds_of: dict[str, set[int]] = {}
-    for thread, fd, _ in reads:
-        fds_of.setdefault(thread, set()).add(fd)
-    assert len(fds_of) >= 2 and all(len(fds) == 1 for fds in fds_of.values())
-    used = set().union(*fds_of.values())
-    assert len(used) == len(fds_of)  # no two readers on one descriptor
-    assert tier._file.fd not in used
+        fds_of: dict[str, set[int]] = {}
+        for thread, fd, _ in reads:
+            fds_of.setdefault(thread, set()).add(fd)
+        assert len(fds_of) >= 2 and all(len(fds) == 1 for fds in fds_of.values())
+        used.append(set().union(*fds_of.values()))
+        assert len(used[-1]) == len(fds_of)  # no two readers on one descriptor
+        assert tier._file.fd not in used[-1]
+    assert len(used[0] | used[1]) <= 1 + ssd_io._GANG_HELPERS  # the second batch reused them
     tier.close()
-    for fd in used:  # the tier's close closes them
+    for fd in used[0] | used[1]:  # the tier's close closes them
         with pytest.raises(OSError):
             os.fstat(fd)
 

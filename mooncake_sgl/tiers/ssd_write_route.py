@@ -1,0 +1,146 @@
+"""Which way the SSD tier's next write batch goes under ``direct_io: auto``: through the page cache
+or with O_DIRECT. Policy only: ``ssd_io`` moves the bytes and reports each batch's time here.
+
+A buffered write is a memory copy while the kernel lets the writer run free, and is throttled to
+the kernel's writeback speed once it does not. Where that starts cannot be read off the kernel's
+thresholds: on the development VM (24 GiB, ``vm.dirty_background_ratio`` 10, ``vm.dirty_ratio``
+20, so a free-run ceiling of 3.5 GiB by the kernel's own ``/proc/vmstat`` thresholds), sustained
+8 MiB puts were throttled to 0.45 GB/s with 0.5-2.3 GiB dirty, while O_DIRECT wrote 0.6-1.9 GB/s
+(``scripts/bench_tiers.py --modes backlog``). So the route is measured, not assumed:
+
+- buffered while the page cache is below that ceiling (``DirtyRoom``) and the batches it takes
+  run faster than O_DIRECT ones do;
+- the disk's rate comes from O_DIRECT batches: after the first buffered batch that was timed, and
+  again whenever the last O_DIRECT one is ``_RETRY_S`` old, one batch goes O_DIRECT to learn it
+  (a batch at the disk's speed; without it a page cache throttled from the first batch on, as it
+  was on the VM when its disk slowed, would never be found out);
+- a buffered batch that ran slower than the O_DIRECT ones, or at under half the fastest buffered
+  batch seen, while the kernel held enough dirty bytes to be the cause, was throttled: from then on
+  O_DIRECT, until the kernel has written back half of what was dirty then (O_DIRECT writes over
+  dirty pages write them back first), or for ``_RETRY_S`` at most (the kernel writes back dirty
+  pages only past its background threshold or once they are ``vm.dirty_expire_centisecs`` old, 30
+  s by default, so the first alone could keep the tier off the page cache long after the burst; a
+  retry that is throttled again costs one slow batch).
+
+Thread context: one ``WriteRoute`` per tier, called by its one writer at a time (the tier's write
+lock), so it holds no lock of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+# Batches shorter than this are not timed: their rate says more about the scheduler than the disk.
+_JUDGED_BYTES = 4 << 20
+# A buffered batch under this share of the fastest buffered one was throttled (the measured drop
+# was 3-8x; a busy CPU moves a memory copy far less).
+_THROTTLED_SHARE = 0.5
+# Dirty bytes below which a slow buffered batch is not the kernel's throttling (it throttles only
+# once writeback has work) but CPU contention; those batches change nothing.
+_THROTTLE_MIN_DIRTY = 128 << 20
+# Weight of the newest O_DIRECT batch in the disk's rate.
+_DIRECT_WEIGHT = 0.5
+# Seconds after a throttled batch before the page cache is tried again whatever is still dirty, and
+# the age at which the disk's rate is measured again.
+_RETRY_S = 30.0
+
+
+def _meminfo() -> dict[str, int]:
+    out: dict[str, int] = {}
+    with open("/proc/meminfo", "rb") as f:
+        for line in f:
+            name, _, rest = line.partition(b":")
+            parts = rest.split()
+            if parts:
+                out[name.decode()] = int(parts[0]) * 1024
+    return out
+
+
+def _vm_setting(name: str) -> int:
+    try:
+        with open(f"/proc/sys/vm/{name}", "rb") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
+
+
+class DirtyRoom:
+    """The page cache's dirty bytes, and whether it takes ``nbytes`` more below the kernel's
+    free-run ceiling: the midpoint of its background and foreground dirty thresholds (bytes
+    settings, else ratios of the memory it can make dirty, which ``MemAvailable`` approximates).
+    The thresholds are read once; the dirty and writeback totals per call (a read of
+    ``/proc/meminfo``, tens of microseconds, once per batch)."""
+
+    def __init__(self) -> None:
+        self._bytes = (_vm_setting("dirty_background_bytes"), _vm_setting("dirty_bytes"))
+        self._ratios = (_vm_setting("dirty_background_ratio") or 10, _vm_setting("dirty_ratio") or 20)
+
+    def dirty(self) -> int | None:
+        """Bytes dirty or under writeback, ``None`` where it cannot tell."""
+        try:
+            mem = _meminfo()
+        except (OSError, ValueError):
+            return None
+        return mem.get("Dirty", 0) + mem.get("Writeback", 0)
+
+    def takes(self, nbytes: int) -> bool:
+        """``False`` where it cannot tell."""
+        try:
+            mem = _meminfo()
+        except (OSError, ValueError):
+            return False
+        avail = mem.get("MemAvailable", 0)
+        background, limit = (b or avail * r // 100 for b, r in zip(self._bytes, self._ratios))
+        dirty = mem.get("Dirty", 0) + mem.get("Writeback", 0)
+        return dirty + nbytes < (background + limit) // 2
+
+
+class WriteRoute:
+    """Buffered or O_DIRECT, per batch, from the page cache's room and the batches' measured rates."""
+
+    def __init__(self, room: DirtyRoom | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self._room = room or DirtyRoom()
+        self._clock = clock
+        self._fastest_buffered = 0.0  # bytes/s
+        self._direct: float | None = None  # bytes/s, recent O_DIRECT batches
+        self._direct_at = 0.0  # clock() of the last one timed
+        self._buffered_timed = False
+        self._resume_below: int | None = None  # dirty bytes; set while throttled
+        self._retry_at = 0.0  # clock() when the page cache is tried again regardless
+        self.throttled = 0  # times a buffered batch was found throttled (``stats``)
+
+    def buffered(self, nbytes: int) -> bool:
+        """Whether a batch of ``nbytes`` goes through the page cache."""
+        now = self._clock()
+        if self._resume_below is not None:
+            dirty = self._room.dirty()
+            if (dirty is None or dirty >= self._resume_below) and now < self._retry_at:
+                return False
+            self._resume_below = None
+        if nbytes >= _JUDGED_BYTES and self._buffered_timed and (
+                self._direct is None or now - self._direct_at >= _RETRY_S):
+            return False  # the disk's rate, to compare the page cache's with
+        return self._room.takes(nbytes)
+
+    def wrote(self, buffered: bool, nbytes: int, seconds: float) -> None:
+        """A batch of ``nbytes`` went the way ``buffered`` says, written in ``seconds``."""
+        if nbytes < _JUDGED_BYTES or seconds <= 0:
+            return
+        rate = nbytes / seconds
+        if not buffered:
+            prev = self._direct
+            self._direct = rate if prev is None else prev + _DIRECT_WEIGHT * (rate - prev)
+            self._direct_at = self._clock()
+            return
+        self._buffered_timed = True
+        self._fastest_buffered = max(self._fastest_buffered, rate)
+        slow = rate < self._fastest_buffered * _THROTTLED_SHARE or (
+            self._direct is not None and rate < self._direct)
+        if not slow:
+            return
+        dirty = self._room.dirty()
+        if dirty is not None and dirty >= _THROTTLE_MIN_DIRTY:
+            self._resume_below = dirty // 2
+            self._retry_at = self._clock() + _RETRY_S
+            self.throttled += 1
