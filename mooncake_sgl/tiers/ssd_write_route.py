@@ -10,8 +10,10 @@ thresholds: on the development VM (24 GiB, ``vm.dirty_background_ratio`` 10, ``v
 
 - buffered while the page cache is below that ceiling (``DirtyRoom``) and the batches it takes
   run faster than O_DIRECT ones do;
-- the disk's rate comes from O_DIRECT batches: after the first buffered batch that was timed, and
-  again whenever the last O_DIRECT one is ``_RETRY_S`` old, one batch goes O_DIRECT to learn it
+- rates are of batches that went the same way one after another, judged once they add up to
+  ``_JUDGED_BYTES`` (so a short put of small pages is never split to measure anything);
+- the disk's rate comes from O_DIRECT batches: after the first buffered bytes that were judged, and
+  again whenever the last O_DIRECT ones are ``_RETRY_S`` old, batches go O_DIRECT to learn it
   (a batch at the disk's speed; without it a page cache throttled from the first batch on, as it
   was on the VM when its disk slowed, would never be found out);
 - a buffered batch that ran slower than the O_DIRECT ones, or at under half the fastest buffered
@@ -31,8 +33,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-# Batches shorter than this are not timed: their rate says more about the scheduler than the disk.
-_JUDGED_BYTES = 4 << 20
+# Rates are judged over consecutive batches that went the same way until they add up to this
+# much: a few milliseconds of one small batch say more about the scheduler than the disk.
+_JUDGED_BYTES = 32 << 20
 # A buffered batch under this share of the fastest buffered one was throttled (the measured drop
 # was 3-8x; a busy CPU moves a memory copy far less).
 _THROTTLED_SHARE = 0.5
@@ -109,6 +112,7 @@ class WriteRoute:
         self._resume_below: int | None = None  # dirty bytes; set while throttled
         self._retry_at = 0.0  # clock() when the page cache is tried again regardless
         self.throttled = 0  # times a buffered batch was found throttled (``stats``)
+        self._window: tuple[bool, int, float] | None = None  # (buffered, bytes, seconds) not yet judged
 
     def buffered(self, nbytes: int) -> bool:
         """Whether a batch of ``nbytes`` goes through the page cache."""
@@ -118,14 +122,20 @@ class WriteRoute:
             if (dirty is None or dirty >= self._resume_below) and now < self._retry_at:
                 return False
             self._resume_below = None
-        if nbytes >= _JUDGED_BYTES and self._buffered_timed and (
-                self._direct is None or now - self._direct_at >= _RETRY_S):
+        if self._buffered_timed and (self._direct is None or now - self._direct_at >= _RETRY_S):
             return False  # the disk's rate, to compare the page cache's with
         return self._room.takes(nbytes)
 
     def wrote(self, buffered: bool, nbytes: int, seconds: float) -> None:
         """A batch of ``nbytes`` went the way ``buffered`` says, written in ``seconds``."""
-        if nbytes < _JUDGED_BYTES or seconds <= 0:
+        window = self._window
+        if window is not None and window[0] == buffered:
+            nbytes, seconds = window[1] + nbytes, window[2] + seconds
+        if nbytes < _JUDGED_BYTES:
+            self._window = (buffered, nbytes, seconds)
+            return
+        self._window = None
+        if seconds <= 0:
             return
         rate = nbytes / seconds
         if not buffered:

@@ -46,6 +46,17 @@ def route() -> tuple[WriteRoute, Room, Clock]:
     return WriteRoute(room, clock), room, clock
 
 
+def throttled_route() -> tuple[WriteRoute, Room, Clock]:
+    """A route that measured the disk, then saw a buffered batch throttled with 2 GiB dirty."""
+    r, room, clock = route()
+    write(r, 3.0, 1.0)
+    write(r, 3.0, 1.0)
+    room.dirty_bytes = 2 << 30
+    write(r, 0.4, 1.0)
+    assert r.throttled == 1
+    return r, room, clock
+
+
 def write(r: WriteRoute, gbps_buffered: float, gbps_direct: float) -> bool:
     """One batch the way the route sends it, at the given speed for that way; the way it went."""
     way = r.buffered(BATCH)
@@ -89,11 +100,7 @@ def test_a_slow_batch_with_little_dirty_is_cpu_contention_not_throttling() -> No
 
 
 def test_the_page_cache_is_tried_again_after_the_retry_time_when_dirty_bytes_never_drain() -> None:
-    r, room, clock = route()
-    write(r, 3.0, 1.0)
-    write(r, 3.0, 1.0)
-    room.dirty_bytes = 2 << 30
-    write(r, 0.4, 1.0)
+    r, _, clock = throttled_route()
     clock.now += ssd_write_route._RETRY_S - 1
     assert not write(r, 0.4, 1.0)
     clock.now += 1
@@ -102,11 +109,7 @@ def test_the_page_cache_is_tried_again_after_the_retry_time_when_dirty_bytes_nev
 
 
 def test_unknown_dirty_bytes_while_throttled_keep_batches_direct_until_the_retry() -> None:
-    r, room, clock = route()
-    write(r, 3.0, 1.0)
-    write(r, 3.0, 1.0)
-    room.dirty_bytes = 2 << 30
-    write(r, 0.4, 1.0)
+    r, room, clock = throttled_route()
     room.dirty_bytes = None
     assert not write(r, 3.0, 1.0)
     clock.now += ssd_write_route._RETRY_S
@@ -121,14 +124,22 @@ def test_the_disks_rate_is_measured_again_once_it_is_old() -> None:
     assert [write(r, 3.0, 1.0) for _ in range(2)] == [False, True]
 
 
-def test_small_batches_are_neither_timed_nor_sent_to_measure_the_disk() -> None:
+def test_small_batches_are_judged_together_once_they_add_up() -> None:
     r, room, _ = route()
-    room.dirty_bytes = 2 << 30
-    small = ssd_write_route._JUDGED_BYTES - 1
-    for _ in range(5):
+    small = ssd_write_route._JUDGED_BYTES // 4
+    for _ in range(4):  # fast, then judged as one: the disk's rate is wanted next
         assert r.buffered(small)
-        r.wrote(True, small, 1.0)  # very slow, but too short to say why
-    assert r.throttled == 0 and r.buffered(BATCH)
+        r.wrote(True, small, small / (3.0 * GB))
+    for _ in range(4):  # the disk's rate, over as many bytes
+        assert not r.buffered(small)
+        r.wrote(False, small, small / (1.0 * GB))
+    room.dirty_bytes = 2 << 30
+    for _ in range(3):  # slow, but not enough of them to say so yet
+        assert r.buffered(small)
+        r.wrote(True, small, small / (0.4 * GB))
+    assert r.throttled == 0
+    r.wrote(True, small, small / (0.4 * GB))
+    assert r.throttled == 1 and not r.buffered(small)
 
 
 def test_no_room_below_the_ceiling_means_direct_whatever_the_rates() -> None:
@@ -142,11 +153,11 @@ def test_a_tier_whose_buffered_writes_are_throttled_moves_to_o_direct_and_reads_
     import mmap
     import time
 
-    tier = LmdbTier(LmdbTierConfig(path=str(tmp_path), capacity="512MiB", direct_io="auto"))
+    tier = LmdbTier(LmdbTierConfig(path=str(tmp_path), capacity="1GiB", direct_io="auto"))
     if not tier._io.direct:
         tier.close()
         pytest.skip(f"the file system under {tmp_path} has no O_DIRECT")
-    page, n = 1 * MIB, 8  # 8 MiB batches: timed (ssd_write_route._JUDGED_BYTES)
+    page, n = 1 * MIB, 32  # 32 MiB batches: each one judged (ssd_write_route._JUDGED_BYTES)
     buf = np.frombuffer(mmap.mmap(-1, 4 * n * page), dtype=np.uint8)
     buf[:] = np.random.default_rng(5).integers(0, 256, buf.size, dtype=np.uint8)
     mv = memoryview(buf)
@@ -157,7 +168,7 @@ def test_a_tier_whose_buffered_writes_are_throttled_moves_to_o_direct_and_reads_
 
     def kernel(fd: int, segments, offset: int) -> None:
         if throttle["on"] and fd == tier._file.fd:
-            time.sleep(0.2)  # balance_dirty_pages holding a buffered writer
+            time.sleep(0.5)  # balance_dirty_pages holding a buffered writer
         write(fd, segments, offset)
 
     monkeypatch.setattr(ssd_io, "_pwritev_all", kernel)
