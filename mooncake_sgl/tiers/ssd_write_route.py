@@ -81,22 +81,28 @@ class DirtyRoom:
 
     def dirty(self) -> int | None:
         """Bytes dirty or under writeback, ``None`` where it cannot tell."""
-        try:
-            mem = _meminfo()
-        except (OSError, ValueError):
-            return None
-        return mem.get("Dirty", 0) + mem.get("Writeback", 0)
+        mem = self._read()
+        return None if mem is None else _dirty_of(mem)
 
     def takes(self, nbytes: int) -> bool:
         """``False`` where it cannot tell."""
-        try:
-            mem = _meminfo()
-        except (OSError, ValueError):
+        mem = self._read()
+        if mem is None:
             return False
         avail = mem.get("MemAvailable", 0)
         background, limit = (b or avail * r // 100 for b, r in zip(self._bytes, self._ratios))
-        dirty = mem.get("Dirty", 0) + mem.get("Writeback", 0)
-        return dirty + nbytes < (background + limit) // 2
+        return _dirty_of(mem) + nbytes < (background + limit) // 2
+
+    @staticmethod
+    def _read() -> dict[str, int] | None:
+        try:
+            return _meminfo()
+        except (OSError, ValueError):
+            return None
+
+
+def _dirty_of(mem: dict[str, int]) -> int:
+    return mem.get("Dirty", 0) + mem.get("Writeback", 0)
 
 
 class WriteRoute:
