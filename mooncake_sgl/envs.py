@@ -93,11 +93,11 @@ MOONCAKE_SGL_HOST_RESERVE: EnvVar[int | None] = EnvVar(
     "bytes SGLang keeps back from a HiCache host pool's size check, e.g. 512MiB")
 MOONCAKE_SGL_STOP_GRACE = EnvVar("MOONCAKE_SGL_STOP_GRACE", 5.0, parse_duration,
                                  "how long a test server's stop waits before SIGKILL, e.g. 5s")
+MOONCAKE_SGL_CPU_ADAPTATIONS = _bool(
+    "MOONCAKE_SGL_CPU_ADAPTATIONS", "adapt SGLang to serve HiCache on a host without an accelerator "
+    "(hicache/cpu/adaptations.py); off: nothing of SGLang is changed but the backend's name")
 MOONCAKE_MASTER_BIN = _str("MOONCAKE_MASTER_BIN", "path of the mooncake_master binary for tests")
 
-# --------------------------------------------------------------------- test-suite opt-ins (tests/)
-MOONCAKE_SGL_TEST_HA = _bool("MOONCAKE_SGL_TEST_HA", "run the etcd high-availability tests")
-MOONCAKE_SGL_TEST_CHAOS = _bool("MOONCAKE_SGL_TEST_CHAOS", "run the live chaos tests")
 
 # ------------------------------------------------------------- set by mooncake_sgl for its libraries
 SGLANG_HICACHE_MOONCAKE_REUSE_TE = _bool(
@@ -107,7 +107,7 @@ MC_STORE_CLIENT_SETUP_RETRIES = _int("MC_STORE_CLIENT_SETUP_RETRIES",
                                      "Mooncake client setup retries against a dead master", 20)
 SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP = _bool(
     "SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP", "SGLang sends a prefill's results before the next "
-    "prefill batch runs (set on by cpu_compat on a host without an accelerator)")
+    "prefill batch runs (set on by the CPU adaptations, when asked for)")
 MC_RPC_TIMEOUT_MS = _int("MC_RPC_TIMEOUT_MS", "Mooncake client RPC timeout, milliseconds", 30000)
 
 REGISTRY: tuple[EnvVar, ...] = tuple(v for v in list(globals().values()) if isinstance(v, EnvVar))

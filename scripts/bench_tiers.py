@@ -5,17 +5,17 @@ Modes (``--modes``, comma separated; default ``steady``):
 
 - ``user-view``: the SSD tier as a user meets it: a writer process fills a fresh directory, the
   page cache is dropped, a new reader process reads every page; ours vs SGLang's ``HiCacheFile``
-  vs raw ``O_DIRECT`` sequential I/O, as ratios (``scripts/ssd_user_view.py``).
+  vs raw ``O_DIRECT`` sequential I/O, as ratios (``devtools/bench/ssd/user_view.py``).
 - ``restart``: a new process opens a tier holding ``--restart-gib`` of pages: time to the first
   hit, pages recovered.
 - ``put-profile``: where a put's time goes, per phase and by ``cProfile``, in a fresh process and
   directory per page size (``--user-view-pages``), and the writeback it leaves behind
-  (``scripts/ssd_write_path.py``).
+  (``devtools/bench/ssd/write_path.py``).
 - ``get-profile``: where a get's time goes, warm (page cache) and cold (page cache dropped), per
   phase summed over the threads that ran it, in a fresh process per page size
-  (``--user-view-pages``; ``scripts/ssd_read_path.py``).
+  (``--user-view-pages``; ``devtools/bench/ssd/read_path.py``).
 - ``backlog``: pages offered at a GPU-like rate (``--backlog-rate`` GB/s) to the tier and to the raw
-  disk in the same run: stored, refused, dropped, queue lag (``scripts/ssd_write_path.py``).
+  disk in the same run: stored, refused, dropped, queue lag (``devtools/bench/ssd/write_path.py``).
 - ``steady``: steady state, within one process, described below.
 
 Steady state: for each page size, batches of ``--batch-size`` pages (two segments each, like SGLang's K and V)
@@ -64,11 +64,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import ssd_read_path  # noqa: E402  (beside this script)
-import ssd_user_view  # noqa: E402
-import ssd_write_path  # noqa: E402
-
 from devtools.bench.console import human, log  # noqa: E402
+from devtools.bench.ssd import read_path as ssd_read_path  # noqa: E402
+from devtools.bench.ssd import user_view as ssd_user_view  # noqa: E402
+from devtools.bench.ssd import write_path as ssd_write_path  # noqa: E402
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, parse_size  # noqa: E402
 from mooncake_sgl.tiers.host import HostTier  # noqa: E402
 from mooncake_sgl.tiers.lmdb import LmdbTier  # noqa: E402

@@ -1,11 +1,31 @@
 #!/usr/bin/env bash
-# The test suite: set up what is missing, lint, then every test (SGLang integration and the real
-# mooncake_master included; nothing here needs a GPU).
+# The test suite: set up what is missing, lint, then the tests (what CI runs: .ci/run).
+#
+#   bash scripts/test.sh            everything but the opt-in chaos tests: SGLang integration, live
+#                                   servers, the real mooncake_master, clusters (as root), benchmarks
+#                                   at their smallest setting; budget 20 minutes after set-up
+#   bash scripts/test.sh --fast     no live server, namespace, benchmark or HA fail-over; budget 3 min
+#   bash scripts/test.sh -m chaos   the opt-in chaos tests (any -m replaces the default selection)
+#
+# Other arguments go to pytest (a path, -k EXPR, -x ...). The tiers are markers set by folder in
+# tests/conftest.py; docs/testing.md lists each tier's budget and measured time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started=$SECONDS
 bash scripts/bootstrap.sh
+set_up=$((SECONDS - started))
 .venv/bin/ruff check mooncake_sgl devtools scripts tests
-# The Mooncake Store HA fail-over test (two masters, etcd; about a minute) is opt-in for quick
-# local runs and always on here.
-export MOONCAKE_SGL_TEST_HA="${MOONCAKE_SGL_TEST_HA:-1}"
-exec .venv/bin/python -m pytest -q "$@"
+
+select=(-m "not chaos")
+args=()
+for arg in "$@"; do
+  case "$arg" in
+    --fast) select=(-m "not (live or cluster or bench or ha or chaos)") ;;
+    -m|-m*) select=(); args+=("$arg") ;;
+    *) args+=("$arg") ;;
+  esac
+done
+status=0
+.venv/bin/python -m pytest -q --durations=25 "${select[@]}" "${args[@]}" || status=$?
+echo "[test] wall time: $((SECONDS - started)) s in all, $set_up s of it set-up (exit $status)"
+exit $status

@@ -53,15 +53,15 @@ def test_unset_or_empty_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_values_are_typed() -> None:
     assert envs.MOONCAKE_SGL_STOP_GRACE.get({"MOONCAKE_SGL_STOP_GRACE": "250ms"}) == 0.25
     assert envs.MOONCAKE_SGL_HOST_RESERVE.get({"MOONCAKE_SGL_HOST_RESERVE": "512MiB"}) == 512 << 20
-    assert envs.MOONCAKE_SGL_TEST_HA.get({"MOONCAKE_SGL_TEST_HA": "1"}) is True
-    # "0" was true while the opt-ins were tested for a non-empty string.
-    assert envs.MOONCAKE_SGL_TEST_HA.get({"MOONCAKE_SGL_TEST_HA": "0"}) is False
+    assert envs.MOONCAKE_SGL_CPU_ADAPTATIONS.get({"MOONCAKE_SGL_CPU_ADAPTATIONS": "1"}) is True
+    # "0" was true while flags were tested for a non-empty string.
+    assert envs.MOONCAKE_SGL_CPU_ADAPTATIONS.get({"MOONCAKE_SGL_CPU_ADAPTATIONS": "0"}) is False
 
 
 @pytest.mark.parametrize(("var", "value", "words"), [
     (envs.MOONCAKE_SGL_HOST_RESERVE, "lots", "expected a size"),
     (envs.MOONCAKE_SGL_STOP_GRACE, "soon", "expected a duration"),
-    (envs.MOONCAKE_SGL_TEST_CHAOS, "maybe", "expected one of"),
+    (envs.MOONCAKE_SGL_CPU_ADAPTATIONS, "maybe", "expected one of"),
     (envs.MC_RPC_TIMEOUT_MS, "3s", "invalid literal"),
 ])
 def test_a_malformed_value_is_an_error_naming_the_variable(var: envs.EnvVar, value: str, words: str) -> None:

@@ -5,7 +5,9 @@
 - ``server``    variants (no HiCache, HiCache L2, ours on a tier set) and ``sglang.launch_server``.
 - ``results``   per-round aggregation, the side-by-side table, the PNG plot.
 - ``console``   progress lines and size formatting shared by every benchmark script.
-- ``runner``    the CLIs behind ``scripts/bench_long_context.py`` and ``scripts/bench_multiturn.py``.
+- ``runner``    the long-context and multi-turn CLIs (``python -m devtools.bench``).
+- ``two_instances`` two servers, one shared pool vs isolated tiers.
+- ``ssd/``      the SSD tier's modes of ``scripts/bench_tiers.py``.
 
 Nothing here imports sglang: the client only needs a server's URL.
 """

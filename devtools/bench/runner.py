@@ -1,5 +1,5 @@
-"""The live-server benchmark driver shared by ``scripts/bench_long_context.py`` and
-``scripts/bench_multiturn.py``.
+"""The live-server benchmark driver shared by ``python -m devtools.bench long-context`` and
+``multiturn``.
 
 Per variant (one server configuration): empty our storage tiers, then per round flush SGLang's
 device and host caches (``/flush_cache``) so any reuse must come from the storage tiers, send the

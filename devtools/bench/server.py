@@ -10,7 +10,7 @@ A *variant* is one server configuration of a side-by-side run:
                           @PATH``).
 
 On a host without a GPU every command gets the flags a CPU server needs (``CPU_FLAGS``, plus the
-``direct`` io backend for HiCache variants, which is what ``mooncake_sgl.hicache.cpu_compat``
+``direct`` io backend for HiCache variants, which is what ``mooncake_sgl.hicache.cpu.adaptations``
 supplies ops for) and ``SGLANG_USE_CPU_ENGINE=1``. ``scripts/serve_cpu.sh`` runs
 ``python -m devtools.bench.server PORT MODEL_DIR TIERS_FILE [flags...]``: one server in the
 foreground, stopped with everything it started on SIGTERM/SIGINT.
@@ -34,7 +34,7 @@ from mooncake_sgl.procs import pick_port, says_bind_failed
 
 from .client import SglangClient
 
-# What a CPU server needs (hicache/cpu_compat.py explains the patches it also needs): the torch
+# What a CPU server needs (hicache/cpu/adaptations.py explains the patches it also needs): the torch
 # attention backend, no CUDA graphs, token-id prompts, a KV budget a CPU host can hold (SGLang would
 # otherwise size it from RAM: 14.5M tokens), and 64-token pages as on GPU deployments.
 CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
@@ -42,7 +42,7 @@ CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disabl
 CPU_HICACHE_FLAGS = ("--hicache-io-backend", "direct", "--hicache-mem-layout", "page_first_direct")
 GPU_FLAGS = ("--skip-tokenizer-init", "--page-size", "64")
 GPU_HICACHE_FLAGS = ("--hicache-mem-layout", "page_first")
-CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", envs.MOONCAKE_SGL_CPU_ADAPTATIONS.name: "1"}
 HICACHE = "--enable-hierarchical-cache"
 
 # SGLang's own shutdown can hang on CPU (a scheduler waiting on a CUDA core-dump timeout); after

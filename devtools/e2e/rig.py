@@ -42,7 +42,12 @@ def ensure_backend_registered() -> str:
     """Run SGLang's ``load_plugins()`` and return the class registered as ``mooncake``.
 
     Raises ``RuntimeError`` when our entry point did not take the name (package not installed).
+    The rig drives SGLang's pools on this CPU, so it asks for the CPU adaptations (an operator's
+    own setting of the switch wins), before sglang is first imported.
     """
+    from mooncake_sgl import envs
+
+    envs.MOONCAKE_SGL_CPU_ADAPTATIONS.set_default(1)
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
     from sglang.srt.plugins import load_plugins
 

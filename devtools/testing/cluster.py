@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mooncake_sgl.hicache.cpu_compat import HOST_RESERVE_ENV
+from mooncake_sgl.hicache.cpu.adaptations import HOST_RESERVE_ENV
 from mooncake_sgl.pool.process import PoolProcess
 from mooncake_sgl.procs import pick_port
 

@@ -6,9 +6,8 @@
                      and which rank reports a shared directory.
 - ``sidecars``       hybrid models (SGLang's v2 API): the objects a page has beside its KV.
 - ``fingerprint``    a cheap fingerprint of the checkpoint, so new weights never read old pages.
-- ``cpu_compat``     what a live server needs to run HiCache without CUDA (applied by ``plugin``),
-                     with ``cpu_kvcacheio`` (torch versions of the host<->device copy ops) and
-                     ``cpu_attention`` (the ``torch_native`` extend step for new tokens only).
+- ``cpu/``           opt-in adaptations for serving HiCache on a host without CUDA
+                     (``MOONCAKE_SGL_CPU_ADAPTATIONS=1``; applied by ``plugin`` when asked for).
 
 Nothing is imported here, so loading the entry point costs no more than ``plugin`` itself.
 """

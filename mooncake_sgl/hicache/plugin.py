@@ -7,8 +7,10 @@ process alone would not reach them. ``pyproject.toml`` declares::
     [project.entry-points."sglang.srt.plugins"]
     mooncake_sgl = "mooncake_sgl.hicache.plugin:register"
 
-If ``SGLANG_PLUGINS`` whitelists plugins, it must include ``mooncake_sgl``. On a host without an
-accelerator the same call applies the adaptations of ``cpu_compat`` that a live CPU server needs.
+If ``SGLANG_PLUGINS`` whitelists plugins, it must include ``mooncake_sgl``. Where the operator asks
+for them (``MOONCAKE_SGL_CPU_ADAPTATIONS=1``, on a host without an accelerator), the same call applies
+the adaptations of ``cpu.adaptations`` that a live CPU server needs; otherwise it changes nothing in
+SGLang but the backend's name.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import logging
 
 from .. import envs
-from . import cpu_compat
+from .cpu import adaptations as cpu_adaptations
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ def register() -> None:
       subclass so that our own answer is given.
     """
     envs.SGLANG_HICACHE_MOONCAKE_REUSE_TE.set_default(0)
-    cpu_compat.apply()
+    cpu_adaptations.apply()
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
     entry = getattr(StorageBackendFactory, "_registry", {}).get(BACKEND_NAME, {})

@@ -122,7 +122,7 @@ def test_variants_and_launch_command(tmp_path: Path) -> None:
     cmd = launch_command("/m", 31000, v.args, cpu=True, extra=("--max-total-tokens=4096",))
     assert cmd[:3] == [sys.executable, "-m", "sglang.launch_server"]
     assert "--skip-tokenizer-init" in cmd and cmd[cmd.index("--device") + 1] == "cpu"
-    assert cmd[cmd.index("--hicache-io-backend") + 1] == "direct"  # the ops cpu_compat supplies
+    assert cmd[cmd.index("--hicache-io-backend") + 1] == "direct"  # the ops the CPU adaptations supply
     assert cmd[cmd.index("--hicache-storage-backend") + 1] == "mooncake"
     assert cmd[-1] == "--max-total-tokens=4096"  # extra flags come last, so they win
     plain = launch_command("/m", 31000, parse_variant("no-hicache").args, cpu=True)

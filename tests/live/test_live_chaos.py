@@ -7,9 +7,9 @@ bit-identical logprobs); a tier that is gone is a miss, recomputed. Each test pr
 (requests, failed, wrong, storage hits per phase, slowest request, time until hits resume), so
 ``pytest -s`` shows them.
 
-Opt-in (``MOONCAKE_SGL_TEST_CHAOS=1``; ``scripts/test.sh`` leaves it off): on two shared cores
-each test takes 5-7 minutes (server starts of a minute or more, then a minute or two of traffic).
-The HA one also needs ``MOONCAKE_SGL_TEST_HA=1`` and etcd.
+Opt-in (marker ``chaos``: ``bash scripts/test.sh -m chaos``; the whole suite leaves them out): on
+two shared cores each test takes 5-7 minutes (server starts of a minute or more, then a minute or
+two of traffic). The HA one also needs etcd.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import threading
 import time
@@ -29,13 +28,11 @@ import pytest
 
 from devtools.bench.server import LaunchedServer
 from devtools.testing import MooncakeMaster, ha_masters
-from mooncake_sgl import envs
 
 from .conftest import Servers, wait_for, write_tiers
 from .probe import LiveClient, Output, prompt, reusable
 
-pytestmark = pytest.mark.skipif(not envs.MOONCAKE_SGL_TEST_CHAOS.get(),
-                                reason="opt-in (MOONCAKE_SGL_TEST_CHAOS=1): minutes of live traffic")
+pytestmark = pytest.mark.chaos
 
 PROMPT_TOKENS = 1024
 PROMPTS = 3
@@ -189,8 +186,7 @@ def test_a_master_stopped_then_killed_under_traffic_fails_no_request(servers: Se
                       title="master SIGSTOP, SIGKILL, restart")
 
 
-@pytest.mark.skipif(shutil.which("etcd") is None or not envs.MOONCAKE_SGL_TEST_HA.get(),
-                    reason="opt-in (MOONCAKE_SGL_TEST_HA=1) and needs etcd")
+@pytest.mark.ha
 def test_an_ha_leader_stopped_then_killed_under_traffic_fails_no_request(servers: Servers,
                                                                           tmp_path: Path) -> None:
     with ha_masters(tmp_path) as (master, masters):

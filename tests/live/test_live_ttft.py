@@ -1,11 +1,12 @@
 """A prompt served from our storage tiers is never slower than computing it (issue 26).
 
-What ``scripts/main.sh`` does, at the smallest size that showed it: two long prompts, each first
-computed alone, then both at once (after ``/flush_cache``) with their prefixes from our host tier. sglang's
-``torch_native`` attention used to attend from every token of a sequence, cached prefix included,
-so a hit paid the whole prompt's attention again; a hit that shared a batch with a longer one paid
-for that one's too, and came out slower than its cold run (6,890-token prompts: 8.1 s from storage,
-4.6 s recomputed). TTFT is timed by the streaming client, the way the benchmark times it.
+What ``scripts/compare_long_context.sh`` does, at the smallest size that showed it: two long
+prompts, each first computed alone, then both at once (after ``/flush_cache``) with their prefixes
+from our host tier. sglang's ``torch_native`` attention used to attend from every token of a
+sequence, cached prefix included, so a hit paid the whole prompt's attention again; a hit that
+shared a batch with a longer one paid for that one's too, and came out slower than its cold run
+(6,890-token prompts: 8.1 s from storage, 4.6 s recomputed). TTFT is timed by the streaming client,
+the way the benchmark times it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from .conftest import Servers, write_tiers
 from .probe import LiveClient, prompt, reusable
 
 # Prompt lengths (tokens): both above the 4,096-token prefill chunk, so the cold runs are chunked
-# as main.sh's long documents are, and far enough apart that one hit waits on the other's batch.
+# as compare_long_context.sh's long documents are, and far enough apart that one hit waits on the
+# other's batch.
 LENGTHS = (4_160, 9_280)
 # With ~99% of each prompt from storage a hit must beat its cold run by far more than a shared
 # machine's noise: at most half of it. Measured: 0.03-0.06x; 0.17x and 0.08x with the machine's

@@ -1,6 +1,7 @@
-"""The no-CUDA adaptations a live CPU server needs (``mooncake_sgl.hicache.cpu_compat``), each
-shown to be necessary: without it the same sglang code fails, with it it works. The live tests in
-tests/live/ run them all together in real servers."""
+"""The no-CUDA adaptations a live CPU server needs (``mooncake_sgl.hicache.cpu.adaptations``): opt-in
+(without ``MOONCAKE_SGL_CPU_ADAPTATIONS`` an installed wheel changes nothing in SGLang but the
+backend's name), and each shown to be necessary: without it the same sglang code fails, with it it
+works. The live tests in tests/live/ run them all together in real servers."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import textwrap
 import pytest
 import torch
 
-from mooncake_sgl.hicache import cpu_compat
-from mooncake_sgl.hicache.cpu_kvcacheio import DIRECT_OPS
+from mooncake_sgl.hicache.cpu import adaptations
+from mooncake_sgl.hicache.cpu.kvcacheio import DIRECT_OPS
 
 from . import pools
 
@@ -21,6 +22,7 @@ from . import pools
 _IMPORT_SCHEDULER = textwrap.dedent("""
     import importlib.metadata as md, os, sys
     os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+    os.environ["MOONCAKE_SGL_CPU_ADAPTATIONS"] = "0" if sys.argv[1] == "unasked" else "1"
     if sys.argv[1] == "without":
         every = md.entry_points
         md.entry_points = lambda **kw: md.EntryPoints(
@@ -43,7 +45,75 @@ def _import_scheduler(mode: str) -> str:
 
 def test_sgl_kernel_standin_lets_the_scheduler_import_without_cuda() -> None:
     assert _import_scheduler("without") == "FAILED No module named 'sgl_kernel'"
+    assert _import_scheduler("unasked") == "FAILED No module named 'sgl_kernel'"
     assert _import_scheduler("with") == "IMPORTED module True"
+
+
+# What every SGLang process does first (platform discovery, then ``load_plugins()``), then what each
+# adaptation would have changed. sglang's pool and attention modules import ``sgl_kernel``: where no
+# adaptation provided one, this probe brings its own (as a host with some sgl_kernel build has) so
+# that it can look at those modules at all.
+_LOOK_AT_SGLANG = textwrap.dedent("""
+    import json, os, sys, types
+    os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+    from sglang.srt.platforms import current_platform
+    str(current_platform)
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+    seen = {"backend": StorageBackendFactory._registry.get("mooncake", {}).get("class_name"),
+            "sgl_kernel": sys.modules.get("sgl_kernel") is not None,
+            "prefill_order": os.environ.get("SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP")}
+    if "sgl_kernel" not in sys.modules:
+        probe = types.ModuleType("sgl_kernel")
+        probe.__getattr__ = lambda name: (lambda *a, **k: None)
+        sys.modules["sgl_kernel"] = probe
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.mem_cache.pool_host import mha
+    from sglang.srt.mem_cache.pool_host.base import HostKVCache
+    marked = lambda f, mark: bool(getattr(f, mark, False))
+    seen.update(unpinned=marked(HostKVCache.__init__, "__mooncake_sgl_unpinned__"),
+                attention=marked(TorchNativeAttnBackend._run_sdpa_forward_extend,
+                                 "__mooncake_sgl_new_tokens__"),
+                direct_ops=getattr(mha, "transfer_kv_all_layer_direct_lf_pf", None) is not None)
+    print(json.dumps(seen))
+""")
+
+
+def _look_at_sglang(switch: str | None) -> dict:
+    import json
+    import os
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in (adaptations.SWITCH.name, adaptations.CONSECUTIVE_PREFILL_ENV)}
+    if switch is not None:
+        env[adaptations.SWITCH.name] = switch
+    out = subprocess.run([sys.executable, "-c", _LOOK_AT_SGLANG], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("switch", [None, "0", ""])
+def test_installed_without_the_switch_sglang_is_untouched_but_for_the_backend_name(
+        switch: str | None) -> None:
+    assert _look_at_sglang(switch) == {
+        "backend": "MooncakeSglStorage", "sgl_kernel": False, "prefill_order": None,
+        "unpinned": False, "attention": False, "direct_ops": False}
+
+
+def test_with_the_switch_every_adaptation_is_applied() -> None:
+    assert _look_at_sglang("1") == {
+        "backend": "MooncakeSglStorage", "sgl_kernel": True, "prefill_order": "1",
+        "unpinned": True, "attention": True, "direct_ops": True}
+
+
+def test_a_malformed_switch_is_logged_and_applies_nothing(monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv(adaptations.SWITCH.name, "perhaps")
+    with caplog.at_level(logging.ERROR, logger=adaptations.__name__):
+        assert adaptations.apply() == []
+    assert "MOONCAKE_SGL_CPU_ADAPTATIONS" in caplog.text and "perhaps" in caplog.text
 
 
 def test_standin_ops_raise_if_called() -> None:
@@ -105,27 +175,27 @@ def test_without_the_direct_ops_the_first_backup_fails(monkeypatch: pytest.Monke
 
 def test_nothing_is_adapted_on_an_unchecked_sglang_or_with_an_accelerator(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(cpu_compat, "sglang_version", lambda: "0.6.0")
-    with caplog.at_level(logging.WARNING, logger=cpu_compat.__name__):
-        assert cpu_compat.apply() == []
+    monkeypatch.setattr(adaptations, "sglang_version", lambda: "0.6.0")
+    with caplog.at_level(logging.WARNING, logger=adaptations.__name__):
+        assert adaptations.apply() == []
     assert "checked only against sglang 0.5.23" in caplog.text and "0.6.0" in caplog.text
 
-    monkeypatch.setattr(cpu_compat, "no_accelerator", lambda: False)
-    assert cpu_compat.apply() == []
-    assert cpu_compat.platform_hook() is None  # never claims a platform
+    monkeypatch.setattr(adaptations, "no_accelerator", lambda: False)
+    assert adaptations.apply() == []
+    assert adaptations.platform_hook() is None  # never claims a platform
 
 
 def test_the_host_pool_reserve_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from sglang.srt.mem_cache.pool_host import base
 
     monkeypatch.setattr(base, "HICACHE_HOST_MEMORY_RESERVE_BYTES", base.HICACHE_HOST_MEMORY_RESERVE_BYTES)
-    monkeypatch.delenv(cpu_compat.HOST_RESERVE_ENV, raising=False)
-    assert cpu_compat.host_reserve() is None and base.HICACHE_HOST_MEMORY_RESERVE_BYTES == 10 << 30
-    monkeypatch.setenv(cpu_compat.HOST_RESERVE_ENV, str(1 << 30))
-    assert cpu_compat.host_reserve() == 1 << 30
+    monkeypatch.delenv(adaptations.HOST_RESERVE_ENV, raising=False)
+    assert adaptations.host_reserve() is None and base.HICACHE_HOST_MEMORY_RESERVE_BYTES == 10 << 30
+    monkeypatch.setenv(adaptations.HOST_RESERVE_ENV, str(1 << 30))
+    assert adaptations.host_reserve() == 1 << 30
     assert base.HICACHE_HOST_MEMORY_RESERVE_BYTES == 1 << 30
-    monkeypatch.setenv(cpu_compat.HOST_RESERVE_ENV, "2GiB")
-    assert cpu_compat.host_reserve() == 2 << 30
+    monkeypatch.setenv(adaptations.HOST_RESERVE_ENV, "2GiB")
+    assert adaptations.host_reserve() == 2 << 30
 
 
 def test_a_malformed_host_pool_reserve_is_logged_and_changes_nothing(
@@ -133,9 +203,9 @@ def test_a_malformed_host_pool_reserve_is_logged_and_changes_nothing(
     from sglang.srt.mem_cache.pool_host import base
 
     monkeypatch.setattr(base, "HICACHE_HOST_MEMORY_RESERVE_BYTES", 10 << 30)
-    monkeypatch.setenv(cpu_compat.HOST_RESERVE_ENV, "12XB")
-    with caplog.at_level(logging.ERROR, logger=cpu_compat.logger.name):
-        assert cpu_compat.host_reserve() is None
+    monkeypatch.setenv(adaptations.HOST_RESERVE_ENV, "12XB")
+    with caplog.at_level(logging.ERROR, logger=adaptations.logger.name):
+        assert adaptations.host_reserve() is None
     assert base.HICACHE_HOST_MEMORY_RESERVE_BYTES == 10 << 30
     assert "MOONCAKE_SGL_HOST_RESERVE" in caplog.text and "12XB" in caplog.text
 
@@ -160,21 +230,21 @@ def test_a_prefills_tokens_go_out_before_the_next_prefill_runs(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     # On the CPU device "launch the next batch" is its whole forward: with sglang's default the
     # first token of a prefill waited for the next prefill batch's forward.
-    monkeypatch.delenv(cpu_compat.CONSECUTIVE_PREFILL_ENV, raising=False)
+    monkeypatch.delenv(adaptations.CONSECUTIVE_PREFILL_ENV, raising=False)
     assert _overlaps_consecutive_prefills()
-    with caplog.at_level(logging.WARNING, logger=cpu_compat.__name__):
-        assert cpu_compat.consecutive_prefills_in_order()
-    assert f"{cpu_compat.CONSECUTIVE_PREFILL_ENV}=1" in caplog.text  # the operator sees it
+    with caplog.at_level(logging.WARNING, logger=adaptations.__name__):
+        assert adaptations.consecutive_prefills_in_order()
+    assert f"{adaptations.CONSECUTIVE_PREFILL_ENV}=1" in caplog.text  # the operator sees it
     assert not _overlaps_consecutive_prefills()
-    assert not cpu_compat.consecutive_prefills_in_order()  # already set: nothing to do
+    assert not adaptations.consecutive_prefills_in_order()  # already set: nothing to do
 
-    monkeypatch.setenv(cpu_compat.CONSECUTIVE_PREFILL_ENV, "0")  # the operator's choice stands
-    assert not cpu_compat.consecutive_prefills_in_order()
+    monkeypatch.setenv(adaptations.CONSECUTIVE_PREFILL_ENV, "0")  # the operator's choice stands
+    assert not adaptations.consecutive_prefills_in_order()
     assert _overlaps_consecutive_prefills()
 
 
 def test_apply_sets_the_prefill_order_where_it_adapts(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(cpu_compat.CONSECUTIVE_PREFILL_ENV, raising=False)
-    applied = cpu_compat.apply()
-    assert f"consecutive prefills in order (${cpu_compat.CONSECUTIVE_PREFILL_ENV}=1)" in applied
+    monkeypatch.delenv(adaptations.CONSECUTIVE_PREFILL_ENV, raising=False)
+    applied = adaptations.apply()
+    assert f"consecutive prefills in order (${adaptations.CONSECUTIVE_PREFILL_ENV}=1)" in applied
     assert not _overlaps_consecutive_prefills()

@@ -34,8 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from devtools.bench.console import human, log  # noqa: E402
+from ..console import human, log
 
 GB = 1e9
 BACKENDS = ("ours", "HiCacheFile", "raw O_DIRECT")

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from ssd_user_view import aligned_buffer, drop_cache, keys, page_data, page_views, run_profile_child
 
-from devtools.bench.console import human, log
+from ..console import human, log
+from .user_view import aligned_buffer, drop_cache, keys, page_data, page_views, run_profile_child
 
 GB = 1e9
 
@@ -83,9 +83,10 @@ def profile_child(directory: str, size: int, n: int, batch: int) -> None:
     import types
 
     import xxhash
-    from ssd_write_path import _tier
 
     from mooncake_sgl.tiers import ssd_io
+
+    from .write_path import _tier
 
     tier = _tier(directory)
     src = page_data(size, n)

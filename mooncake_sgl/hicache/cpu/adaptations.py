@@ -1,4 +1,10 @@
-"""What a live SGLang server needs to run HiCache on a host without CUDA, applied from our plug-in.
+"""What a live SGLang server needs to run HiCache on a host without CUDA: opt-in, never a side effect.
+
+A plain install of the wheel changes nothing in SGLang but the storage backend's name. These
+adaptations run only where an operator asks for them with ``MOONCAKE_SGL_CPU_ADAPTATIONS=1`` (what
+``scripts/serve_cpu.sh``, the benchmarks and the test suite set), and even then only on a host
+without an accelerator and with a checked sglang version (``CHECKED_SGLANG``); otherwise nothing is
+patched, and one log line says why when the switch is on.
 
 sglang 0.5.23 starts on a CPU-only host with ``SGLANG_USE_CPU_ENGINE=1 ... --device cpu``, but its
 HiCache path has three CUDA assumptions (each item names the sglang file that makes it), and on
@@ -12,11 +18,11 @@ the CPU its attention (4) and its scheduler (5) waste what a cache hit saves:
    (``pool_host/common.py``); ``unpinned_host_pools`` makes ``HostKVCache`` allocate unpinned.
 3. The host pools bind their host<->device copy ops only on CUDA/ROCm/XPU; ``direct_io_ops`` binds
    torch versions of the ``direct`` io backend's three ops where a pool module has none
-   (``cpu_kvcacheio``). Servers then run with ``--hicache-io-backend direct``.
+   (``kvcacheio``). Servers then run with ``--hicache-io-backend direct``.
 4. The ``torch_native`` attention backend computes a sequence's attention for every token of it,
    cached prefix included, and keeps the new tokens' rows: a storage hit saved no attention, and a
    12k-token hit cost what recomputing it did. ``extend_attention_new_tokens`` makes it compute the
-   new tokens' rows only (``cpu_attention``; the same rows, bit for bit).
+   new tokens' rows only (``attention``; the same rows, bit for bit).
 5. The overlap scheduler launches batch N+1 before it hands out batch N's tokens. On CUDA the
    launch returns at once and N+1 runs on the device while the CPU does N's bookkeeping; on the
    CPU device the launch *is* the forward, so a prefill's first token waited for the whole forward
@@ -26,16 +32,13 @@ the CPU its attention (4) and its scheduler (5) waste what a cache hit saves:
    sets it (unless the operator set it). It changes no batch and no output: the batch to run is
    chosen before the switch is read, and only the order of "process N" and "run N+1" changes.
 
-Every adaptation is gated twice: on "no accelerator in this process" (on a GPU host nothing here
-does anything), and on the sglang versions in ``CHECKED_SGLANG``. On another sglang version nothing
-is patched and one log line says so; the server then fails (or not) exactly as sglang does alone.
-
 Timing: (2) to (5) run in ``register()`` of the ``sglang.srt.plugins`` entry point, which SGLang
 calls at the start of every process it spawns, before any pool exists. (1) cannot wait that long:
 the scheduler's module imports reach ``cache_move`` before ``load_plugins()`` runs. The earliest
 hook SGLang offers is platform discovery (``sglang.srt.platforms`` entry points are called when
 ``current_platform`` is first resolved, which precedes that import), so ``platform_hook`` is
-declared there; it never claims a platform (it returns ``None``), it only installs the stand-in.
+declared there; it never claims a platform (it returns ``None``), it only installs the stand-in,
+and only under the switch.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ import sys
 import types
 from collections.abc import Callable
 
-from .. import envs
+from ... import envs
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +72,18 @@ POOL_MODULES = (
 _STANDIN_MARK = "__mooncake_sgl_standin__"
 _UNPINNED_MARK = "__mooncake_sgl_unpinned__"
 _NEW_TOKENS_MARK = "__mooncake_sgl_new_tokens__"
+
+
+SWITCH = envs.MOONCAKE_SGL_CPU_ADAPTATIONS
+
+
+def requested() -> bool:
+    """True when the operator asked for the adaptations; a malformed switch is logged and reads off."""
+    try:
+        return SWITCH.get()
+    except ValueError as e:
+        logger.error("mooncake_sgl: $%s ignored, no CPU adaptation applied: %s", SWITCH.name, e)
+        return False
 
 
 def no_accelerator() -> bool:
@@ -159,7 +174,7 @@ def host_reserve() -> int | None:
 
 def direct_io_ops() -> list[str]:
     """Bind torch ``direct`` ops into the pool modules that lack them; the names bound."""
-    from .cpu_kvcacheio import DIRECT_OPS
+    from .kvcacheio import DIRECT_OPS
 
     bound = []
     for module_name in POOL_MODULES:
@@ -183,7 +198,7 @@ def extend_attention_new_tokens() -> bool:
 
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-    from .cpu_attention import EXTEND_PARAMETERS, make_sdpa_forward_extend
+    from .attention import EXTEND_PARAMETERS, make_sdpa_forward_extend
 
     original = TorchNativeAttnBackend._run_sdpa_forward_extend
     if getattr(original, _NEW_TOKENS_MARK, False):
@@ -229,7 +244,8 @@ def platform_hook() -> None:
     start is a defect) and must stay cheap: it runs in every SGLang process at platform discovery.
     """
     try:
-        if no_accelerator() and sglang_version() in CHECKED_SGLANG and sgl_kernel_standin():
+        if (requested() and no_accelerator() and sglang_version() in CHECKED_SGLANG
+                and sgl_kernel_standin()):
             logger.info("mooncake_sgl: no accelerator here; installed an sgl_kernel stand-in")
     except Exception:
         logger.exception("mooncake_sgl: the CPU sgl_kernel stand-in could not be installed")
@@ -237,8 +253,15 @@ def platform_hook() -> None:
 
 
 def apply() -> list[str]:
-    """Every adaptation this process needs; the names of those applied (empty on a GPU host)."""
+    """Every adaptation this process needs; the names of those applied.
+
+    Empty without ``$MOONCAKE_SGL_CPU_ADAPTATIONS``, on a host with an accelerator, and on an
+    unchecked sglang version."""
+    if not requested():
+        return []
     if not no_accelerator():
+        logger.warning("mooncake_sgl: $%s is set, but this process sees an accelerator; no CPU "
+                       "adaptation applied", SWITCH.name)
         return []
     version = sglang_version()
     if version not in CHECKED_SGLANG:

@@ -46,10 +46,8 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ssd_user_view import keys, page_data, page_views, run_profile_child
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from devtools.bench.console import human, log  # noqa: E402
+from ..console import human, log
+from .user_view import keys, page_data, page_views, run_profile_child
 
 GB = 1e9
 _CHUNK = 4 << 20  # raw O_DIRECT request size, as ssd_user_view's raw rows
