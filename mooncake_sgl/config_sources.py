@@ -54,8 +54,8 @@ class ResolvedConfig:
 
 def _not_read(environ: Mapping[str, str], *names: str) -> list[str]:
     """Notes for later sources that are set too, so a shadowed one is never a silent surprise."""
-    return [f"${var} is set but not read (an earlier source applies; see the README's "
-            "Configuration section)" for var in names if var in environ]
+    return [f"${var} is set but not read (an earlier source applies; see "
+            "docs/configuration.md, where the config comes from)" for var in names if var in environ]
 
 
 def resolve_config(extra_config: Mapping[str, Any] | None = None, storage_config: Any = None,
