@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from devtools.testing.tiny_model import TinyLlama, write_tiny_llama
-from tests.live.conftest import Servers, write_tiers
-from tests.live.probe import LiveClient, prompt, reusable, storage_hit
+from tests.hicache.recording_backend import MARK
 
-from .recording_backend import MARK
+from .conftest import Servers, write_tiers
+from .probe import LiveClient, prompt, reusable, storage_hit
 
 PROMPT_TOKENS = 2048
 PAGE = 64
