@@ -3,7 +3,7 @@
 
 Written on a machine without a GPU and NOT yet run on one: only ``--self-test-on-cpu`` has run.
 
-What it checks (in under 8 minutes on one GPU):
+What it checks (sized for well under 8 minutes on one GPU; not yet timed on one):
   a. ``tests/tiers/test_hbm_tier.py`` in a pytest subprocess, whose ``TestHbmOnCuda`` class (the
      tier conformance suite on ``device: cuda``) must have run and passed, not been skipped;
   b. the host tier with ``pin_memory: true``: its conformance suite on pinned buffers
