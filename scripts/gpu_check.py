@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         # them costs ~50 ms a batch. The self-test measures nothing worth reading: keep it quick.
         torch.set_num_threads(1)
     name = "CPU SELF-TEST (not a GPU run)" if cpu else torch.cuda.get_device_name(device)
-    print(f"gpu_check: {name}; torch {torch.__version__}, CUDA {torch.version.cuda}, Python "
+    print(f"gpu_check: {name}; torch {torch.__version__} (built for CUDA {torch.version.cuda}), Python "
           f"{platform.python_version()}", flush=True)
     rounds = args.rounds or (3 if cpu else 9)
     batch = int((args.batch_mib or (1 if cpu else 64)) * (1 << 20))
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({
             "mode": "cpu-self-test" if cpu else "gpu", "device": name, "torch": torch.__version__,
-            "cuda": torch.version.cuda, "python": platform.python_version(), "ok": not failed,
+            "torch_built_for_cuda": torch.version.cuda, "python": platform.python_version(), "ok": not failed,
             "verdict": verdict, "steps": [dataclasses.asdict(s) for s in steps],
             "pinned_host": dataclasses.asdict(pinned) if pinned else None,
             "copies": [dataclasses.asdict(r) for r in copies or []]}, indent=2) + "\n")
