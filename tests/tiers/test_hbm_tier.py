@@ -30,7 +30,7 @@ class TestHbmOnCpuTensor(TierConformance):
         return hbm(capacity_bytes)
 
 
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA device (scripts/gpu_check.sh runs this on a GPU host)")
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device (scripts/gpu_check.py runs this on a GPU host)")
 class TestHbmOnCuda(TierConformance):
     def make_tier(self, capacity_bytes: int) -> Tier:
         return hbm(capacity_bytes, device="cuda")

@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 import pytest
+import torch
 
 from mooncake_sgl.api import Tier
 from mooncake_sgl.config import HostTierConfig, StoreConfig
@@ -22,6 +23,15 @@ def host(capacity: int | str, slot_size: int | str = "auto") -> HostTier:
 class TestHostConformance(TierConformance):
     def make_tier(self, capacity_bytes: int) -> Tier:
         return host(capacity_bytes)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="pinning needs CUDA (scripts/gpu_check.py runs this on a GPU host)")
+class TestHostPinnedConformance(TierConformance):
+    def make_tier(self, capacity_bytes: int) -> Tier:
+        t = HostTier(HostTierConfig(capacity=capacity_bytes, pin_memory=True))
+        assert t.pinned  # else this would only repeat the unpinned suite
+        return t
 
 
 def test_build_tier_makes_a_host_tier_from_the_default_config() -> None:
