@@ -7,4 +7,5 @@ changes nothing else in SGLang.
                    from ``hicache.plugin`` and the ``sglang.srt.platforms`` hook.
 - ``kvcacheio``    torch versions of the ``direct`` io backend's host<->device copy ops.
 - ``attention``    the ``torch_native`` extend step over new tokens only.
+- ``disaggregation`` the prefill send path of prefill/decode disaggregation without CUDA.
 """

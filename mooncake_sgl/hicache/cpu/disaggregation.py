@@ -1,0 +1,80 @@
+"""Prefill/decode disaggregation on a host without an accelerator: two CUDA assumptions of sglang
+0.5.23's prefill send path, each adapted under the same switch and gates as ``adaptations``.
+
+1. ``MooncakeKVSender.supports_host_tensor_indices`` is ``True`` (``disaggregation/mooncake/
+   conn.py``), so the prefill copies a chunk's page indices into a pinned host tensor and records a
+   CUDA event (``disaggregation/prefill.py``, ``send_kv_chunk``): the first request kills the
+   prefill with ``Found no NVIDIA driver``. ``plain_page_indices`` sets it ``False``; the sender
+   then takes sglang's own plain path (``kv_to_page_indices``), which it takes for every other
+   transfer backend.
+2. Under the overlap scheduler, the early send of a cached prefix records a ``torch.cuda.Event``
+   on the forward stream (``maybe_send_cached_prefix_chunk``) so that the transfer waits for the
+   previous forward's writes. On the CPU device that stream is a ``torch.cpu.Stream`` and the
+   record raises; a repeated prompt kills the prefill. There is nothing to wait for either: on the
+   CPU the forward has run to its end before the scheduler continues. ``early_send_without_event``
+   runs that method as with the overlap off for the duration of the call, so the early send
+   itself still happens, without the event.
+
+Neither changes an output: both choose between two ways sglang itself has of doing the same send.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_EARLY_SEND_MARK = "__mooncake_sgl_no_event__"
+
+
+def plain_page_indices() -> bool:
+    """The Mooncake KV sender takes the plain page-index path. True if changed now."""
+    try:
+        from sglang.srt.disaggregation.mooncake.conn import MooncakeKVSender
+    except ImportError:  # no mooncake transfer backend here: nothing sends through it
+        return False
+    if MooncakeKVSender.supports_host_tensor_indices is False:
+        return False
+    MooncakeKVSender.supports_host_tensor_indices = False
+    return True
+
+
+def early_send_without_event() -> bool:
+    """The cached-prefix early send records no CUDA event. True if patched now."""
+    try:
+        from sglang.srt.disaggregation.prefill import SchedulerDisaggregationPrefillMixin as Mixin
+    except ImportError:
+        return False
+    original = Mixin.maybe_send_cached_prefix_chunk
+    if getattr(original, _EARLY_SEND_MARK, False):
+        return False
+    Mixin.maybe_send_cached_prefix_chunk = _without_overlap(original)  # type: ignore[method-assign]
+    return True
+
+
+def _without_overlap(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def send(self: Any, *args: Any, **kwargs: Any) -> None:
+        # The scheduler's loop is one thread: nothing else reads the flag during the call.
+        overlap = self.enable_overlap
+        self.enable_overlap = False
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            self.enable_overlap = overlap
+
+    setattr(send, _EARLY_SEND_MARK, True)
+    return send
+
+
+def apply() -> list[str]:
+    """Both adaptations, for ``adaptations.apply`` (which checked the switch and the gates)."""
+    applied = []
+    if plain_page_indices():
+        applied.append("PD: plain page indices in the Mooncake KV sender")
+    if early_send_without_event():
+        applied.append("PD: early send of a cached prefix without a CUDA event")
+    return applied

@@ -1,0 +1,55 @@
+"""The prefill send path of prefill/decode disaggregation on a host without CUDA
+(``mooncake_sgl.hicache.cpu.disaggregation``): each adaptation applied by the plug-in in this
+process, and the sglang code it steers around shown to fail here."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mooncake_sgl.hicache.cpu import disaggregation
+
+PAGE = 64
+
+
+def test_the_mooncake_sender_takes_the_plain_page_index_path() -> None:
+    from sglang.srt.disaggregation.mooncake.conn import MooncakeKVSender
+
+    # The host-tensor path's first step is a pinned tensor: without a GPU driver it raises, and the
+    # prefill's first request died of it.
+    with pytest.raises(RuntimeError, match="(?i)nvidia|cuda"):
+        torch.empty(4, dtype=torch.int64, pin_memory=True)
+    assert MooncakeKVSender.supports_host_tensor_indices is False  # the plug-in ran in this process
+    assert disaggregation.plain_page_indices() is False  # already so: nothing to do twice
+
+
+def _prefill_scheduler(sent: list[int]) -> SimpleNamespace:
+    """What ``maybe_send_cached_prefix_chunk`` reads of a scheduler: overlap on, a CPU stream."""
+    return SimpleNamespace(
+        enable_overlap=True, enable_staging=False, forward_stream=torch.get_device_module("cpu").Stream(),
+        token_to_kv_pool_allocator=SimpleNamespace(page_size=PAGE),
+        send_kv_chunk=lambda req, last_chunk=False, end_idx=None: sent.append(end_idx))
+
+
+def _request() -> SimpleNamespace:
+    return SimpleNamespace(pending_bootstrap=False, early_send_prefix_end=None, prefix_len=3 * PAGE,
+                           host_hit_length=0, start_send_idx=0, disagg_kv_sender=SimpleNamespace())
+
+
+def test_the_early_send_of_a_cached_prefix_records_no_cuda_event() -> None:
+    from sglang.srt.disaggregation.prefill import SchedulerDisaggregationPrefillMixin as Mixin
+
+    patched = Mixin.maybe_send_cached_prefix_chunk
+    assert getattr(patched, "__mooncake_sgl_no_event__", False)  # the plug-in ran in this process
+    sent: list[int] = []
+    with pytest.raises((RuntimeError, TypeError), match="stream"):  # what killed the prefill
+        patched.__wrapped__(_prefill_scheduler(sent), _request())
+
+    scheduler, req = _prefill_scheduler(sent), _request()
+    patched(scheduler, req)
+    assert sent == [3 * PAGE]  # the early send still happens, the whole cached prefix
+    assert not hasattr(req.disagg_kv_sender, "_early_send_wait_event")
+    assert scheduler.enable_overlap is True  # the scheduler's own setting is back after the call
+    assert disaggregation.early_send_without_event() is False  # not wrapped twice
