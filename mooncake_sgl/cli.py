@@ -1,7 +1,8 @@
 """``mooncake-sgl``: the command line.
 
     mooncake-sgl config check FILE     validate a tiers YAML (or SGLang's built-in Mooncake JSON);
-                                       exit 2 naming the bad key
+                                       exit 2 naming the bad key (or --extra-config JSON|@FILE;
+                                       --decode-offload: as a PD decode with offload reads it)
     mooncake-sgl config show [FILE]    print the effective config (defaults filled in); without FILE,
                                        the one an SGLang process would run on in this environment
     mooncake-sgl pool ...              run or query the pooled DRAM server (``pool --help``)
@@ -74,6 +75,23 @@ def _resolve(args: argparse.Namespace) -> ResolvedConfig:
     return resolve_config(extra, ranks)
 
 
+# SGLang 0.5.23's decode offload manager (``disaggregation/decode_kvcache_offload_manager.py``)
+# parses --hicache-storage-backend-extra-config with a bare ``json.loads``: an ``@file`` there
+# stops the decode at start. Our ``config_file`` key names the same file in JSON.
+DECODE_OFFLOAD = "--disaggregation-decode-enable-offload-kvcache"
+
+
+def decode_offload_warning(file: str | None, extra_config: str | None) -> str | None:
+    """What a PD decode with offload would make of this config argument, when it is not usable."""
+    at_file = file or (extra_config[1:] if extra_config and extra_config.startswith("@") else None)
+    if at_file is None:
+        return None
+    inline = json.dumps({"config_file": str(Path(at_file).resolve())})
+    return (f"a decode with {DECODE_OFFLOAD} parses --hicache-storage-backend-extra-config as bare JSON, "
+            f"so '@{at_file}' stops it at start; give it --hicache-storage-backend-extra-config "
+            f"'{inline}' (or leave it out and set $MOONCAKE_SGL_CONFIG)")
+
+
 def _config(args: argparse.Namespace) -> int:
     try:
         resolved = _resolve(args)
@@ -81,7 +99,10 @@ def _config(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.action == "check":
-        print(f"ok: {args.file}: {bc.describe_tiers(resolved.config)}")
+        print(f"ok: {args.file or args.extra_config}: {bc.describe_tiers(resolved.config)}")
+        warning = decode_offload_warning(args.file, args.extra_config) if args.decode_offload else None
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
         for note in resolved.notes:
             print(f"note: {note}")
         return 0
@@ -115,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
                           "(SGLANG_HICACHE_MOONCAKE_CONFIG_PATH); show: omit for what this "
                           "environment gives")
     cfg.add_argument("--extra-config", metavar="JSON|@FILE",
-                     help="show: as --hicache-storage-backend-extra-config (ours or the built-in's keys)")
+                     help="as --hicache-storage-backend-extra-config (ours or the built-in's keys)")
+    cfg.add_argument("--decode-offload", action="store_true",
+                     help=f"check: the config is for a PD decode with {DECODE_OFFLOAD}, which takes "
+                          "only inline JSON (warns at an @file form)")
     for flag, default in (("--tp-size", 1), ("--pp-size", 1), ("--tp-rank", 0)):
         cfg.add_argument(flag, type=int, default=default,
                          help="show/check a built-in config as this rank sees it (the built-in splits "
@@ -124,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("stats", help="our counters from a /metrics URL or an LMDB tier; see `stats --help`")
     args = parser.parse_args(argv)
     if args.command == "config":
-        if args.action == "check" and not args.file:
-            parser.error("config check needs a FILE")
+        if args.action == "check" and not (args.file or args.extra_config):
+            parser.error("config check needs a FILE or --extra-config")
         if args.file and args.extra_config:
             parser.error("give FILE or --extra-config, not both")
         if args.tp_size < 1 or args.pp_size < 1 or not 0 <= args.tp_rank < args.tp_size:

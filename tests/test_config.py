@@ -133,6 +133,25 @@ def test_cli_config_check_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "tiers[0].capacity" in capsys.readouterr().err
 
 
+def test_config_check_warns_a_pd_decode_with_offload_of_the_at_file_form(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # SGLang's decode offload manager parses the extra-config with a bare json.loads: "@FILE" there
+    # stops the decode at start; the config_file key names the same file in JSON.
+    import json as _json
+
+    good = tmp_path / "tiers.yaml"
+    good.write_text("tiers:\n  - kind: host\n    capacity: 1GiB\n")
+    assert cli_main(["config", "check", "--extra-config", f"@{good}", "--decode-offload"]) == 0
+    err = capsys.readouterr().err
+    assert "warning:" in err and "bare JSON" in err and _json.dumps({"config_file": str(good)}) in err
+    inline = _json.dumps({"config_file": str(good)})
+    assert cli_main(["config", "check", "--extra-config", inline, "--decode-offload"]) == 0
+    out = capsys.readouterr()
+    assert "warning" not in out.err and out.out.startswith("ok:")
+    assert cli_main(["config", "check", "--extra-config", f"@{good}"]) == 0  # no decode: no warning
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_shipped_pool_server_example_is_valid() -> None:
     from mooncake_sgl.pool.config import PoolServerConfig
 

@@ -1,0 +1,125 @@
+"""Mooncake's own architecture on live servers: prefill and decode on separate SGLang instances
+(``--disaggregation-mode``, ``mooncake_tcp`` transfer, SGLang's mini load balancer in front), our
+pool between them, so the next turn of a conversation starts from cache on whichever prefill it
+lands (``devtools.testing.pd``).
+
+One deployment serves the module: prefill A and prefill B over one pool tier (every shared page
+crosses the pool), a decode that offloads its output pages, a balancer per prefill, and a plain
+non-PD server as the cold reference. Every output is compared with the reference's for the same
+prompt: greedy ids and bit-identical logprobs. The pool is killed by the last test.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from devtools.bench.server import LaunchedServer, launch_command, server_env
+from devtools.testing.pd import PdServers
+from mooncake_sgl.hicache.cpu.adaptations import HOST_RESERVE_ENV
+from mooncake_sgl.pool.process import PoolProcess
+from mooncake_sgl.procs import pick_port
+
+from .conftest import HEALTH_TIMEOUT_S, TEST_HOST_RESERVE, wait_for, write_tiers
+from .probe import LiveClient, Output, prompt, reusable
+from .test_live_shared import pool_pages
+
+PAGE = 64
+PROMPT_PAGES = 16
+OUTPUT_TOKENS = 128
+FLAGS = ("--max-total-tokens", "16384")
+
+
+@dataclass
+class Deployment:
+    pool: PoolProcess
+    tiers: Path
+    servers: PdServers
+    a: LaunchedServer
+    b: LaunchedServer
+    decode: LaunchedServer
+    via_a: LiveClient
+    via_b: LiveClient
+    reference: LiveClient
+
+    def cold(self, ids: list[int], new_tokens: int = 8) -> Output:
+        return self.reference.generate(ids, new_tokens)
+
+
+@pytest.fixture(scope="module")
+def pd(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    root = tmp_path_factory.mktemp("pd")
+    made = PdServers(tiny_model, root / "logs", FLAGS, env={HOST_RESERVE_ENV: TEST_HOST_RESERVE},
+                     health_timeout_s=HEALTH_TIMEOUT_S)
+    reference = LaunchedServer(
+        lambda port: launch_command(str(tiny_model), port, (), cpu=made.cpu, extra=FLAGS),
+        pick_port(), root / "logs" / "reference.log", HEALTH_TIMEOUT_S, env=server_env(made.cpu))
+    with PoolProcess(capacity="256MiB") as pool:
+        tiers = write_tiers(root / "tiers.yaml",
+                            f'tiers:\n  - {{kind: pool, endpoints: ["{pool.endpoint}"]}}\n')
+        try:
+            with ThreadPoolExecutor(4) as ex:  # start-ups overlap
+                started = [ex.submit(made.server, "prefill-a", "prefill", tiers),
+                           ex.submit(made.server, "prefill-b", "prefill", tiers),
+                           ex.submit(made.server, "decode", "decode-offload", tiers),
+                           ex.submit(reference.start)]
+                a, b, decode, _ = (f.result() for f in started)
+            yield Deployment(pool, tiers, made, a, b, decode,
+                             LiveClient(made.balancer("lb-a", a, decode).url),
+                             LiveClient(made.balancer("lb-b", b, decode).url), LiveClient(reference.url))
+        finally:
+            made.close()
+            reference.stop()
+
+
+def test_turn_two_on_another_prefill_reads_the_prompt_and_the_decodes_output_pages(pd: Deployment) -> None:
+    turn1 = prompt(PROMPT_PAGES * PAGE, seed=41)
+    first = pd.via_a.generate(turn1, OUTPUT_TOKENS)
+    assert len(first.output_ids) == OUTPUT_TOKENS and first.same_as(pd.cold(turn1, OUTPUT_TOKENS))
+    # Prefill A backs up the whole pages of the prompt; the decode, the whole pages of its output
+    # (never the last sampled token, which it has not run through the model).
+    pages = PROMPT_PAGES + (OUTPUT_TOKENS - 1) // PAGE
+    wait_for(lambda: pool_pages(pd.pool.endpoint) >= pages, 60,
+             f"prefill A's {PROMPT_PAGES} prompt pages and the decode's output pages in the pool")
+
+    turn2 = turn1 + list(first.output_ids) + prompt(300, seed=42)
+    second = pd.via_b.generate(turn2)
+    assert second.storage_tokens == pages * PAGE, second
+    assert second.same_as(pd.cold(turn2)), second
+
+
+def test_a_decode_with_a_radix_cache_restores_the_prefix_from_our_tiers(pd: Deployment) -> None:
+    ids = prompt(PROMPT_PAGES * PAGE + 40, seed=43)
+    before = pool_pages(pd.pool.endpoint)
+    assert pd.via_b.generate(ids).same_as(pd.cold(ids))  # prefill B stores the prompt's pages
+    wait_for(lambda: pool_pages(pd.pool.endpoint) >= before + PROMPT_PAGES, 60,
+             "prefill B's backup in the pool")
+
+    decode = pd.servers.server("decode-radix", "decode-radix", pd.tiers)
+    via = LiveClient(pd.servers.balancer("lb-radix", pd.a, decode).url)
+    log = pd.a.log_path.read_text(errors="replace")
+    restored = via.generate(ids)
+    assert restored.same_as(pd.cold(ids)), restored
+    assert restored.storage_tokens == reusable(len(ids)), restored  # from our tiers, by the decode
+    # Prefill A, which never saw the prompt, computed only what the decode did not restore.
+    new = pd.a.log_path.read_text(errors="replace")[len(log):]
+    computed = [int(n) for n in re.findall(r"#new-token: (\d+)", new)]
+    assert computed and sum(computed) == len(ids) - reusable(len(ids)), new[-2000:]
+
+
+def test_the_pool_killed_between_turns_is_a_miss_and_fails_no_request(pd: Deployment) -> None:
+    turn1 = prompt(PROMPT_PAGES * PAGE, seed=44)
+    before = pool_pages(pd.pool.endpoint)
+    first = pd.via_a.generate(turn1, OUTPUT_TOKENS)
+    wait_for(lambda: pool_pages(pd.pool.endpoint) >= before + PROMPT_PAGES, 60, "turn 1 in the pool")
+    pd.pool.kill()
+
+    turn2 = turn1 + list(first.output_ids) + prompt(300, seed=45)
+    second = pd.via_b.generate(turn2)
+    assert second.storage_tokens == 0, second
+    assert second.same_as(pd.cold(turn2)), second
