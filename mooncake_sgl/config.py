@@ -132,7 +132,9 @@ class LmdbTierConfig(_Section, tag="lmdb", tag_field="kind"):
     max_readers: int = 256
 
     def __post_init__(self) -> None:
-        self._normalise(capacity=parse_size)
+        # Expanded here, the one place the path is parsed: the tier, ``config check`` and the
+        # built-in's ``ssd_offload_path`` all see the directory the tier will write, not ``./~``.
+        self._normalise(capacity=parse_size, path=os.path.expanduser)
         if self.capacity < (1 << 20):
             raise ValueError("`capacity`: must be at least 1MiB")
         if not 1 <= self.max_readers <= 65536:  # LMDB's lock file has a slot per reader

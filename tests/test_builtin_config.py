@@ -233,6 +233,14 @@ def test_the_env_form_reads_every_variable() -> None:
     assert r.source == "SGLang's built-in Mooncake config in the MOONCAKE_* environment"
 
 
+def test_a_tilde_in_the_builtins_offload_path_is_the_home_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    env = {"MOONCAKE_MASTER": MASTER, "MOONCAKE_ENABLE_SSD_OFFLOAD": "1",
+           "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": "~/ssd"}
+    assert resolve(env=env).config.tiers[2] == LmdbTierConfig(path=str(tmp_path / "ssd"))
+
+
 def test_the_env_form_takes_the_builtins_defaults() -> None:
     t = store_tier(resolve(env={"MOONCAKE_MASTER": MASTER}).config)
     assert (t.protocol, t.metadata_server, t.segment_size, t.local_hostname) == (
