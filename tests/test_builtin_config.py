@@ -99,6 +99,23 @@ def test_device_name_by_tp_rank_picks_this_ranks_nics() -> None:
     assert info.value.key == "device_name"
 
 
+@pytest.mark.parametrize(("device", "words"), [
+    ('{"0": null}', "entry '0' is a JSON null"),
+    ('{"0": ["mlx5_0", "mlx5_1"]}', "entry '0' is a JSON array"),
+    ('{"0": 3}', "entry '0' is a JSON number"),
+    ('{"0": "mlx5_0", "1": {"nic": "mlx5_1"}}', "entry '1' is a JSON object"),  # another rank's
+])
+def test_a_device_name_entry_that_is_not_a_string_is_an_error_naming_its_type(device: str,
+                                                                              words: str) -> None:
+    # It was turned into text: NIC 'None' (logged as auto-discovered), NIC "['mlx5_0', 'mlx5_1']".
+    with pytest.raises(ConfigError, match=words) as info:
+        resolve({"master_server_address": MASTER, "device_name": device})
+    assert info.value.key == "device_name"
+    with pytest.raises(ConfigError, match=words) as info:
+        resolve(env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": device})
+    assert info.value.key == "MOONCAKE_DEVICE"
+
+
 @pytest.mark.parametrize("value,expected", [(None, "default"), ("", "default"), ("  ", "default"),
                                             (" t1 ", "t1"), (7, "7")])
 def test_tenant_id_is_normalised_as_sglang_does(value: Any, expected: str) -> None:
