@@ -33,6 +33,7 @@ import uuid
 from dataclasses import dataclass
 
 from ..errors import AuthError, ConfigError, ProtocolError
+from ..memory import MemoryRoots, memory_headroom
 from ..tally import Tally
 from ..transfer import protocol as P
 from ..transfer.tcp import (
@@ -60,17 +61,6 @@ log = logging.getLogger("mooncake_sgl.pool")
 MIN_RATE = 16 << 20
 
 
-def _mem_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 @dataclass(frozen=True)
 class PoolServerStats:
     """What the server counts across tenants: connections, wire errors, bytes moved."""
@@ -92,8 +82,9 @@ class _Expired(Exception):
 
 
 class PoolServer:
-    def __init__(self, config: PoolServerConfig):
+    def __init__(self, config: PoolServerConfig, memory_roots: MemoryRoots = MemoryRoots()):
         self.config = config
+        self._memory_roots = memory_roots
         self.server_id = uuid.uuid4().hex
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -124,12 +115,7 @@ class PoolServer:
     def start(self) -> PoolServer:
         cfg = self.config
         t0 = time.monotonic()
-        capacity = sum(t.capacity for t in cfg.tenants) if cfg.tenants else cfg.capacity
-        avail = _mem_available()
-        if cfg.populate and avail is not None and capacity > avail:
-            # Pre-faulting more than the machine has would end in the OOM killer, not an error.
-            raise ConfigError(f"capacity of {capacity} bytes exceeds the {avail} bytes of memory "
-                              "available; lower it", key="capacity")
+        self._check_memory(sum(t.capacity for t in cfg.tenants) if cfg.tenants else cfg.capacity)
         self.tenants = build_tenants(cfg)
         log.info("%d segment(s), %d bytes, ready in %.2fs (populate=%s)", len(self.tenants),
                  self.capacity, time.monotonic() - t0, cfg.populate)
@@ -165,6 +151,18 @@ class PoolServer:
                  ", ".join(repr(n) for n in self.tenants) if cfg.tenants else
                  f"one, secret {'on' if cfg.secret else 'off'}")
         return self
+
+    def _check_memory(self, capacity: int) -> None:
+        """Pre-faulting more than the host or the container's cgroup gives would end in the OOM
+        killer, not an error; without ``populate`` the segments fill up to it as pages arrive."""
+        room = memory_headroom(self._memory_roots)
+        if room is None or capacity <= room.nbytes:
+            return
+        what = (f"capacity of {capacity} bytes exceeds the {room.nbytes} bytes of memory available "
+                f"(bounded by {room.bound})")
+        if self.config.populate:
+            raise ConfigError(f"{what}; lower capacity, or raise the limit", key="capacity")
+        log.warning("%s: the pool will be OOM-killed once it fills; lower capacity", what)
 
     def _open_rdma(self) -> None:
         from ..transfer import rdma
