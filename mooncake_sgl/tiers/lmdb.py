@@ -22,7 +22,8 @@ Why each choice:
   from the index at open, so they are simply free again.
 - *Damage never kills the opener.* A truncated or damaged ``data.mdb`` makes LMDB abort or die of
   SIGBUS, so a child process walks the index first (``lmdb_probe``); a damaged environment is
-  moved aside and the tier starts empty. Records naming bytes past the end of ``pages.bin`` are
+  moved aside (its page file deleted, only the newest few kept: ``lmdb_aside``) and the tier
+  starts empty. Records naming bytes past the end of ``pages.bin`` are
   dropped at open; a short read later is a miss.
 - *Integrity.* The checksum is verified on every read, over the bytes as they landed in the
   destination; a mismatch is a miss, counted, and the page is deleted, so corrupt KV is never
@@ -83,6 +84,7 @@ import lmdb
 from ..api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
 from ..config import LmdbTierConfig, default_cache_dir
 from ..errors import TierClosed, TierError, TierFull
+from .lmdb_aside import aside_name, move_aside
 from .lmdb_probe import damage_of
 from .ssd_extents import ExtentAllocator, ExtentFile, aligned, allocate_ahead
 from .ssd_io import PageIO
@@ -324,11 +326,11 @@ class LmdbTier(Tier):
 
     def _move_aside(self, reason: str) -> None:
         """Keep a damaged directory for a post-mortem and start empty; never refuse to serve."""
-        aside = f"{self.path}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-        logger.error("LMDB tier at %s is damaged (%s); moved it to %s and starting empty",
-                     self.path, reason, aside)
+        aside = aside_name(self.path)
+        logger.error("LMDB tier at %s is damaged (%s); moved it to %s (its page file deleted) and "
+                     "starting empty", self.path, reason, aside)
         try:
-            os.rename(self.path, aside)
+            move_aside(self.path, aside, reason)
             os.makedirs(self.path)
         except OSError as e:
             raise TierError(f"LMDB tier at {self.path} is damaged ({reason}) and cannot be moved "
