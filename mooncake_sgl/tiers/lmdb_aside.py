@@ -15,11 +15,40 @@ import os
 import shutil
 import time
 
+from ..errors import TierError
+from .lmdb_probe import fix_for, open_failed, write_refusal
+
 logger = logging.getLogger(__name__)
 
 PAGE_FILE = "pages.bin"
 KEEP = 3  # arbitrary: enough to compare a few damage events
 KEEP_BYTES = 256 << 20  # arbitrary: indexes only, so a few million pages' worth
+
+
+def set_aside(path: str, reason: str) -> None:
+    """Move the damaged directory ``path`` aside (``move_aside``), say so, and create ``path``
+    again, empty.
+
+    Raises:
+        TierError: it could not be moved (naming a read-only file system as such) or recreated.
+    """
+    aside = aside_name(path)
+    try:
+        move_aside(path, aside, reason)
+    except OSError as e:
+        refused = write_refusal(e)
+        if refused is not None:
+            raise TierError(f"LMDB tier at {path} is damaged ({reason}) and {refused}, so it cannot "
+                            f"be moved aside: {fix_for(refused)} (the tier then moves it aside itself), "
+                            "or point the tier's path at another disk.") from None
+        raise TierError(f"LMDB tier at {path} is damaged ({reason}) and cannot be moved aside: "
+                        f"{e}. Delete the directory; its pages will be recomputed.") from None
+    logger.error("LMDB tier at %s is damaged (%s); moved it to %s (its page file deleted) and "
+                 "starting empty", path, reason, aside)
+    try:
+        os.makedirs(path)
+    except OSError as e:
+        raise open_failed(path, e) from None
 
 
 def aside_name(path: str) -> str:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -11,8 +13,10 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import lmdb
 import pytest
 
 from mooncake_sgl.api import Tier
@@ -437,3 +441,96 @@ def test_after_damage_events_a_small_disk_still_takes_a_full_tier(tmp_path: Path
                             str(mnt / "db"), "3", "240")
     assert child.returncode == 0, child.stderr[-2000:]
     assert json.loads(child.stdout.splitlines()[-1]) == [240, 240, 240]
+
+
+# Opens the tier at argv[1] and reports the error, if any; the log goes to stderr.
+OPEN_REPORT = textwrap.dedent("""
+    import json, logging, sys
+    logging.basicConfig(level=logging.INFO)
+    from mooncake_sgl.config import LmdbTierConfig
+    from mooncake_sgl.errors import TierError
+    from mooncake_sgl.tiers.lmdb import LmdbTier
+    try:
+        LmdbTier(LmdbTierConfig(path=sys.argv[1], capacity="8MiB")).close()
+        print(json.dumps({"error": None}))
+    except TierError as e:
+        print(json.dumps({"error": str(e)}))
+""")
+
+
+def filled(db: Path) -> list[memoryview]:
+    tier = lmdb_tier(db, capacity="8MiB")
+    page = make_page(1, 4096)
+    assert tier.put_from([key(1)], [page]) == [True]
+    tier.close()
+    return page
+
+
+def assert_intact(db: Path, page: list[memoryview]) -> None:
+    assert moved_aside(db) == []
+    tier = lmdb_tier(db, capacity="8MiB")
+    out = empty_like(page)
+    assert tier.get_into([key(1)], [out]) == [True] and same(page, out)
+    tier.close()
+
+
+def test_an_intact_tier_on_a_read_only_file_system_is_named_so_and_left_as_it_is(tmp_path: Path) -> None:
+    # It was called damaged: the log said it was moved aside (it was not) and the error told the
+    # operator to delete an intact cache.
+    src, ro = tmp_path / "src", tmp_path / "ro"
+    ro.mkdir()
+    page = filled(src / "db")
+    child = run_with_mounts([f"mount --bind {src} {ro}", f"mount -o remount,bind,ro {ro}"],
+                            OPEN_REPORT, str(ro / "db"))
+    assert child.returncode == 0, child.stderr[-2000:]
+    error = json.loads(child.stdout.splitlines()[-1])["error"]
+    assert error is not None and "is on a read-only file system" in error and "nothing is damaged" in error
+    assert "damaged (" not in error and "Delete" not in error and "moved" not in child.stderr
+    assert_intact(src / "db", page)
+
+
+@pytest.mark.parametrize("failure", [
+    pytest.param(lambda path: OSError(errno.EROFS, os.strerror(errno.EROFS), path), id="oserror"),
+    pytest.param(lambda path: lmdb.Error(f"{path}: {os.strerror(errno.EROFS)}"), id="lmdb-error"),
+])
+def test_an_open_refused_by_a_read_only_file_system_is_named_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: Callable[[str], Exception]) -> None:
+    page = filled(tmp_path / "db")
+
+    def refuse(path: str, **_: object) -> None:
+        raise failure(path)
+
+    monkeypatch.setattr(lmdb_mod.lmdb, "open", refuse)
+    with pytest.raises(TierError, match=r"db is on a read-only file system\. Its files were left as they "
+                                        r"are \(nothing is damaged\): mount it read-write"):
+        lmdb_tier(tmp_path / "db", capacity="8MiB")
+    monkeypatch.undo()
+    assert_intact(tmp_path / "db", page)
+
+
+def test_a_directory_this_process_may_not_write_is_named_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Permissions stop no root process, so this one is simulated.
+    page = filled(tmp_path / "db")
+    lock = str(tmp_path / "db" / "lock.mdb")
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: p != lock and real(p, mode, **kw))
+    with pytest.raises(TierError, match=rf"not writable by this process \(no write permission on {lock}\)"
+                                        ".*give this user write permission there"):
+        lmdb_tier(tmp_path / "db", capacity="8MiB")
+    monkeypatch.undo()
+    assert_intact(tmp_path / "db", page)
+
+
+def test_a_damaged_tier_that_cannot_be_moved_aside_is_not_logged_as_moved(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    fill_and_damage(tmp_path / "db")
+
+    def refuse(src: str, dst: str) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), src)
+
+    monkeypatch.setattr(os, "rename", refuse)
+    with caplog.at_level(logging.INFO), pytest.raises(TierError, match=r"is damaged \(.*\) and is on a "
+                                                      r"read-only file system, so it cannot be moved aside"):
+        lmdb_tier(tmp_path / "db")
+    assert "moved it to" not in caplog.text
