@@ -1,24 +1,134 @@
-"""The pool server when a resource runs out around it: the container's memory limit at start."""
+"""The pool server when a resource runs out around it: descriptors (a failed ``accept``), threads
+(a failed thread start), idle connections to its metrics port, the container's memory limit."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import shutil
+import socket
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from mooncake_sgl.errors import ConfigError
+from mooncake_sgl.errors import ConfigError, TierUnavailable
 from mooncake_sgl.memory import MemoryRoots
 from mooncake_sgl.pool.config import PoolServerConfig
 from mooncake_sgl.pool.process import PoolProcess, PoolStartError
 from mooncake_sgl.pool.server import PoolServer
+from mooncake_sgl.procs import pick_port
+from mooncake_sgl.transfer.client import PoolClient
 
 MiB = 1 << 20
+
+
+def small_pool(**config: object) -> PoolServer:
+    return PoolServer(PoolServerConfig(port=0, capacity="8MiB", slab_size="1MiB", shared_memory=False,
+                                       **config)).start()
+
+
+def served(endpoint: str, connect_timeout: float = 5.0) -> bool:
+    """Does a fresh client get an answer (its handshake done, a request answered)?"""
+    client = PoolClient(endpoint, transport="tcp", connections=1, connect_timeout=connect_timeout)
+    try:
+        return client.exists_batch([b"some-page"]) == [False]
+    except TierUnavailable:
+        return False
+    finally:
+        client.close()
+
+
+def test_the_accept_loop_survives_a_failed_accept(monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    # One EMFILE ended the loop: the process stayed up, every client after it timed out for good.
+    real, left = socket.socket.accept, [3]
+
+    def out_of_descriptors(sock: socket.socket) -> tuple[socket.socket, object]:
+        if threading.current_thread().name == "pool-_accept_loop" and left[0] > 0:
+            left[0] -= 1
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real(sock)
+
+    monkeypatch.setattr(socket.socket, "accept", out_of_descriptors)
+    with caplog.at_level(logging.ERROR, "mooncake_sgl.pool"):
+        server = small_pool()
+        try:
+            host, port = server.address
+            assert served(f"{host}:{port}") and served(f"{host}:{port}")
+            assert server.stats()["accept_failures"] == 3
+        finally:
+            server.stop()
+    lines = [r.getMessage() for r in caplog.records if "accept failed" in r.getMessage()]
+    assert len(lines) == 1 and "Too many open files" in lines[0], lines  # once per interval
+
+
+def test_a_failed_thread_start_closes_that_connection_and_the_next_is_served(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A container's pids limit: the RuntimeError from Thread.start ended the accept loop.
+    real, left = threading.Thread.start, [1]
+
+    def no_threads(thread: threading.Thread) -> None:
+        if thread.name == "pool-_serve" and left[0] > 0:
+            left[0] -= 1
+            raise RuntimeError("can't start new thread")
+        real(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", no_threads)
+    server = small_pool()
+    try:
+        host, port = server.address
+        assert not served(f"{host}:{port}")  # its connection is closed, not left hanging
+        assert served(f"{host}:{port}")
+        stats = server.stats()
+        assert stats["accept_failures"] == 1 and stats["connections"] <= 1
+    finally:
+        server.stop()
+
+
+def limited(nofile: int) -> list[str]:
+    """A command prefix that runs the pool with at most ``nofile`` descriptors (``ulimit -n``)."""
+    return ["sh", "-c", f'ulimit -n {nofile} && exec "$@"', "sh"]
+
+
+def test_clients_past_the_descriptor_limit_are_served_once_descriptors_free() -> None:
+    # About 1,016 clients at ulimit -n 1024 made accept() fail with EMFILE; here 64 descriptors.
+    with PoolProcess(capacity="8MiB", slab_size="1MiB", shared_memory=False, prefix=limited(64)) as pool:
+        clients = []
+        while len(clients) < 200:
+            c = PoolClient(pool.endpoint, transport="tcp", connections=1, connect_timeout=0.5)
+            clients.append(c)
+            try:
+                c.exists_batch([b"some-page"])
+            except TierUnavailable:
+                break  # out of descriptors
+        assert len(clients) < 200, "the descriptor limit was never reached"
+        for c in clients:
+            c.close()
+        assert served(pool.endpoint)
+        with open(pool.log_path) as f:
+            assert "accept failed (OSError: [Errno 24] Too many open files" in f.read()
+
+
+def test_idle_metrics_connections_neither_block_a_scrape_nor_use_up_the_pools_descriptors() -> None:
+    # prometheus_client's server kept a thread and a descriptor per idle connection, without limit.
+    metrics_port = pick_port("127.0.0.1")
+    with PoolProcess(capacity="8MiB", slab_size="1MiB", shared_memory=False, metrics_port=metrics_port,
+                     prefix=limited(64)) as pool:
+        idle = [socket.create_connection(("127.0.0.1", metrics_port), timeout=5) for _ in range(120)]
+        try:
+            url = f"http://127.0.0.1:{metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as r:
+                assert r.status == 200 and b"mooncake_sgl_pool_capacity_bytes" in r.read()
+            assert served(pool.endpoint)
+        finally:
+            for s in idle:
+                s.close()
 
 
 def container(tmp_path: Path, limit: int, in_use: int) -> MemoryRoots:
