@@ -151,9 +151,10 @@ class PoolTierConfig(_Section, tag="pool", tag_field="kind"):
     secret: str = ""
     connections: int = 4
     timeout: Union[float, str] = "5s"
-    # A stopped (not dead) pool accepts connections but never answers: connecting and the
-    # handshake must finish within ``connect_timeout``, and a read's reply must start within
-    # ``first_byte_timeout``, or the endpoint is skipped for ``retry_after``.
+    # A stopped (not dead) pool accepts connections but never answers, and a resolver whose DNS
+    # is down takes its own time: resolving, connecting and the handshake must finish within
+    # ``connect_timeout``, and a read's reply must start within ``first_byte_timeout``, or the
+    # endpoint is skipped for ``retry_after``.
     connect_timeout: Union[float, str] = "1s"
     first_byte_timeout: Union[float, str] = "1s"
     retry_after: Union[float, str] = "2s"  # how long a dead endpoint is skipped before a retry
