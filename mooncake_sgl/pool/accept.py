@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import resource
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +30,33 @@ RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.EN
 MIN_BACKOFF_S = 0.01  # arbitrary: a descriptor is often freed within milliseconds
 MAX_BACKOFF_S = 1.0  # arbitrary: a client's connect_timeout (1 s) still sees most of its tries
 LOG_INTERVAL_S = 30.0  # arbitrary: as failure_log, one line per kind per half minute
+# Descriptors the server holds besides its connections: listeners, segments, logs, the refused
+# connections waiting for their error frame, /metrics' connections. Arbitrary, generous.
+SPARE_DESCRIPTORS = 256
+
+
+def fit_descriptor_limit(max_connections: int, log: logging.Logger) -> int:
+    """Raise this process's soft descriptor limit (``ulimit -n``) so that ``max_connections``
+    fit, up to the hard limit; warn where even that is too low. Returns the soft limit now.
+
+    A soft limit of 1024, common and the default of many containers, ran out at about 1,016
+    clients under the default ``max_connections`` of 1024; raising it to the hard limit is what
+    the limit's owner allows without asking."""
+    need = max_connections + SPARE_DESCRIPTORS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        want = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (OSError, ValueError) as e:
+            log.warning("could not raise the descriptor limit from %d to %d: %s", soft, want, e)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        log.warning("max_connections=%d needs about %d descriptors but this process may open %d "
+                    "(ulimit -n, hard limit %s): connections past about %d will wait for a "
+                    "descriptor to be freed. Raise the limit or lower max_connections",
+                    max_connections, need, soft, hard, max(0, soft - SPARE_DESCRIPTORS))
+    return soft
 
 
 class AcceptFailures:

@@ -47,7 +47,7 @@ from ..transfer.tcp import (
     tune,
     wait_readable,
 )
-from .accept import AcceptFailures, Admission
+from .accept import AcceptFailures, Admission, fit_descriptor_limit
 from .config import PoolServerConfig
 from .conn import Conn, HoldLedger
 from .index import PRESENT, Entry
@@ -117,6 +117,7 @@ class PoolServer:
         cfg = self.config
         t0 = time.monotonic()
         self._check_memory(sum(t.capacity for t in cfg.tenants) if cfg.tenants else cfg.capacity)
+        fit_descriptor_limit(cfg.max_connections, log)
         self.tenants = build_tenants(cfg)
         log.info("%d segment(s), %d bytes, ready in %.2fs (populate=%s)", len(self.tenants),
                  self.capacity, time.monotonic() - t0, cfg.populate)

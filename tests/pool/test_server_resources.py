@@ -7,6 +7,7 @@ import contextlib
 import errno
 import logging
 import os
+import resource
 import shutil
 import socket
 import threading
@@ -19,6 +20,7 @@ import pytest
 
 from mooncake_sgl.errors import ConfigError, TierUnavailable
 from mooncake_sgl.memory import MemoryRoots
+from mooncake_sgl.pool.accept import SPARE_DESCRIPTORS
 from mooncake_sgl.pool.config import PoolServerConfig
 from mooncake_sgl.pool.process import PoolProcess, PoolStartError
 from mooncake_sgl.pool.server import PoolServer
@@ -129,6 +131,32 @@ def test_idle_metrics_connections_neither_block_a_scrape_nor_use_up_the_pools_de
         finally:
             for s in idle:
                 s.close()
+
+
+def open_files_limit(pid: int) -> tuple[int, int]:
+    line = next(ln for ln in Path(f"/proc/{pid}/limits").read_text().splitlines()
+                if ln.startswith("Max open files"))
+    return int(line.split()[3]), int(line.split()[4])
+
+
+def test_the_descriptor_limit_is_raised_to_fit_max_connections() -> None:
+    # At the common soft limit of 1024 the default max_connections (1024) could never be reached.
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    need = 1024 + SPARE_DESCRIPTORS
+    if hard != resource.RLIM_INFINITY and hard < need:
+        pytest.skip(f"the hard descriptor limit here ({hard}) is below {need}")
+    with PoolProcess(capacity="8MiB", slab_size="1MiB", shared_memory=False,
+                     prefix=["sh", "-c", 'ulimit -S -n 512 && exec "$@"', "sh"]) as pool:
+        assert open_files_limit(pool.pid)[0] == need
+
+
+def test_a_hard_descriptor_limit_below_max_connections_is_a_warning_naming_both(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 1024))
+    with caplog.at_level(logging.WARNING, "mooncake_sgl.pool"):
+        small_pool(max_connections=1024).stop()
+    assert f"max_connections=1024 needs about {1024 + SPARE_DESCRIPTORS} descriptors but this process " \
+           "may open 1024" in caplog.text
 
 
 def container(tmp_path: Path, limit: int, in_use: int) -> MemoryRoots:
