@@ -89,6 +89,9 @@ BUILTIN_KEYS = frozenset(KEYS) | frozenset(EXTRA_ONLY_KEYS) | frozenset(GUIDE_ON
 BUILTIN_ENV = tuple(k.env for k in (*KEYS.values(), *GUIDE_ONLY_KEYS.values()) if k.env) + ("LOCAL_HOSTNAME",)
 # Our own keys that may stand beside the built-in's in extra-config (the tiers come from theirs).
 COMPATIBLE_OWN_KEYS = frozenset({"policy", "namespace_tag"})
+# A parsed JSON value's type in JSON's words, for errors.
+_JSON_TYPES = {type(None): "null", bool: "boolean", int: "number", float: "number", list: "array",
+               dict: "object", str: "string"}
 
 
 @dataclass(frozen=True)
@@ -364,10 +367,16 @@ def _device(settings: BuiltinSettings, ranks: Ranks, key: str, notes: list[str])
         raise ConfigError(f"device_name looks like a JSON object of NICs by TP rank but does not "
                           f"parse ({e}); write it as {{\"0\": \"mlx5_0\", \"1\": \"mlx5_1\"}}",
                           key=key, source=settings.source) from None
+    # Every entry, not only this rank's: a map wrong for one rank is wrong for the deployment.
+    bad = next(((rank, nics) for rank, nics in by_rank.items() if not isinstance(nics, str)), None)
+    if bad is not None:
+        raise ConfigError(f"device_name entry {bad[0]!r} is a JSON {_JSON_TYPES[type(bad[1])]}, not a "
+                          f"string of NIC names; write it as {{\"{bad[0]}\": \"mlx5_0,mlx5_1\"}} (\"\" to "
+                          "auto-discover)", key=key, source=settings.source)
     chosen = by_rank.get(str(ranks.tp_rank), "")
     if not chosen:
         notes.append(f"device_name has no entry for TP rank {ranks.tp_rank}: NICs auto-discovered")
-    return str(chosen)
+    return chosen
 
 
 def _env_or_key(settings: BuiltinSettings, key: str) -> str:

@@ -132,7 +132,9 @@ class LmdbTierConfig(_Section, tag="lmdb", tag_field="kind"):
     max_readers: int = 256
 
     def __post_init__(self) -> None:
-        self._normalise(capacity=parse_size)
+        # Expanded here, the one place the path is parsed: the tier, ``config check`` and the
+        # built-in's ``ssd_offload_path`` all see the directory the tier will write, not ``./~``.
+        self._normalise(capacity=parse_size, path=os.path.expanduser)
         if self.capacity < (1 << 20):
             raise ValueError("`capacity`: must be at least 1MiB")
         if not 1 <= self.max_readers <= 65536:  # LMDB's lock file has a slot per reader
@@ -149,9 +151,10 @@ class PoolTierConfig(_Section, tag="pool", tag_field="kind"):
     secret: str = ""
     connections: int = 4
     timeout: Union[float, str] = "5s"
-    # A stopped (not dead) pool accepts connections but never answers: connecting and the
-    # handshake must finish within ``connect_timeout``, and a read's reply must start within
-    # ``first_byte_timeout``, or the endpoint is skipped for ``retry_after``.
+    # A stopped (not dead) pool accepts connections but never answers, and a resolver whose DNS
+    # is down takes its own time: resolving, connecting and the handshake must finish within
+    # ``connect_timeout``, and a read's reply must start within ``first_byte_timeout``, or the
+    # endpoint is skipped for ``retry_after``.
     connect_timeout: Union[float, str] = "1s"
     first_byte_timeout: Union[float, str] = "1s"
     retry_after: Union[float, str] = "2s"  # how long a dead endpoint is skipped before a retry

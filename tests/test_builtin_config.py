@@ -99,6 +99,23 @@ def test_device_name_by_tp_rank_picks_this_ranks_nics() -> None:
     assert info.value.key == "device_name"
 
 
+@pytest.mark.parametrize(("device", "words"), [
+    ('{"0": null}', "entry '0' is a JSON null"),
+    ('{"0": ["mlx5_0", "mlx5_1"]}', "entry '0' is a JSON array"),
+    ('{"0": 3}', "entry '0' is a JSON number"),
+    ('{"0": "mlx5_0", "1": {"nic": "mlx5_1"}}', "entry '1' is a JSON object"),  # another rank's
+])
+def test_a_device_name_entry_that_is_not_a_string_is_an_error_naming_its_type(device: str,
+                                                                              words: str) -> None:
+    # It was turned into text: NIC 'None' (logged as auto-discovered), NIC "['mlx5_0', 'mlx5_1']".
+    with pytest.raises(ConfigError, match=words) as info:
+        resolve({"master_server_address": MASTER, "device_name": device})
+    assert info.value.key == "device_name"
+    with pytest.raises(ConfigError, match=words) as info:
+        resolve(env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": device})
+    assert info.value.key == "MOONCAKE_DEVICE"
+
+
 @pytest.mark.parametrize("value,expected", [(None, "default"), ("", "default"), ("  ", "default"),
                                             (" t1 ", "t1"), (7, "7")])
 def test_tenant_id_is_normalised_as_sglang_does(value: Any, expected: str) -> None:
@@ -231,6 +248,14 @@ def test_the_env_form_reads_every_variable() -> None:
     assert r.config.tiers[2] == LmdbTierConfig(path="/mnt/ssd")
     assert r.check_server_url == "http://10.0.0.5:9100/get_all_segments"
     assert r.source == "SGLang's built-in Mooncake config in the MOONCAKE_* environment"
+
+
+def test_a_tilde_in_the_builtins_offload_path_is_the_home_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    env = {"MOONCAKE_MASTER": MASTER, "MOONCAKE_ENABLE_SSD_OFFLOAD": "1",
+           "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": "~/ssd"}
+    assert resolve(env=env).config.tiers[2] == LmdbTierConfig(path=str(tmp_path / "ssd"))
 
 
 def test_the_env_form_takes_the_builtins_defaults() -> None:

@@ -152,6 +152,16 @@ def test_config_check_warns_a_pd_decode_with_offload_of_the_at_file_form(
     assert "warning" not in capsys.readouterr().err
 
 
+def test_a_tilde_in_the_ssd_tier_path_is_the_home_directory_and_config_check_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    f = tmp_path / "tiers.yaml"
+    f.write_text("tiers:\n  - kind: host\n  - kind: lmdb\n    path: ~/kvcache\n")
+    assert load_config_file(f).tiers[1].path == str(tmp_path / "kvcache")
+    assert cli_main(["config", "check", str(f)]) == 0
+    assert f"lmdb 64GiB at {tmp_path / 'kvcache'}" in capsys.readouterr().out
+
+
 def test_shipped_pool_server_example_is_valid() -> None:
     from mooncake_sgl.pool.config import PoolServerConfig
 

@@ -27,6 +27,7 @@ import torch
 from ..api import PageView
 from ..buffers import pages_from_pointers, view_at
 from ..config import HbmTierConfig, HostTierConfig, StoreConfig
+from ..errors import ConfigError
 from ..keys import KeyNamespace
 
 
@@ -190,23 +191,28 @@ def head_split(cfg: Any, pool: Any) -> int:
     else 1.
 
     Raises:
-        ValueError: a ``tp_lcm_size`` that is not a multiple of ``tp_size``, a pool that is not
-            ``page_head``, or a pool whose heads do not divide into the groups (a model with fewer
-            KV heads than ``tp_lcm_size``: SGLang replicates those heads, so no lcm-grid rank owns
-            a distinct share of them).
+        ConfigError: ``tp_lcm_size`` above ``tp_size`` on a pool that is not ``page_head``
+            (SGLang then leaves ``should_split_heads`` off: pages would be stored whole, shared
+            with no other TP size, while the operator asked for sharing).
+        ValueError: a ``tp_lcm_size`` that is not a multiple of ``tp_size``, or a pool whose heads
+            do not divide into the groups (a model with fewer KV heads than ``tp_lcm_size``: SGLang
+            replicates those heads, so no lcm-grid rank owns a distinct share of them).
     """
-    if not getattr(cfg, "should_split_heads", False):
-        return 1
     tp_size = int(getattr(cfg, "tp_size", 1) or 1)
     lcm = int(getattr(cfg, "tp_lcm_size", 0) or 0)
+    pool_layout = str(getattr(pool, "layout", ""))
+    if lcm > tp_size and not is_rank_replicated(cfg) and pool_layout != "page_head":
+        raise ConfigError(f"tp_lcm_size {lcm} splits pages by head, which only the page_head host "
+                          f"layout can, but the host pool has layout {pool_layout!r}; start SGLang "
+                          "with --hicache-mem-layout page_head, or drop tp_lcm_size",
+                          key="tp_lcm_size", source="--hicache-storage-backend-extra-config")
+    if not getattr(cfg, "should_split_heads", False):
+        return 1
     if lcm <= tp_size or lcm % tp_size:
         raise ValueError(f"split heads: tp_lcm_size {lcm} must be a multiple of tp_size {tp_size} "
                          "and larger than it")
     split = lcm // tp_size
-    pool_layout = str(getattr(pool, "layout", ""))
     heads = int(getattr(pool, "head_num", 0) or 0)
-    if pool_layout != "page_head":
-        raise ValueError(f"split heads need the page_head host layout, the host pool has {pool_layout!r}")
     if not heads or heads % split:
         raise ValueError(f"split heads: this rank's {heads} KV heads do not divide into tp_lcm_size "
                          f"{lcm} / tp_size {tp_size} = {split} groups; choose a tp_lcm_size that "

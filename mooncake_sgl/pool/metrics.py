@@ -17,11 +17,11 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from ..metrics.model import LATENCY_BUCKETS, POOL_PREFIX
 from ..transfer import protocol as P
+from .metrics_http import MetricsHttp
 
 # stats() key -> (series name without the prefix, help). Counters get ``_total`` from the family.
 GAUGES: dict[str, tuple[str, str]] = {
@@ -51,6 +51,8 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "aborts": ("aborts", "reservations aborted"),
     "connections_total": ("connections_accepted", "connections accepted"),
     "refused_connections": ("connections_refused", "connections refused (max_connections)"),
+    "accept_failures": ("accept_failures", "connections lost to a failed accept or thread start "
+                        "(out of descriptors, memory or threads)"),
     "auth_failures": ("auth_failures", "handshakes refused: bad or missing secret"),
     "protocol_errors": ("protocol_errors", "connections closed on a malformed request"),
     "bytes_in": ("received_bytes", "page bytes written into the pool"),
@@ -111,21 +113,6 @@ class PoolCollector:
         yield hist
 
 
-@dataclass
-class MetricsHttp:
-    """A running ``/metrics`` endpoint."""
-
-    host: str
-    port: int
-    _server: Any
-    _thread: threading.Thread
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-
 class PoolMetrics:
     """The pool's series; ``observe`` is the request-path hook, ``serve`` the HTTP endpoint."""
 
@@ -148,12 +135,12 @@ class PoolMetrics:
         self.latency.observe(name, seconds)
 
     def serve(self, host: str, port: int) -> MetricsHttp:
-        """Serve ``/metrics`` on ``host:port`` (0: a free port) from a daemon thread.
+        """Serve ``/metrics`` on ``host:port`` (0: a free port) from a daemon thread, bounded in
+        connections and time (``metrics_http``).
 
         Raises:
             OSError: the address cannot be bound.
         """
-        from prometheus_client import start_http_server
+        from prometheus_client import make_wsgi_app
 
-        server, thread = start_http_server(port, addr=host, registry=self.registry)
-        return MetricsHttp(host, server.server_port, server, thread)
+        return MetricsHttp(host, port, make_wsgi_app(self.registry))

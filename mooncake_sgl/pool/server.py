@@ -1,7 +1,8 @@
 """The pool server: pre-faulted DRAM segments (one per tenant) served over TCP, a Unix socket
 (shared memory) and, where a device exists, RDMA.
 
-Threads: one accept loop per listening socket, one thread per connection (socket calls and numpy
+Threads: one accept loop per listening socket (a failed accept or thread start costs that one
+connection, never the loop: ``accept``), one thread per connection (socket calls and numpy
 copies release the GIL, so connections overlap), one housekeeping thread (eviction, quarantine),
 one thread that turns away connections over the limit. Each connection first runs the handshake
 in ``protocol`` (secret checked before any page moves, the tenant bound), then serves frames in
@@ -33,6 +34,7 @@ import uuid
 from dataclasses import dataclass
 
 from ..errors import AuthError, ConfigError, ProtocolError
+from ..memory import MemoryRoots, memory_headroom
 from ..tally import Tally
 from ..transfer import protocol as P
 from ..transfer.tcp import (
@@ -45,6 +47,7 @@ from ..transfer.tcp import (
     tune,
     wait_readable,
 )
+from .accept import AcceptFailures, Admission, fit_descriptor_limit
 from .config import PoolServerConfig
 from .conn import Conn, HoldLedger
 from .index import PRESENT, Entry
@@ -60,17 +63,6 @@ log = logging.getLogger("mooncake_sgl.pool")
 MIN_RATE = 16 << 20
 
 
-def _mem_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 @dataclass(frozen=True)
 class PoolServerStats:
     """What the server counts across tenants: connections, wire errors, bytes moved."""
@@ -82,6 +74,7 @@ class PoolServerStats:
     bytes_out: int = 0
     refused_connections: int = 0
     handshake_drops: int = 0
+    accept_failures: int = 0
     timeouts: int = 0
     idle_closed: int = 0
     holds_expired: int = 0
@@ -92,14 +85,13 @@ class _Expired(Exception):
 
 
 class PoolServer:
-    def __init__(self, config: PoolServerConfig):
+    def __init__(self, config: PoolServerConfig, memory_roots: MemoryRoots = MemoryRoots()):
         self.config = config
+        self._memory_roots = memory_roots
         self.server_id = uuid.uuid4().hex
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._conns: set[Conn] = set()
-        self._pending: dict[Conn, None] = {}  # unauthenticated, oldest first
-        self._lock = threading.Lock()
+        self._admission = Admission(config.max_connections, config.max_handshakes)
         self._listeners: list[socket.socket] = []
         self._refuser = Refuser(f"too many connections (max_connections={config.max_connections})",
                                 self._stop)
@@ -124,12 +116,8 @@ class PoolServer:
     def start(self) -> PoolServer:
         cfg = self.config
         t0 = time.monotonic()
-        capacity = sum(t.capacity for t in cfg.tenants) if cfg.tenants else cfg.capacity
-        avail = _mem_available()
-        if cfg.populate and avail is not None and capacity > avail:
-            # Pre-faulting more than the machine has would end in the OOM killer, not an error.
-            raise ConfigError(f"capacity of {capacity} bytes exceeds the {avail} bytes of memory "
-                              "available; lower it", key="capacity")
+        self._check_memory(sum(t.capacity for t in cfg.tenants) if cfg.tenants else cfg.capacity)
+        fit_descriptor_limit(cfg.max_connections, log)
         self.tenants = build_tenants(cfg)
         log.info("%d segment(s), %d bytes, ready in %.2fs (populate=%s)", len(self.tenants),
                  self.capacity, time.monotonic() - t0, cfg.populate)
@@ -166,6 +154,18 @@ class PoolServer:
                  f"one, secret {'on' if cfg.secret else 'off'}")
         return self
 
+    def _check_memory(self, capacity: int) -> None:
+        """Pre-faulting more than the host or the container's cgroup gives would end in the OOM
+        killer, not an error; without ``populate`` the segments fill up to it as pages arrive."""
+        room = memory_headroom(self._memory_roots)
+        if room is None or capacity <= room.nbytes:
+            return
+        what = (f"capacity of {capacity} bytes exceeds the {room.nbytes} bytes of memory available "
+                f"(bounded by {room.bound})")
+        if self.config.populate:
+            raise ConfigError(f"{what}; lower capacity, or raise the limit", key="capacity")
+        log.warning("%s: the pool will be OOM-killed once it fills; lower capacity", what)
+
     def _open_rdma(self) -> None:
         from ..transfer import rdma
 
@@ -190,9 +190,7 @@ class PoolServer:
             s.close()
         if self.metrics_http is not None:
             self.metrics_http.close()
-        with self._lock:
-            conns = list(self._conns)
-        for c in conns:
+        for c in self._admission.open():
             try:
                 c.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -225,38 +223,44 @@ class PoolServer:
     # ----------------------------------------------------------------------------------- accept
 
     def _accept_loop(self, listener: socket.socket, unix: bool) -> None:
-        """Never blocks on a peer: a refusal is handed to the refuse thread."""
-        cfg = self.config
+        """Never blocks on a peer (a refusal is handed to the refuse thread) and never ends before
+        ``stop()``: a failed accept or thread start costs that connection only (``accept``)."""
+        failures = AcceptFailures(f"pool {'unix' if unix else 'tcp'} listener", log, self._stop)
         while not self._stop.is_set():
             try:
                 sock, addr = listener.accept()
-            except OSError:
-                return
+            except OSError as e:
+                if not self._stop.is_set():
+                    self.counters.add(accept_failures=1)
+                    failures.wait("accept", e)
+                continue
             c = Conn(sock, "unix" if unix else f"{addr[0]}:{addr[1]}", unix)
-            victim = None
-            with self._lock:
-                full = len(self._conns) >= cfg.max_connections
-                if (full or len(self._pending) >= cfg.max_handshakes) and self._pending:
-                    victim = next(iter(self._pending))
-                    del self._pending[victim]
-                    self._conns.discard(victim)
-                    full = False
-                if not full:
-                    self._conns.add(c)
-                    self._pending[c] = None
-            if victim is not None:
-                # The oldest unauthenticated connection gives way: its thread sees the shutdown.
-                self.counters.add(handshake_drops=1)
-                try:
-                    victim.sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-            if full:
-                self.counters.add(refused_connections=1)
-                self._refuser.refuse(sock)
+            if not self._admit(c):
+                continue
+            try:
+                self._spawn(self._serve, c)
+            except RuntimeError as e:  # no thread to be had (a pids limit): this connection only
+                self._cleanup(c)
+                self.counters.add(accept_failures=1)
+                failures.wait("thread start", e)
                 continue
             self.counters.add(connections_total=1)
-            self._spawn(self._serve, c)
+            failures.succeeded()
+
+    def _admit(self, c: Conn) -> bool:
+        """Take ``c`` in (``Admission``), or hand it to the refuse thread (``False``)."""
+        admitted, victim = self._admission.admit(c)
+        if victim is not None:
+            # The oldest unauthenticated connection gives way: its thread sees the shutdown.
+            self.counters.add(handshake_drops=1)
+            try:
+                victim.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if not admitted:
+            self.counters.add(refused_connections=1)
+            self._refuser.refuse(c.sock)
+        return admitted
 
     # ------------------------------------------------------------------------------- connection
 
@@ -290,8 +294,7 @@ class PoolServer:
             raise ProtocolError(f"expected CLIENT_HELLO first, got op {header.op}")
         hello = P.decode(meta, P.ClientHello)
         tenant = authenticate(self.tenants, hello, nonce)
-        with self._lock:  # before HELLO_OK: once the client knows it is in, it can't be pushed out
-            self._pending.pop(c, None)
+        self._admission.authenticated(c)  # before HELLO_OK: a client told it is in stays in
         shm = c.unix and hello.want_shm
         ok = P.frame(P.Op.HELLO_OK, P.HelloOk(tenant.segment.size, shm, cfg.hold_timeout,
                                               tenant.max_hold_bytes, cfg.idle_timeout))
@@ -389,9 +392,7 @@ class PoolServer:
             c.rdma.close()  # type: ignore[attr-defined]  # no remote write can land after this
         c.sock.close()
         self.one_sided.drop_all(c, expired)
-        with self._lock:
-            self._conns.discard(c)
-            self._pending.pop(c, None)
+        self._admission.discard(c)
 
     # -------------------------------------------------------------------------------- requests
 
@@ -504,8 +505,7 @@ class PoolServer:
                 for k, v in t.index.snapshot().items():
                     out[k] = out.get(k, 0.0) + v
         out.update((k, float(v)) for k, v in self.counters.as_dict().items())
-        with self._lock:
-            out["connections"] = float(len(self._conns))
+        out["connections"] = float(len(self._admission))
         out["quarantined_bytes"] = float(self.holds.quarantined_bytes())
         out["tenants"] = float(len(self.tenants))
         out["uptime_s"] = time.time() - self.started

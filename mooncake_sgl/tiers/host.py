@@ -25,6 +25,7 @@ and ``usage`` counts slots, not bytes, because slots are what runs out.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -35,7 +36,9 @@ from ..api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage
 from ..buffers import copy_batch
 from ..config import HostTierConfig
 from ..errors import TierClosed, TierError
+from ..memory import memory_headroom
 
+logger = logging.getLogger(__name__)
 _NO_SLOT = -1
 
 
@@ -44,12 +47,26 @@ def _allocate_buffer(nbytes: int, pin: bool) -> tuple[object, np.ndarray]:
     import torch
 
     want_pin = pin and torch.cuda.is_available()
+    _check_memory(nbytes, want_pin)
     try:
         tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=want_pin)
     except RuntimeError as e:
         raise TierError(f"host tier cannot allocate {nbytes} bytes (pin_memory={want_pin}): {e}. "
                         "Lower 'capacity' of the host tier.") from None
     return tensor, tensor.numpy()
+
+
+def _check_memory(nbytes: int, pinned: bool) -> None:
+    """More than the host or the container's cgroup gives ends in the OOM killer, with no message
+    of ours: at once for pinned memory (committed when allocated), else once the tier fills."""
+    room = memory_headroom()
+    if room is None or nbytes <= room.nbytes:
+        return
+    what = (f"host tier capacity of {nbytes} bytes exceeds the {room.nbytes} bytes of memory "
+            f"available (bounded by {room.bound})")
+    if pinned:
+        raise TierError(f"{what}; lower 'capacity' of the host tier")
+    logger.warning("%s: the process will be OOM-killed once the tier fills; lower its capacity", what)
 
 
 class HostTier(Tier):

@@ -22,7 +22,8 @@ Why each choice:
   from the index at open, so they are simply free again.
 - *Damage never kills the opener.* A truncated or damaged ``data.mdb`` makes LMDB abort or die of
   SIGBUS, so a child process walks the index first (``lmdb_probe``); a damaged environment is
-  moved aside and the tier starts empty. Records naming bytes past the end of ``pages.bin`` are
+  moved aside (its page file deleted, only the newest few kept: ``lmdb_aside``) and the tier
+  starts empty. Records naming bytes past the end of ``pages.bin`` are
   dropped at open; a short read later is a miss.
 - *Integrity.* The checksum is verified on every read, over the bytes as they landed in the
   destination; a mismatch is a miss, counted, and the page is deleted, so corrupt KV is never
@@ -83,7 +84,8 @@ import lmdb
 from ..api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
 from ..config import LmdbTierConfig, default_cache_dir
 from ..errors import TierClosed, TierError, TierFull
-from .lmdb_probe import damage_of
+from .lmdb_aside import set_aside
+from .lmdb_probe import damage_of, open_failed, refuse_unwritable
 from .ssd_extents import ExtentAllocator, ExtentFile, aligned, allocate_ahead
 from .ssd_io import PageIO
 from .ssd_records import (
@@ -145,8 +147,8 @@ class LmdbTier(Tier):
         try:
             os.makedirs(self.path, exist_ok=True)
         except OSError as e:
-            raise TierError(f"cannot open LMDB tier at {self.path}: {e}. Check that the directory "
-                            "is writable and on a local filesystem.") from None
+            raise open_failed(self.path, e) from None
+        refuse_unwritable(self.path)
         self._index_fd = -1  # data.mdb, to allocate its disk ahead of LMDB (``_index_room``)
         self._lock_fd = -1  # lock.mdb, held open while the environment is (``_allocate_reader_table``)
         self._index_backed = 0  # bytes of it known to have disk allocated, from its start
@@ -156,14 +158,14 @@ class LmdbTier(Tier):
             no_pages = True
         damage = damage_of(self.path, len(_DBS), self._index_map_size(), config.writemap, empty_ok=no_pages)
         if damage is not None:
-            self._move_aside(damage)
+            set_aside(self.path, damage)
         self._env, self._meta, self._pages = self._open_index()
         self._max_key = self._env.max_key_size()
         try:
             self._file = ExtentFile(os.path.join(self.path, "pages.bin"))
         except OSError as e:
             self._close_index()
-            raise TierError(f"cannot open the page file of the LMDB tier at {self.path}: {e}") from None
+            raise open_failed(self.path, e) from None
         self._io = PageIO(self._file.path, self._file.fd, config.direct_io)
         self._alloc = ExtentAllocator(self._capacity)
         self._write_lock = threading.Lock()
@@ -215,7 +217,7 @@ class LmdbTier(Tier):
                 break
             # An older layout (values inline in LMDB) or someone else's environment: it is a
             # cache, so keep it for a look and start empty rather than misread it.
-            self._move_aside("it holds an older or foreign layout")
+            set_aside(self.path, "it holds an older or foreign layout")
         raise TierError(f"LMDB tier at {self.path}: cannot create a fresh index")
 
     def _open_env(self) -> lmdb.Environment:
@@ -228,8 +230,7 @@ class LmdbTier(Tier):
                 metasync=config.sync, max_readers=config.max_readers, max_dbs=len(_DBS),
                 meminit=False)
         except (OSError, lmdb.Error) as e:
-            raise TierError(f"cannot open LMDB tier at {self.path}: {e}. Check that the directory "
-                            "is writable and on a local filesystem.") from None
+            raise open_failed(self.path, e) from None
         try:
             # A process killed while reading leaves its reader slot behind, pinning old extents.
             env.reader_check()
@@ -238,8 +239,7 @@ class LmdbTier(Tier):
             self._lock_fd = self._allocate_reader_table()
         except (OSError, lmdb.Error) as e:
             self._release(env)
-            raise TierError(f"cannot open LMDB tier at {self.path}: {e}. Check that the directory "
-                            "is writable and on a local filesystem.") from None
+            raise open_failed(self.path, e) from None
         return env
 
     def _reserve_lock_file(self) -> None:
@@ -260,8 +260,7 @@ class LmdbTier(Tier):
                 raise TierError(f"cannot open LMDB tier at {self.path}: the file system is full (no "
                                 "room for its lock file). Free some space there or point the tier at "
                                 "another disk.") from None
-            raise TierError(f"cannot open LMDB tier at {self.path}: {e}. Check that the directory "
-                            "is writable and on a local filesystem.") from None
+            raise open_failed(self.path, e) from None
 
     def _allocate_reader_table(self) -> int:
         """Give lock.mdb's reader table disk now. LMDB writes a reader's slot through a map of that
@@ -321,18 +320,6 @@ class LmdbTier(Tier):
             if fd >= 0:
                 os.close(fd)
                 setattr(self, name, -1)
-
-    def _move_aside(self, reason: str) -> None:
-        """Keep a damaged directory for a post-mortem and start empty; never refuse to serve."""
-        aside = f"{self.path}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-        logger.error("LMDB tier at %s is damaged (%s); moved it to %s and starting empty",
-                     self.path, reason, aside)
-        try:
-            os.rename(self.path, aside)
-            os.makedirs(self.path)
-        except OSError as e:
-            raise TierError(f"LMDB tier at {self.path} is damaged ({reason}) and cannot be moved "
-                            f"aside: {e}. Delete the directory; its pages will be recomputed.") from None
 
     def _sweep_and_rebuild(self) -> None:
         """At open: drop records that are not ours, name bytes past the end of ``pages.bin``

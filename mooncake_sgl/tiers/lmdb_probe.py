@@ -16,6 +16,7 @@ when a ``data.mdb`` exists.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import subprocess
@@ -23,10 +24,13 @@ import sys
 
 import lmdb
 
+from ..errors import TierError
+
 logger = logging.getLogger(__name__)
 
 # Arbitrary; a walk of a very large index on a slow disk must not be mistaken for damage.
 _PROBE_TIMEOUT_S = 300.0
+READ_ONLY = "is on a read-only file system"
 
 # "opening" tells a damaged file apart from a probe that could not start.
 _PROBE = """
@@ -53,6 +57,59 @@ txn.put(b"\\x00probe", b"\\x00" * 8192)
 txn.abort()
 print("intact", flush=True)
 """
+
+
+def unwritable(path: str) -> str | None:
+    """Why nothing may be written at ``path`` (``"is on a read-only file system"``, ``"is not
+    writable by this process ..."``), or ``None``. Asked before the probe: LMDB opens its files
+    for writing, so on such a file system the probe fails on an intact index, which is no damage."""
+    try:
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return READ_ONLY
+    except OSError:
+        return None  # the open says what is wrong
+    for p in (path, os.path.join(path, "data.mdb"), os.path.join(path, "lock.mdb")):
+        if os.path.exists(p) and not os.access(p, os.W_OK):
+            return f"is not writable by this process (no write permission on {p})"
+    return None
+
+
+def refuse_unwritable(path: str) -> None:
+    """Raises ``TierError`` naming why, where nothing may be written at ``path``."""
+    refused = unwritable(path)
+    if refused is not None:
+        raise TierError(_left_as_is(path, refused))
+
+
+def open_failed(path: str, e: BaseException) -> TierError:
+    """The error for an open of the tier at ``path`` that failed with ``e``."""
+    refused = write_refusal(e)
+    if refused is not None:
+        return TierError(_left_as_is(path, refused))
+    return TierError(f"cannot open LMDB tier at {path}: {e}. Check that the directory is writable "
+                     "and on a local filesystem.")
+
+
+def fix_for(refused: str) -> str:
+    """What lets the tier write again, for what ``unwritable`` or ``write_refusal`` said."""
+    return "mount it read-write" if refused == READ_ONLY else "give this user write permission there"
+
+
+def _left_as_is(path: str, refused: str) -> str:
+    # Its pages are intact: nothing to delete, only a disk to make writable.
+    return (f"LMDB tier at {path} {refused}. Its files were left as they are (nothing is damaged): "
+            f"{fix_for(refused)}, or point the tier's path at a writable disk.")
+
+
+def write_refusal(e: BaseException) -> str | None:
+    """The words for an open that failed because nothing may be written there, else ``None``.
+    py-lmdb reports errno only in its message (``"<path>: Read-only file system"``)."""
+    code, text = getattr(e, "errno", None), str(e)
+    if code == errno.EROFS or text.endswith(os.strerror(errno.EROFS)):
+        return READ_ONLY
+    if code in (errno.EACCES, errno.EPERM) or text.endswith(os.strerror(errno.EACCES)):
+        return f"is not writable by this process ({e})"
+    return None
 
 
 def damage_of(path: str, max_dbs: int, map_size: int, writemap: bool, empty_ok: bool = False

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..api import PageKey, PageView, PutResult, page_nbytes
@@ -78,6 +78,24 @@ def _in_segment(offsets: Sequence[int], sizes: Sequence[int], segment_size: int)
                                 f"{segment_size} bytes")
 
 
+@dataclass
+class _Attempt:
+    """A first contact in progress, and how it ended once ``done`` is set."""
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class _State:
+    """What first contact found: the transport and the connection it made."""
+    mode: str
+    hello: P.ServerHello
+    ok: P.HelloOk
+    idle: list[FramedConnection]
+    mapping: SharedMapping | None = None
+    rdma: Any = None
+
+
 @dataclass(frozen=True)
 class _Link:
     """A borrowed connection and the transport state of the generation it belongs to."""
@@ -118,6 +136,7 @@ class PoolClient:
         self._rdma: object | None = None
         self._gen = 0
         self._closed = False
+        self._attempt: _Attempt | None = None  # first contact in progress (``_connect_once``)
         self._pool: ThreadPoolExecutor | None = None
         self._copy_threads = copy_threads
         self._copier: ThreadPoolExecutor | None = None
@@ -134,8 +153,48 @@ class PoolClient:
                                want_shm=want_shm, client=self._name, tenant=self._tenant,
                                connect_timeout=self._connect_timeout)
 
-    def _establish(self) -> None:
-        """First contact: pick the transport (called under ``_lock``)."""
+    def _connect_once(self) -> None:
+        """First contact, made once for every caller that needs it meanwhile: the first caller
+        makes it off ``_lock`` and the others wait for its outcome, at most ``connect_timeout``,
+        and share a failure (no caller queues behind another's timeout)."""
+        with self._lock:
+            attempt, mine = self._attempt, self._attempt is None
+            if mine:
+                attempt = self._attempt = _Attempt()
+        assert attempt is not None
+        if not mine:
+            self._await(attempt)
+            return
+        try:
+            self._install(self._establish())
+        except BaseException as e:
+            attempt.error = e
+            raise
+        finally:
+            with self._lock:
+                self._attempt = None
+            attempt.done.set()
+
+    def _await(self, attempt: _Attempt) -> None:
+        """Wait for another caller's first contact; its failure is this caller's too."""
+        if not attempt.done.wait(self._connect_timeout):
+            raise TimeoutError(f"still connecting after connect_timeout ({self._connect_timeout:g}s)")
+        if isinstance(attempt.error, AuthError):
+            raise AuthError(str(attempt.error))
+        if attempt.error is not None:
+            raise TierUnavailable(f"pool {self.endpoint} unreachable: {attempt.error}")
+
+    def _install(self, state: _State) -> None:
+        with self._lock:
+            if self._closed:
+                for c in state.idle:
+                    c.close()
+                raise TierClosed(f"pool client for {self.endpoint} is closed")
+            self._mode, self._hello, self._ok, self._idle = state.mode, state.hello, state.ok, state.idle
+            self._mapping, self._rdma = state.mapping, state.rdma
+
+    def _establish(self) -> _State:
+        """First contact: pick the transport."""
         first = self._open(self.address)
         hello = first.hello
         why_not_shm = "the server offers no Unix socket (shared_memory: false)"
@@ -143,10 +202,9 @@ class PoolClient:
             conn = None
             try:
                 conn = self._open(hello.unix_name, want_shm=True)
-                self._mapping = SharedMapping(conn.segment_fd, conn.segment_size)
+                mapping = SharedMapping(conn.segment_fd, conn.segment_size)
                 first.close()
-                self._mode, self._hello, self._ok, self._idle = "shm", hello, conn.ok, [conn]
-                return
+                return _State("shm", hello, conn.ok, [conn], mapping=mapping)
             except (OSError, ProtocolError) as e:
                 if conn is not None:
                     conn.close()
@@ -160,13 +218,11 @@ class PoolClient:
             reason = None if hello.rdma else "the server offers no RDMA"
             reason = reason or rdma.unavailable_reason()
             if reason is None:
-                self._rdma = rdma.ClientSide(first)
-                self._mode, self._hello, self._ok, self._idle = "rdma", hello, first.ok, [first]
-                return
+                return _State("rdma", hello, first.ok, [first], rdma=rdma.ClientSide(first))
             if self.transport == "rdma":
                 first.close()
                 raise TierUnavailable(f"pool {self.endpoint}: RDMA impossible: {reason}")
-        self._mode, self._hello, self._ok, self._idle = "tcp", hello, first.ok, [first]
+        return _State("tcp", hello, first.ok, [first])
 
     def _reset(self, gen: int) -> None:
         with self._lock:
@@ -191,8 +247,12 @@ class PoolClient:
                 with self._lock:
                     if self._closed:
                         raise TierClosed(f"pool client for {self.endpoint} is closed")
-                    if self._mode is None:
-                        self._establish()
+                    connected = self._mode is not None
+                if not connected:
+                    self._connect_once()
+                with self._lock:
+                    if self._mode is None:  # reset again meanwhile by a failing call
+                        raise TierUnavailable(f"pool {self.endpoint}: connection reset")
                     gen, mode, mapping, rdma = self._gen, self._mode, self._mapping, self._rdma
                     hello = self._hello
                     while mode == "rdma" and not self._idle:

@@ -28,6 +28,7 @@ import msgspec
 
 from ..errors import ProtocolError
 from . import protocol as P
+from .resolve import resolve
 
 # Large socket buffers let one send of a multi-MiB page proceed without waiting for the reader's
 # every recv; 4 MiB is an arbitrary size that filled loopback bandwidth in our measurements.
@@ -236,17 +237,21 @@ def open_connection(address: tuple[str, int] | str, *, secret: str, timeout: flo
     """Connect (``(host, port)`` for TCP, a ``"\\0name"`` string for an abstract Unix socket),
     run the handshake as ``tenant``, and return the authenticated connection.
 
-    ``connect_timeout`` bounds the connect and the whole handshake (default: ``timeout``): a
-    stopped server still completes TCP connects from its backlog but never says hello.
+    ``connect_timeout`` bounds resolving a host name, the connect and the whole handshake together
+    (default: ``timeout``): a stopped server still completes TCP connects from its backlog but never
+    says hello, and a resolver whose DNS is down takes its own time (``resolve``).
 
     Raises ``OSError`` (unreachable, or no hello in time), ``AuthError`` (refused), ``ProtocolError``.
     """
-    family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
     deadline = time.monotonic() + (connect_timeout or timeout)
+    if isinstance(address, str):
+        family, sockaddr = socket.AF_UNIX, address
+    else:
+        family, sockaddr = resolve(address[0], address[1], deadline)
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.settimeout(connect_timeout or timeout)
-        sock.connect(address)
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        sock.connect(sockaddr)
         tune(sock)
         header, meta = read_frame(sock, max_meta=P.HANDSHAKE_MAX_META, max_data=0,
                                   deadline=deadline)

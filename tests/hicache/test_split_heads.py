@@ -11,6 +11,7 @@ read by the others, and every head of every page must come back byte for byte.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import gc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, HiCacheStorageExtraInfo
 
 from devtools.testing import MooncakeMaster
+from mooncake_sgl.errors import ConfigError
 from mooncake_sgl.hicache import layout
 from mooncake_sgl.hicache.backend import MooncakeSglStorage
 from mooncake_sgl.pool.process import PoolProcess
@@ -203,6 +205,26 @@ def test_split_heads_that_cannot_be_stored_fail_the_attach(tmp_path: Path, layou
     cfg = storage_config(0, 1, lcm, pools.extra_config(tmp_path))
     with pytest.raises(ValueError, match=match):
         MooncakeSglStorage(cfg, pool)
+
+
+@pytest.mark.parametrize("layout_name", ["layer_first", "page_first", "page_first_direct"])
+def test_tp_lcm_size_on_a_layout_other_than_page_head_fails_the_attach(tmp_path: Path,
+                                                                       layout_name: str) -> None:
+    # SGLang leaves should_split_heads off on these layouts: pages would be stored whole, under
+    # this TP size only, while the operator asked for sharing across TP sizes.
+    pool = pools.build_pool("mha", layout_name, heads=HEADS)
+    cfg = dataclasses.replace(storage_config(0, 1, 2, pools.extra_config(tmp_path)),
+                              should_split_heads=False)
+    with pytest.raises(ConfigError, match=f"tp_lcm_size 2 .*layout '{layout_name}'.*at 'tp_lcm_size'"):
+        MooncakeSglStorage(cfg, pool)
+
+
+def test_tp_lcm_size_is_no_error_for_mla_or_without_a_split(tmp_path: Path) -> None:
+    mla = storage_config(0, 1, 2, pools.extra_config(tmp_path / "mla"))
+    mla = dataclasses.replace(mla, is_mla_model=True, should_split_heads=False)
+    assert layout.head_split(mla, pools.build_pool("mla", "layer_first")) == 1
+    same = dataclasses.replace(storage_config(0, 2, 2, {}), should_split_heads=False)
+    assert layout.head_split(same, pools.build_pool("mha", "layer_first", heads=HEADS)) == 1
 
 
 def test_split_pages_through_the_copy_path_are_the_zero_copy_objects(tmp_path: Path) -> None:

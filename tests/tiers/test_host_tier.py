@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import numpy as np
@@ -10,7 +11,10 @@ import torch
 
 from mooncake_sgl.api import Tier
 from mooncake_sgl.config import HostTierConfig, StoreConfig
+from mooncake_sgl.errors import TierError
+from mooncake_sgl.memory import Headroom
 from mooncake_sgl.tiers import build_tier
+from mooncake_sgl.tiers import host as host_mod
 from mooncake_sgl.tiers.host import HostTier
 
 from .conformance import ParkedPage, TierConformance, empty_like, key, make_page, same
@@ -192,3 +196,26 @@ def test_copy_batch_refuses_pairs_of_different_sizes() -> None:
     with pytest.raises(ValueError, match="cannot copy 8 bytes into 4"):
         copy_batch([(np.zeros(4, np.uint8), np.ones(8, np.uint8))])
     copy_batch([])  # nothing to do
+
+
+CGROUP_1MIB = Headroom(1 << 20, "the cgroup limit memory.max of 2097152 bytes at /sys/fs/cgroup/x, "
+                                "1048576 bytes of it in use")
+
+
+def test_a_pinned_capacity_over_the_containers_memory_is_refused_naming_the_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Pinned memory is committed when allocated: in a container it was the OOM killer, no message.
+    monkeypatch.setattr(host_mod, "memory_headroom", lambda: CGROUP_1MIB, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(TierError, match=r"capacity of 4194304 bytes exceeds the 1048576 bytes of memory "
+                                        r"available \(bounded by the cgroup limit memory.max"):
+        HostTier(HostTierConfig(capacity="4MiB", pin_memory=True))
+
+
+def test_an_unpinned_capacity_over_the_containers_memory_is_a_warning(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(host_mod, "memory_headroom", lambda: CGROUP_1MIB, raising=False)
+    with caplog.at_level(logging.WARNING, "mooncake_sgl.tiers.host"):
+        tier = host("4MiB")
+    tier.close()
+    assert "OOM-killed once the tier fills" in caplog.text and "memory.max" in caplog.text

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import json
+import logging
 import os
 import signal
 import subprocess
@@ -10,18 +13,21 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import lmdb
 import pytest
 
 from mooncake_sgl.api import Tier
 from mooncake_sgl.config import LmdbTierConfig
 from mooncake_sgl.errors import TierClosed, TierError
-from mooncake_sgl.tiers import build_tier
+from mooncake_sgl.tiers import build_tier, lmdb_aside
 from mooncake_sgl.tiers import lmdb as lmdb_mod
 from mooncake_sgl.tiers.lmdb import RECORD_BYTES, LmdbTier
 
 from .conformance import ParkedPage, TierConformance, empty_like, key, make_page, same
+from .mounts import run_with_mounts
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -348,3 +354,183 @@ def test_a_tier_with_damaged_lmdb_structure_starts_empty_and_keeps_the_damaged_f
         assert reopened.get_into([key(9)], [out]) == [True] and same(page, out)
     finally:
         reopened.close()
+
+
+def damage_index(db: Path) -> None:
+    """Overwrite both LMDB meta pages, as a machine crash with sync off can leave them."""
+    with open(db / "data.mdb", "r+b") as f:
+        f.write(os.urandom(2 * 4096))
+
+
+def fill_and_damage(db: Path, pages: int = 8, seg_bytes: int = 32 << 10) -> None:
+    tier = lmdb_tier(db, sync=False)
+    assert tier.put_from([key(i) for i in range(pages)],
+                         [make_page(i, seg_bytes) for i in range(pages)]) == [True] * pages
+    tier.close()
+    damage_index(db)
+
+
+def moved_aside(db: Path) -> list[Path]:
+    return sorted(p for p in db.parent.iterdir() if p.name.startswith(db.name + ".damaged-"))
+
+
+def test_damaged_directories_release_their_page_files_and_only_the_newest_few_stay(tmp_path: Path) -> None:
+    # Each one kept its whole preallocated pages.bin, and nothing deleted them: after two damage
+    # events a 320 MiB disk could store 0 of 200 pages.
+    db = tmp_path / "db"
+    for _ in range(lmdb_aside.KEEP + 2):
+        fill_and_damage(db)
+        lmdb_tier(db, sync=False).close()  # moves it aside
+    kept = moved_aside(db)
+    assert len(kept) == lmdb_aside.KEEP
+    assert [p for p in kept if (p / "pages.bin").exists()] == []
+    # The index stays for a post-mortem, with why it was moved.
+    assert all((p / "data.mdb").exists() and "probe process" in (p / "DAMAGED.txt").read_text()
+               for p in kept)
+
+
+def test_a_damaged_directory_an_older_version_left_loses_its_page_file(tmp_path: Path) -> None:
+    db = tmp_path / "db"
+    old = tmp_path / "db.damaged-20240101-000000-1234"
+    old.mkdir()
+    (old / "pages.bin").write_bytes(b"\0" * (1 << 20))
+    (old / "data.mdb").write_bytes(b"index")
+    fill_and_damage(db)
+    lmdb_tier(db, sync=False).close()
+    assert len(moved_aside(db)) == 2 and not (old / "pages.bin").exists() and (old / "data.mdb").exists()
+
+
+def test_two_damage_events_within_one_second_are_both_moved_aside(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The name had the time to the second and the pid: the second rename met the first's directory.
+    monkeypatch.setattr(time, "strftime", lambda fmt, *args: "20250101-000000")
+    db = tmp_path / "db"
+    for _ in range(2):
+        fill_and_damage(db)
+        tier = lmdb_tier(db, sync=False)
+        assert tier.contains([key(0)]) == [False]
+        tier.close()
+    assert len(moved_aside(db)) == 2
+
+
+# Rounds of filling a tier on a small disk, each ended by damage to its index.
+FILL_ROUNDS = textwrap.dedent("""
+    import json, os, sys, time
+    from mooncake_sgl.config import LmdbTierConfig
+    from mooncake_sgl.tiers.lmdb import LmdbTier
+    db, rounds, npages = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    stored = []
+    for r in range(rounds):
+        tier = LmdbTier(LmdbTierConfig(path=db, capacity="48MiB", direct_io="buffered"))
+        keys = [b"round%d-page%04d" % (r, i) for i in range(npages)]
+        stored.append(sum(tier.put_from(keys, [[memoryview(os.urandom(128 << 10))] for _ in keys])))
+        tier.close()
+        with open(os.path.join(db, "data.mdb"), "r+b") as f:
+            f.write(os.urandom(2 * 4096))
+        if r + 1 < rounds:
+            time.sleep(1.1)  # a new second: this test is about disk, not the names (see above)
+    print(json.dumps(stored))
+""")
+
+
+def test_after_damage_events_a_small_disk_still_takes_a_full_tier(tmp_path: Path) -> None:
+    # 64 MiB of disk, 30 MiB of pages per round: the page files kept aside left no room by round 3.
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    child = run_with_mounts([f"mount -t tmpfs -o size=64m tmpfs {mnt}"], FILL_ROUNDS,
+                            str(mnt / "db"), "3", "240")
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert json.loads(child.stdout.splitlines()[-1]) == [240, 240, 240]
+
+
+# Opens the tier at argv[1] and reports the error, if any; the log goes to stderr.
+OPEN_REPORT = textwrap.dedent("""
+    import json, logging, sys
+    logging.basicConfig(level=logging.INFO)
+    from mooncake_sgl.config import LmdbTierConfig
+    from mooncake_sgl.errors import TierError
+    from mooncake_sgl.tiers.lmdb import LmdbTier
+    try:
+        LmdbTier(LmdbTierConfig(path=sys.argv[1], capacity="8MiB")).close()
+        print(json.dumps({"error": None}))
+    except TierError as e:
+        print(json.dumps({"error": str(e)}))
+""")
+
+
+def filled(db: Path) -> list[memoryview]:
+    tier = lmdb_tier(db, capacity="8MiB")
+    page = make_page(1, 4096)
+    assert tier.put_from([key(1)], [page]) == [True]
+    tier.close()
+    return page
+
+
+def assert_intact(db: Path, page: list[memoryview]) -> None:
+    assert moved_aside(db) == []
+    tier = lmdb_tier(db, capacity="8MiB")
+    out = empty_like(page)
+    assert tier.get_into([key(1)], [out]) == [True] and same(page, out)
+    tier.close()
+
+
+def test_an_intact_tier_on_a_read_only_file_system_is_named_so_and_left_as_it_is(tmp_path: Path) -> None:
+    # It was called damaged: the log said it was moved aside (it was not) and the error told the
+    # operator to delete an intact cache.
+    src, ro = tmp_path / "src", tmp_path / "ro"
+    ro.mkdir()
+    page = filled(src / "db")
+    child = run_with_mounts([f"mount --bind {src} {ro}", f"mount -o remount,bind,ro {ro}"],
+                            OPEN_REPORT, str(ro / "db"))
+    assert child.returncode == 0, child.stderr[-2000:]
+    error = json.loads(child.stdout.splitlines()[-1])["error"]
+    assert error is not None and "is on a read-only file system" in error and "nothing is damaged" in error
+    assert "damaged (" not in error and "Delete" not in error and "moved" not in child.stderr
+    assert_intact(src / "db", page)
+
+
+@pytest.mark.parametrize("failure", [
+    pytest.param(lambda path: OSError(errno.EROFS, os.strerror(errno.EROFS), path), id="oserror"),
+    pytest.param(lambda path: lmdb.Error(f"{path}: {os.strerror(errno.EROFS)}"), id="lmdb-error"),
+])
+def test_an_open_refused_by_a_read_only_file_system_is_named_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: Callable[[str], Exception]) -> None:
+    page = filled(tmp_path / "db")
+
+    def refuse(path: str, **_: object) -> None:
+        raise failure(path)
+
+    monkeypatch.setattr(lmdb_mod.lmdb, "open", refuse)
+    with pytest.raises(TierError, match=r"db is on a read-only file system\. Its files were left as they "
+                                        r"are \(nothing is damaged\): mount it read-write"):
+        lmdb_tier(tmp_path / "db", capacity="8MiB")
+    monkeypatch.undo()
+    assert_intact(tmp_path / "db", page)
+
+
+def test_a_directory_this_process_may_not_write_is_named_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Permissions stop no root process, so this one is simulated.
+    page = filled(tmp_path / "db")
+    lock = str(tmp_path / "db" / "lock.mdb")
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: p != lock and real(p, mode, **kw))
+    with pytest.raises(TierError, match=rf"not writable by this process \(no write permission on {lock}\)"
+                                        ".*give this user write permission there"):
+        lmdb_tier(tmp_path / "db", capacity="8MiB")
+    monkeypatch.undo()
+    assert_intact(tmp_path / "db", page)
+
+
+def test_a_damaged_tier_that_cannot_be_moved_aside_is_not_logged_as_moved(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    fill_and_damage(tmp_path / "db")
+
+    def refuse(src: str, dst: str) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), src)
+
+    monkeypatch.setattr(os, "rename", refuse)
+    with caplog.at_level(logging.INFO), pytest.raises(TierError, match=r"is damaged \(.*\) and is on a "
+                                                      r"read-only file system, so it cannot be moved aside"):
+        lmdb_tier(tmp_path / "db")
+    assert "moved it to" not in caplog.text

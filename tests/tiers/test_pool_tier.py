@@ -4,6 +4,8 @@ real sockets), plus rendezvous placement and endpoint failure / return."""
 from __future__ import annotations
 
 import os
+import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -233,4 +235,83 @@ def test_the_store_counts_only_pages_new_to_the_pool_as_written(transport: str) 
         assert server.stats()["put_present"] == 32
     finally:
         store.close()
+        server.stop()
+
+
+class Dns:
+    """A resolver for ``NAME`` that answers 127.0.0.1, or hangs ``seconds`` and fails while
+    ``down``, however it is reached: ``socket.getaddrinfo``, or a ``connect`` given the name (the C
+    library resolves inside it)."""
+
+    NAME = "pool.dns.test"
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, seconds: float = 5.0) -> None:
+        self.down = False
+        self.seconds = seconds
+        real_gai, real_connect = socket.getaddrinfo, socket.socket.connect
+
+        def getaddrinfo(host: str, port: object, *args: object, **kwargs: object) -> list:
+            if host != self.NAME:
+                return real_gai(host, port, *args, **kwargs)
+            if self.down:
+                time.sleep(self.seconds)
+                raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+            return real_gai("127.0.0.1", port, *args, **kwargs)
+
+        def connect(sock: socket.socket, address: object) -> None:
+            if isinstance(address, tuple) and address[0] == self.NAME:
+                address = getaddrinfo(*address[:2], sock.family, sock.type)[0][4]
+            real_connect(sock, address)
+
+        monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+        monkeypatch.setattr(socket.socket, "connect", connect)
+
+
+def concurrent_contains(tier: PoolTier, n: int) -> list[tuple[list[bool], float]]:
+    out: list[tuple[list[bool], float]] = []
+
+    def one() -> None:
+        t0 = time.monotonic()
+        res = tier.contains([key(1)])
+        out.append((res, time.monotonic() - t0))
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_a_dns_outage_costs_each_call_at_most_the_connect_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Three concurrent contains took 10, 20 and 30 s against a 1 s connect_timeout: the name was
+    # resolved inside connect, and first contact was made under the client's lock.
+    dns = Dns(monkeypatch)
+    dns.down = True
+    tier = PoolTier(PoolTierConfig(endpoints=[f"{Dns.NAME}:7480"], transport="tcp", connect_timeout="1s"))
+    try:
+        results = concurrent_contains(tier, 3)
+        assert [r for r, _ in results] == [[False]] * 3
+        assert max(seconds for _, seconds in results) < 1.5, results
+    finally:
+        tier.close()
+
+
+def test_a_name_that_resolved_once_is_served_through_a_later_dns_outage(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    dns = Dns(monkeypatch)
+    server = PoolServer(PoolServerConfig(port=0, capacity="4MiB", slab_size="1MiB",
+                                         shared_memory=False)).start()
+    endpoint = f"{Dns.NAME}:{server.address[1]}"
+    try:
+        first = PoolTier(PoolTierConfig(endpoints=[endpoint], transport="tcp", connect_timeout="1s"))
+        page = make_page(1, 4096)
+        assert first.put_from([key(1)], [page]) == [True]
+        first.close()
+        dns.down = True
+        later = PoolTier(PoolTierConfig(endpoints=[endpoint], transport="tcp", connect_timeout="1s"))
+        t0 = time.monotonic()
+        assert later.contains([key(1)]) == [True] and time.monotonic() - t0 < 1.0
+        later.close()
+    finally:
         server.stop()
