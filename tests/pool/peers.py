@@ -4,8 +4,13 @@ and a server process's resident memory."""
 
 from __future__ import annotations
 
+import errno
 import mmap
+import os
 import socket
+import threading
+
+import pytest
 
 from mooncake_sgl.pool.process import PoolProcess
 from mooncake_sgl.transfer import protocol as P
@@ -93,3 +98,18 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def fail_accepts(monkeypatch: pytest.MonkeyPatch, thread: str, times: int = 3) -> list[int]:
+    """``accept()`` in the thread named ``thread`` raises EMFILE its next ``times`` calls (out of
+    descriptors); the returned one-item list counts down the failures still to come."""
+    real, left = socket.socket.accept, [times]
+
+    def out_of_descriptors(sock: socket.socket) -> tuple[socket.socket, object]:
+        if threading.current_thread().name == thread and left[0] > 0:
+            left[0] -= 1
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real(sock)
+
+    monkeypatch.setattr(socket.socket, "accept", out_of_descriptors)
+    return left

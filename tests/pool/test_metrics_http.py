@@ -3,11 +3,8 @@ one pushes out the oldest), each closed at its deadline, and an accept that fail
 
 from __future__ import annotations
 
-import errno
 import gzip
-import os
 import socket
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +16,8 @@ from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPEN
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
 from mooncake_sgl.pool.metrics_http import MetricsHttp
+
+from .peers import fail_accepts
 
 OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
 
@@ -103,13 +102,5 @@ def test_a_bad_request_gets_an_error_status(http: MetricsHttp, request_bytes: by
 
 
 def test_the_endpoint_survives_a_failed_accept(http: MetricsHttp, monkeypatch: pytest.MonkeyPatch) -> None:
-    real, left = socket.socket.accept, [3]
-
-    def out_of_descriptors(sock: socket.socket) -> tuple[socket.socket, object]:
-        if threading.current_thread().name == "pool-metrics-http" and left[0] > 0:
-            left[0] -= 1
-            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
-        return real(sock)
-
-    monkeypatch.setattr(socket.socket, "accept", out_of_descriptors)
+    left = fail_accepts(monkeypatch, "pool-metrics-http")
     assert get(http)[0] == 200 and left == [0]

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import resource
@@ -26,6 +25,8 @@ from mooncake_sgl.pool.process import PoolProcess, PoolStartError
 from mooncake_sgl.pool.server import PoolServer
 from mooncake_sgl.procs import pick_port
 from mooncake_sgl.transfer.client import PoolClient
+
+from .peers import fail_accepts
 
 MiB = 1 << 20
 
@@ -49,15 +50,7 @@ def served(endpoint: str, connect_timeout: float = 5.0) -> bool:
 def test_the_accept_loop_survives_a_failed_accept(monkeypatch: pytest.MonkeyPatch,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     # One EMFILE ended the loop: the process stayed up, every client after it timed out for good.
-    real, left = socket.socket.accept, [3]
-
-    def out_of_descriptors(sock: socket.socket) -> tuple[socket.socket, object]:
-        if threading.current_thread().name == "pool-_accept_loop" and left[0] > 0:
-            left[0] -= 1
-            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
-        return real(sock)
-
-    monkeypatch.setattr(socket.socket, "accept", out_of_descriptors)
+    fail_accepts(monkeypatch, "pool-_accept_loop")
     with caplog.at_level(logging.ERROR, "mooncake_sgl.pool"):
         server = small_pool()
         try:
