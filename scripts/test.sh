@@ -4,7 +4,8 @@
 #   bash scripts/test.sh            everything but the opt-in chaos tests: SGLang integration, live
 #                                   servers, the real mooncake_master, clusters (as root), benchmarks
 #                                   at their smallest setting; budget 20 minutes after set-up
-#   bash scripts/test.sh --fast     no live server, namespace, benchmark or HA fail-over; budget 3 min
+#   bash scripts/test.sh --fast     no live server, namespace, benchmark, HA fail-over or test marked
+#                                   slow (2 s or more each); budget 3 minutes
 #   bash scripts/test.sh -m chaos   the opt-in chaos tests (any -m replaces the default selection)
 #
 # Other arguments go to pytest (a path, -k EXPR, -x ...). The tiers are markers set by folder in
@@ -20,7 +21,7 @@ select=(-m "not chaos")
 args=()
 for arg in "$@"; do
   case "$arg" in
-    --fast) select=(-m "not (live or cluster or bench or ha or chaos)") ;;
+    --fast) select=(-m "not (live or cluster or bench or ha or chaos or slow)") ;;
     -m|-m*) select=(); args+=("$arg") ;;
     *) args+=("$arg") ;;
   esac

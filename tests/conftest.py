@@ -11,8 +11,11 @@
 
 Two more markers are set by the tests themselves: ``ha`` (Mooncake masters failing over through
 etcd; in the whole suite, not in ``--fast``) and ``chaos`` (minutes of live traffic under faults;
-opt-in, ``bash scripts/test.sh -m chaos``). ``scripts/test.sh`` turns these into ``-m`` expressions
-(``docs/testing.md`` lists each tier's budget and measured time).
+opt-in, ``bash scripts/test.sh -m chaos``). A third, ``slow``, is set here on the tests of the first
+three tiers that took 2 s or more each on a quiet two-core machine (``SLOW``: fresh interpreters
+that import SGLang, masters killed and restarted, crash and stress tests): together they cost ten
+minutes, so the whole suite runs them and ``--fast`` leaves them out. ``scripts/test.sh`` turns
+these into ``-m`` expressions (``docs/testing.md`` lists each tier's budget and measured time).
 
 The tier of a file is the first rule of ``TIERS`` whose path prefix it starts with; a file no rule
 names is ``unit``. Rules name files only where a folder mixes tiers.
@@ -47,6 +50,36 @@ TIERS: tuple[tuple[str, str], ...] = (
     ("metrics/test_pool_metrics.py", "service"),
 )
 
+# Node ids under tests/ (a file, or a file and a test function: every parametrization of it).
+SLOW: tuple[str, ...] = (
+    "adversarial/test_lmdb_full_disk.py::test_on_a_full_disk_the_store_evicts_old_ssd_pages_to_keep_the_newest",
+    "adversarial/test_lmdb_truncation.py::test_flipped_bytes_anywhere_in_the_index_never_crash_or_give_wrong_bytes",
+    "adversarial/test_pool_slow_clients.py::test_a_get_whose_reply_is_never_read_releases_its_pages",
+    "adversarial/test_ssd_shared_dir_stress.py",
+    "hicache/test_backend.py::test_attach_loads_sglangs_page_hash_before_the_first_request",
+    "hicache/test_builtin_config_sharing.py",
+    "hicache/test_cpu_adaptations.py::test_installed_without_the_switch_sglang_is_untouched_but_for_the_backend_name",
+    "hicache/test_cpu_adaptations.py::test_sgl_kernel_standin_lets_the_scheduler_import_without_cuda",
+    "hicache/test_cpu_adaptations.py::test_with_the_switch_every_adaptation_is_applied",
+    "hicache/test_hybrid_differential.py",
+    "hicache/test_restart.py",
+    "hicache/test_split_heads.py::test_sglangs_own_backend_shares_heads_between_tp_sizes",
+    "hicache/test_split_heads.py::test_tp_sizes_share_heads_both_ways_through_our_shared_tiers",
+    "hicache/test_split_heads.py::test_without_a_shared_lcm_a_tp1_page_is_not_offered_to_tp2",
+    "metrics/test_backend_metrics.py",
+    "metrics/test_multiprocess.py",
+    "metrics/test_stats_url_bounds.py::test_a_trickling_endpoint_is_cut_at_the_timeout",
+    "policy/test_adaptive.py::test_adaptive_follows_the_expert_that_fits_the_workload",
+    "policy/test_adaptive.py::test_adaptive_is_near_the_best_reference_and_never_below_lru",
+    "pool/test_server_processes.py::test_server_killed_mid_batch_and_restarted_clients_recover_without_wrong_data",
+    "test_gpu_check.py::test_cpu_self_test_prints_its_table_and_json_and_says_it_was_not_a_gpu_run",
+    "test_gpu_check.py::test_the_hbm_step_fails_when_pytest_skipped_the_cuda_class",
+    "test_gpu_check.py::test_what_the_check_imports_beyond_torch_and_pytest_is_on_the_gpu_host_or_carried",
+    "test_gpu_check.py::test_without_cuda_it_refuses_in_one_line_with_exit_2",
+    "tiers/test_lmdb_tier.py::test_after_damage_events_a_small_disk_still_takes_a_full_tier",
+    "tiers/test_mooncake_store_tier.py",
+)
+
 MARKERS = {
     "unit": "needs nothing but this package and its Python dependencies",
     "sglang": "real sglang classes in the test process",
@@ -55,6 +88,7 @@ MARKERS = {
     "cluster": "network namespaces with live servers behind a router (root)",
     "bench": "runs a benchmark script end to end at its smallest setting",
     "ha": "Mooncake masters failing over through etcd (about a minute)",
+    "slow": "a unit, sglang or service test of 2 s or more (SLOW in tests/conftest.py); not in --fast",
     "chaos": "minutes of live traffic under faults (opt-in: -m chaos)",
 }
 
@@ -67,6 +101,12 @@ def tier_of(path: Path) -> str:
     return next((tier for prefix, tier in TIERS if rel.startswith(prefix)), "unit")
 
 
+def is_slow(path: Path, name: str) -> bool:
+    """Is the test function ``name`` (parameters left out) of the file at ``path`` one of ``SLOW``?"""
+    rel = path.resolve().relative_to(ROOT).as_posix()
+    return rel in SLOW or f"{rel}::{name.split('[')[0]}" in SLOW
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
@@ -74,4 +114,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(tier_of(Path(os.fspath(item.path))))
+        path = Path(os.fspath(item.path))
+        item.add_marker(tier_of(path))
+        if is_slow(path, getattr(item, "originalname", item.name)):
+            item.add_marker("slow")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import MARKERS, ROOT, TIERS, tier_of
+from .conftest import MARKERS, ROOT, SLOW, TIERS, tier_of
 
 
 def test_every_tier_rule_names_a_path_that_exists() -> None:
@@ -15,6 +15,13 @@ def test_every_tier_rule_names_a_path_that_exists() -> None:
         assert tier in MARKERS, (prefix, tier)
         matches = [p for p in ROOT.rglob("test_*.py") if p.relative_to(ROOT).as_posix().startswith(prefix)]
         assert matches, f"tests/conftest.py names {prefix!r}, which matches no test file"
+
+
+def test_every_slow_rule_names_a_test_that_exists() -> None:
+    for rule in SLOW:
+        file, _, name = rule.partition("::")
+        assert (ROOT / file).is_file(), f"SLOW names {file}, which does not exist"
+        assert not name or f"def {name}(" in (ROOT / file).read_text(), f"SLOW names {rule}: no such test"
 
 
 @pytest.mark.parametrize(("path", "tier"), [
