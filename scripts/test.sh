@@ -18,15 +18,19 @@ set_up=$((SECONDS - started))
 .venv/bin/ruff check mooncake_sgl devtools scripts tests
 
 select=(-m "not chaos")
+# The whole suite runs on two pytest-xdist workers: most of its time is servers starting and
+# waiting, and two cores overlap it (tests/conftest.py keeps a live module's tests, and the
+# clusters, in one worker). --fast runs in one process: it is mostly imports.
+workers=(-n 2 --dist loadgroup)
 args=()
 for arg in "$@"; do
   case "$arg" in
-    --fast) select=(-m "not (live or cluster or bench or ha or chaos or slow)") ;;
+    --fast) select=(-m "not (live or cluster or bench or ha or chaos or slow)"); workers=() ;;
     -m|-m*) select=(); args+=("$arg") ;;
     *) args+=("$arg") ;;
   esac
 done
 status=0
-.venv/bin/python -m pytest -q --durations=25 "${select[@]}" "${args[@]}" || status=$?
+.venv/bin/python -m pytest -q --durations=25 "${workers[@]}" "${select[@]}" "${args[@]}" || status=$?
 echo "[test] wall time: $((SECONDS - started)) s in all, $set_up s of it set-up (exit $status)"
 exit $status

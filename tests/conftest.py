@@ -88,6 +88,7 @@ MARKERS = {
     "cluster": "network namespaces with live servers behind a router (root)",
     "bench": "runs a benchmark script end to end at its smallest setting",
     "ha": "Mooncake masters failing over through etcd (about a minute)",
+    "xdist_group": "tests one pytest-xdist worker runs (set here: a live module, the clusters)",
     "slow": "a unit, sglang or service test of 2 s or more (SLOW in tests/conftest.py); not in --fast",
     "chaos": "minutes of live traffic under faults (opt-in: -m chaos)",
 }
@@ -112,9 +113,22 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {doc}")
 
 
+# What must stay in one pytest-xdist worker when the whole suite runs on two (``scripts/test.sh``):
+# a live module's tests share its servers (module fixtures), and two network-namespace clusters at
+# once would tear each other's leftovers down (a cluster cleans up what a killed one left).
+def xdist_group(path: Path, tier: str) -> str | None:
+    if tier == "cluster":
+        return "cluster"
+    return path.resolve().relative_to(ROOT).as_posix() if tier == "live" else None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(os.fspath(item.path))
-        item.add_marker(tier_of(path))
+        tier = tier_of(path)
+        item.add_marker(tier)
+        group = xdist_group(path, tier)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
         if is_slow(path, getattr(item, "originalname", item.name)):
             item.add_marker("slow")
