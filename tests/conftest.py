@@ -27,6 +27,7 @@ switch start their own interpreters with it unset.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 from pathlib import Path
 
@@ -132,3 +133,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(group))
         if is_slow(path, getattr(item, "originalname", item.name)):
             item.add_marker("slow")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # The suite's one process loads native libraries (Mooncake's transfer engine, torch) that may
+    # install a SIGSEGV handler of their own, which writes into the fd 2 that pytest captures: a
+    # whole run once died of a segmentation fault with no trace. Re-arm Python's handler on
+    # pytest's own copy of the terminal's stderr before each test, for every thread's stack.
+    from _pytest.faulthandler import fault_handler_stderr_fd_key
+
+    fd = item.config.stash.get(fault_handler_stderr_fd_key, None)
+    if fd is not None:
+        faulthandler.enable(file=fd, all_threads=True)
