@@ -33,8 +33,10 @@ ADMIN_KEY = "surface-test-admin"
 # A device cache of two prompts, so a few other prompts evict one (write_back stores on eviction).
 DEVICE_TOKENS = 4096
 FILLERS = 3
-# How long the request ahead of the prompt decodes while the prompt waits (prefetches) behind it.
-BLOCKER_TOKENS = 48
+# How long the request ahead of the prompt decodes while the prompt waits (prefetches) behind it:
+# about 4 s at this model's 55-60 tokens/s. With 48 (under 1 s) a quiet run lost the race on its
+# first attempt and SGLang then looked up none of the seven retries (one lookup in all).
+BLOCKER_TOKENS = 256
 
 
 class AdminClient(LiveClient):
