@@ -18,14 +18,13 @@ set_up=$((SECONDS - started))
 .venv/bin/ruff check mooncake_sgl devtools scripts tests
 
 select=(-m "not chaos")
-# One process: a run on two pytest-xdist workers (-n 2 --dist loadgroup, which tests/conftest.py
-# prepares by keeping a live module's tests and the clusters in one worker) stalled once near its
-# end with the machine idle; not the default until that is understood.
-workers=()
+# Two pytest-xdist workers: one runs every live-server and cluster test, one at a time; the other
+# the in-process files, each file whole (tests/conftest.py, xdist_group). A -n given here wins.
+workers=(-n 2 --dist loadgroup)
 args=()
 for arg in "$@"; do
   case "$arg" in
-    --fast) select=(-m "not (live or cluster or bench or ha or chaos or slow)"); workers=() ;;
+    --fast) select=(-m "not (live or cluster or bench or ha or chaos or slow)") ;;
     -m|-m*) select=(); args+=("$arg") ;;
     *) args+=("$arg") ;;
   esac

@@ -89,7 +89,7 @@ MARKERS = {
     "cluster": "network namespaces with live servers behind a router (root)",
     "bench": "runs a benchmark script end to end at its smallest setting",
     "ha": "Mooncake masters failing over through etcd (about a minute)",
-    "xdist_group": "tests one pytest-xdist worker runs (set here: a live module, the clusters)",
+    "xdist_group": "tests one pytest-xdist worker runs as a unit (set here: the live servers, or a file)",
     "slow": "a unit, sglang or service test of 2 s or more (SLOW in tests/conftest.py); not in --fast",
     "chaos": "minutes of live traffic under faults (opt-in: -m chaos)",
 }
@@ -114,23 +114,27 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {doc}")
 
 
-# What must stay in one pytest-xdist worker when the whole suite runs on two (``scripts/test.sh``):
-# a live module's tests share its servers (module fixtures), and two network-namespace clusters at
-# once would tear each other's leftovers down (a cluster cleans up what a killed one left).
-def xdist_group(path: Path, tier: str) -> str | None:
-    if tier == "cluster":
-        return "cluster"
-    return path.resolve().relative_to(ROOT).as_posix() if tier == "live" else None
+# What one pytest-xdist worker runs as a unit when the suite runs on two (``scripts/test.sh``): every
+# test that starts live servers or a cluster, in one worker one at a time (two live modules at once
+# would share two cores between their servers, and two clusters would tear each other's leftovers
+# down), and every other file whole, so its module fixtures (Mooncake masters, pools) start once.
+SERVERS_GROUP = "servers"
 
 
+def xdist_group(path: Path, tier: str) -> str:
+    if tier in ("live", "cluster"):
+        return SERVERS_GROUP
+    return path.resolve().relative_to(ROOT).as_posix()
+
+
+# First: pytest-xdist's worker reads the xdist_group markers in this same hook.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(os.fspath(item.path))
         tier = tier_of(path)
         item.add_marker(tier)
-        group = xdist_group(path, tier)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(xdist_group(path, tier)))
         if is_slow(path, getattr(item, "originalname", item.name)):
             item.add_marker("slow")
 

@@ -3,11 +3,13 @@ the one its folder promises, so ``--fast`` never picks up a live server by a fil
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import MARKERS, ROOT, SLOW, TIERS, tier_of
+from .conftest import MARKERS, ROOT, SERVERS_GROUP, SLOW, TIERS, tier_of
 
 
 def test_every_tier_rule_names_a_path_that_exists() -> None:
@@ -48,3 +50,18 @@ def test_every_file_that_starts_a_live_server_is_in_a_tier_left_out_of_fast() ->
         if any(s in text for s in starters) and tier_of(path) in fast and path.name != Path(__file__).name:
             raise AssertionError(f"{path.relative_to(ROOT)} starts a live server but is in tier "
                                  f"{tier_of(path)!r}, which --fast runs")
+
+
+def test_pytest_xdist_sends_each_group_to_one_worker() -> None:
+    # pytest-xdist 3.8 groups by rewriting item._nodeid, which pytest 9 no longer reads: there every
+    # group was silently ignored, and two live modules started their servers side by side. A real
+    # two-worker run of a live-tier test and an in-process file shows the groups it scheduled by.
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
+         "tests/live/test_launcher.py::test_pick_port_skips_a_port_in_use",
+         "tests/test_suite_tiers.py::test_every_tier_rule_names_a_path_that_exists"],
+        cwd=ROOT.parent, capture_output=True, text=True, timeout=300)
+    out = run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.returncode == 0, out
+    assert f"test_pick_port_skips_a_port_in_use@{SERVERS_GROUP}" in run.stdout, out
+    assert "test_every_tier_rule_names_a_path_that_exists@test_suite_tiers.py" in run.stdout, out

@@ -32,6 +32,7 @@ from ..bench.server import (
     launch_command,
     ours_args,
     server_env,
+    stop_all,
 )
 
 TRANSFER = ("--disaggregation-transfer-backend", "mooncake_tcp")
@@ -58,7 +59,7 @@ def role_args(role: str, tiers: Path,
 
 
 class PdServers:
-    """Starts PD servers and mini load balancers; ``close()`` stops every one, newest first."""
+    """Starts PD servers and mini load balancers; ``close()`` stops every one."""
 
     def __init__(self, model: Path, logs: Path, extra: tuple[str, ...] = (),
                  env: dict[str, str] | None = None, health_timeout_s: float = 600.0) -> None:
@@ -107,7 +108,6 @@ class PdServers:
         return lb.start()
 
     def close(self) -> None:
-        for server in reversed(self.started):
-            server.stop()
+        stop_all(self.started)
         self.started.clear()
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from devtools.bench.server import LaunchedServer, free_port
+from devtools.bench.server import LaunchedServer, free_port, stop_all
 from devtools.testing.tiny_model import write_tiny_llama
 from mooncake_sgl.hicache.cpu.adaptations import HOST_RESERVE_ENV
 
@@ -72,8 +72,7 @@ class Servers:
 def servers(tiny_model: Path, tmp_path: Path) -> Iterator[Servers]:
     made = Servers(tiny_model, tmp_path / "logs")
     yield made
-    for server in made.started:
-        server.stop()
+    stop_all(made.started)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from devtools.bench.server import stop_all
 from devtools.testing.tiny_model import TinyLlama, write_tiny_llama
 
 from .conftest import Servers
@@ -45,5 +46,4 @@ def test_replaced_weights_under_the_same_path_miss_and_answer_as_the_new_model(t
         log = b.log_path.read_text(errors="replace")
         assert "model fingerprint" in log and "1 weight file(s)" in log
     finally:
-        for server in servers.started:
-            server.stop()
+        stop_all(servers.started)

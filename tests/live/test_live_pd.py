@@ -59,6 +59,7 @@ def pd(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[D
     reference = LaunchedServer(
         lambda port: launch_command(str(tiny_model), port, (), cpu=made.cpu, extra=FLAGS),
         pick_port(), root / "logs" / "reference.log", HEALTH_TIMEOUT_S, env=server_env(made.cpu))
+    made.started.append(reference)  # stopped with the PD servers
     with PoolProcess(capacity="256MiB") as pool:
         tiers = write_tiers(root / "tiers.yaml",
                             f'tiers:\n  - {{kind: pool, endpoints: ["{pool.endpoint}"]}}\n')
@@ -69,12 +70,13 @@ def pd(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[D
                            ex.submit(made.server, "decode", "decode-offload", tiers),
                            ex.submit(reference.start)]
                 a, b, decode, _ = (f.result() for f in started)
-            yield Deployment(pool, tiers, made, a, b, decode,
-                             LiveClient(made.balancer("lb-a", a, decode).url),
-                             LiveClient(made.balancer("lb-b", b, decode).url), LiveClient(reference.url))
+                balancers = [ex.submit(made.balancer, "lb-a", a, decode),
+                             ex.submit(made.balancer, "lb-b", b, decode)]
+                lb_a, lb_b = (f.result() for f in balancers)
+            yield Deployment(pool, tiers, made, a, b, decode, LiveClient(lb_a.url), LiveClient(lb_b.url),
+                             LiveClient(reference.url))
         finally:
             made.close()
-            reference.stop()
 
 
 def test_turn_two_on_another_prefill_reads_the_prompt_and_the_decodes_output_pages(pd: Deployment) -> None:
