@@ -52,7 +52,7 @@ from ..keys import KV_POOL, KeyNamespace, page_key
 from ..metrics.attach import StoreWatch, observe_store
 from ..store import TieredStore, build_store
 from ..tiers.mooncake_store import object_name
-from . import fingerprint, layout, sidecars
+from . import fingerprint, layout, sidecars, weight_updates
 
 try:
     from sglang.srt.observability.metrics_collector import StorageMetrics
@@ -68,6 +68,10 @@ def _count(keys: Any) -> int:
         return 0
 
 
+class WeightsChanging(RuntimeError):
+    """The weights are being replaced: every call is a miss, and not a failure to log."""
+
+
 def _boundary(miss: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Turn any exception of the wrapped method into ``miss(*args)`` plus a rate-limited log line."""
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -75,6 +79,8 @@ def _boundary(miss: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callab
         def guarded(self: MooncakeSglStorage, *args: Any, **kwargs: Any) -> Any:
             try:
                 return fn(self, *args, **kwargs)
+            except WeightsChanging:
+                return miss(*args, **kwargs)
             except Exception as e:
                 self._errors.report(fn.__name__, e)
                 return miss(*args, **kwargs)
@@ -168,6 +174,14 @@ class MooncakeSglStorage(HiCacheStorage):
         self._closed = False
         self._session_ids_seen = False
         self._weights = fingerprint.checkpoint_fingerprint(storage_config)
+        # Weight updates at run time (``weight_updates``): the last checkpoint fingerprinted and
+        # where it came from, the identity of weights loaded but not yet keyed (SGLang's caches
+        # may still hold the old ones' KV), and whether calls answer misses meanwhile.
+        self._checkpoint = self._weights
+        self._source = fingerprint.model_source(storage_config)
+        self._next_weights: fingerprint.Fingerprint | None = None
+        self._weights_changing = False
+        weight_updates.follow(self)
         try:
             took = load_page_hash()
         except RuntimeError as e:  # SGLang meets it again at its first hash, and reports it there
@@ -197,14 +211,8 @@ class MooncakeSglStorage(HiCacheStorage):
         """
         if mem_pool_host is self.mem_pool_host:
             return  # the factory's constructor call and the controller's both register it
-        # DeepSeek V4's anchor only hands out indices (no buffer); its sidecars carry the bytes.
-        logical = getattr(mem_pool_host, "kv_buffer", None) is None
-        geometry = (sidecars.logical_geometry(mem_pool_host) if logical
-                    else layout.pool_geometry(mem_pool_host))
-        ns = layout.key_namespace(self.storage_config, geometry, self._store_config.namespace_tag,
-                                  self._weights.digest)
-        split = 1 if logical else layout.head_split(self.storage_config, mem_pool_host)
-        kv = sidecars.kv_objects(mem_pool_host, geometry, ns, split)
+        ns, geometry, kv = self._kv_binding(mem_pool_host)
+        logical = kv.logical
         if self._store is None:
             self._store = build_store(layout.sized_for_pages(self._store_config, kv.object_nbytes),
                                       layout.rank_suffix(self.storage_config))
@@ -223,8 +231,57 @@ class MooncakeSglStorage(HiCacheStorage):
                     self._weights.summary)
         if kv.head_groups:
             logger.info("mooncake_sgl: split heads: each page stored as %d head groups of %d bytes, "
-                        "under lcm-grid ranks %s of %d", split, kv.object_nbytes,
+                        "under lcm-grid ranks %s of %d", len(kv.head_groups), kv.object_nbytes,
                         ",".join(str(g.tp_rank) for g in kv.head_groups), kv.head_groups[0].tp_size)
+
+    def _kv_binding(self, mem_pool_host: Any) -> tuple[KeyNamespace, Any, sidecars.PoolObjects]:
+        """The KV namespace, pool geometry and page objects of ``mem_pool_host`` under the weights
+        this backend keys by now."""
+        # DeepSeek V4's anchor only hands out indices (no buffer); its sidecars carry the bytes.
+        logical = getattr(mem_pool_host, "kv_buffer", None) is None
+        geometry = (sidecars.logical_geometry(mem_pool_host) if logical
+                    else layout.pool_geometry(mem_pool_host))
+        ns = layout.key_namespace(self.storage_config, geometry, self._store_config.namespace_tag,
+                                  self._weights.digest)
+        split = 1 if logical else layout.head_split(self.storage_config, mem_pool_host)
+        return ns, geometry, sidecars.kv_objects(mem_pool_host, geometry, ns, split)
+
+    # ------------------------------------------------------------------ weight updates
+    # Called by ``weight_updates``' hooks on SGLang's scheduler thread; see that module for why.
+
+    def weights_changing(self) -> None:
+        """A weight update starts: from now on every call is a miss (writes are refused). Weights
+        loaded by an earlier update and not yet keyed are superseded: a flush within this update
+        must not key by them."""
+        self._weights_changing = True
+        self._next_weights = None
+
+    def weights_changed(self, update: weight_updates.WeightUpdate) -> None:
+        """A weight update ended: key by the new weights once SGLang's caches hold none of the old."""
+        weights = weight_updates.next_weights(update, self._checkpoint, self._source)
+        loaded = weight_updates.source_after(update, self._source)
+        if loaded is not None:
+            self._source, self._checkpoint = loaded, weights
+        self._next_weights = weights
+        logger.info("mooncake_sgl: weights updated (update_weights_from_%s, %s): model fingerprint %s; "
+                    "%s", update.kind, "succeeded" if update.succeeded else "failed", weights.summary,
+                    "keyed at once (SGLang flushed its caches)" if update.flushed else
+                    "storage answers misses until the next successful /flush_cache")
+        if update.flushed:
+            self.cache_flushed()
+
+    def cache_flushed(self) -> None:
+        """SGLang's caches were flushed: weights loaded since the last key change take effect."""
+        if self._next_weights is None:
+            return
+        with self._pools_lock:
+            self._weights, self._next_weights = self._next_weights, None
+            if self.mem_pool_host is not None:
+                self._ns, self._geometry, self._kv = self._kv_binding(self.mem_pool_host)
+            self._sidecars.clear()  # derived from the KV namespace: rebuilt on next use
+            self._weights_changing = False
+        if self._ns is not None:
+            logger.info("mooncake_sgl: namespace now %s", self._ns.describe())
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         """Bind a hybrid model's host pool (every ``HostPoolGroup`` entry, KV included).
@@ -295,6 +352,8 @@ class MooncakeSglStorage(HiCacheStorage):
     def _live(self) -> None:
         if self._closed:
             raise RuntimeError("backend is closed")
+        if self._weights_changing:
+            raise WeightsChanging
         if self._store is None:
             raise RuntimeError("no host pool registered yet (register_mem_pool_host)")
 

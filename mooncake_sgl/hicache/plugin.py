@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 
 from .. import envs
+from . import weight_updates
 from .cpu import adaptations as cpu_adaptations
 
 logger = logging.getLogger(__name__)
@@ -45,12 +46,15 @@ def register() -> None:
       default mmap allocator when ``mooncake.store`` cannot be imported;
     - the zero-copy ``batch_get_v1``/``batch_set_v1`` path is used (implemented);
     - ``layer_first`` is rewritten to ``page_first``/``page_first_direct`` (all are supported);
+    - SGLang's weight updates do not tell the storage backend; ``weight_updates`` hooks them
+      (through SGLang's own plug-in hook registry) so that the key namespace follows the weights;
     - SGLang asks only instances of its ``MooncakeStore`` for ``describe_l3_object_layout``
       (``GET /get_hicache_l3_cache_layout``); ``backend.py`` registers our class as a virtual
       subclass so that our own answer is given.
     """
     envs.SGLANG_HICACHE_MOONCAKE_REUSE_TE.set_default(0)
     cpu_adaptations.apply()
+    weight_updates.install()
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
     entry = getattr(StorageBackendFactory, "_registry", {}).get(BACKEND_NAME, {})

@@ -49,6 +49,10 @@ class LiveClient:
                       int(meta.get("cached_tokens") or 0), int(details.get("storage", 0)),
                       str(details.get("storage_backend", "")))
 
+    def update_weights_from_disk(self, model_path: str) -> dict[str, Any]:
+        """SGLang's in-place weight update (it flushes the caches the old weights filled): its reply."""
+        return json.loads(self._post("/update_weights_from_disk", {"model_path": model_path}))
+
     def flush(self, wait: float = 60.0) -> None:
         """Drop SGLang's device and host caches: what is reused afterwards comes from storage.
 

@@ -1,9 +1,13 @@
-"""A checkpoint replaced in place must not be served the old weights' KV (issue 22, defect 1).
+"""Other weights must never be served the old weights' KV: a checkpoint replaced in place (issue 22,
+defect 1) or weights updated at run time (issue 35, defect 1).
 
 Server A caches a prompt into host + LMDB tiers and stops. The model directory is rewritten with
 other weights (same architecture, same path, same served name), and server B starts on the same
 tiers: it must take nothing from storage and answer as the new model does, which a storage hit of
-its own then reproduces.
+its own then reproduces. Then B is sent ``/update_weights_from_disk`` with a copy of A's checkpoint
+in another directory: the same prompt must now answer exactly as A did, never from B's own pages
+(the old weights' for B); taken from storage, it can only be A's pages, which the copy's fingerprint
+names again.
 """
 
 from __future__ import annotations
@@ -45,5 +49,14 @@ def test_replaced_weights_under_the_same_path_miss_and_answer_as_the_new_model(t
         assert again.same_as(new), (again, new)
         log = b.log_path.read_text(errors="replace")
         assert "model fingerprint" in log and "1 weight file(s)" in log
+
+        copy = write_tiny_llama(tmp_path / "copy-of-a", TinyLlama(seed=0))
+        reply = new_client.update_weights_from_disk(str(copy))
+        assert reply["success"], reply
+        updated = storage_hit(new_client, ids)  # A's pages, found again under the copy's fingerprint
+        assert updated.same_as(old), (updated, old)
+        assert updated.storage_tokens == reusable(PROMPT_TOKENS), updated
+        assert "weights updated (update_weights_from_disk, succeeded)" in b.log_path.read_text(
+            errors="replace")
     finally:
         stop_all(servers.started)
