@@ -83,18 +83,24 @@ class PdServers:
         """One PD server of ``role`` (``ROLES``) over ``tiers``, healthy."""
         bootstrap = pick_port() if role == "prefill" else None
         variant, flags = role_args(role, tiers, bootstrap)
+        server = self._start(name, variant, (*flags, *extra))
+        if bootstrap is not None:
+            self.bootstrap[server.url] = bootstrap
+        return server
 
+    def plain(self, name: str) -> LaunchedServer:
+        """A server with neither PD nor HiCache, healthy: the cold reference outputs are compared to."""
+        return self._start(name, (), ())
+
+    def _start(self, name: str, variant: tuple[str, ...], flags: tuple[str, ...]) -> LaunchedServer:
         def cmd(port: int) -> list[str]:
             return launch_command(str(self.model), port, variant, cpu=self.cpu,
-                                  extra=(*flags, *self.extra, *extra))
+                                  extra=(*flags, *self.extra))
 
         server = LaunchedServer(cmd, pick_port(), self.logs / f"{name}.log", self.health_timeout_s,
                                 env=self._env())
         self.started.append(server)
-        server.start()
-        if bootstrap is not None:
-            self.bootstrap[server.url] = bootstrap
-        return server
+        return server.start()
 
     def balancer(self, name: str, prefill: LaunchedServer, decode: LaunchedServer) -> LaunchedServer:
         """SGLang's mini load balancer in front of one prefill and one decode."""

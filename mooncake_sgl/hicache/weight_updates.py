@@ -70,6 +70,7 @@ class WeightFollower(Protocol):
 
 
 _followers: weakref.WeakSet[Any] = weakref.WeakSet()
+_installed = False
 
 
 def follow(backend: WeightFollower) -> None:
@@ -141,15 +142,12 @@ def install() -> None:
     handlers. Anywhere else the targets are never called, and resolving them would import the
     scheduler's whole chain into every SGLang process. Idempotent.
     """
-    if SCHEDULER_MODULE not in sys.modules:
+    global _installed
+    if _installed or SCHEDULER_MODULE not in sys.modules:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    def register(target: str, hook: Callable[..., Any], kind: HookType) -> None:
-        ours = [h for _, h, _ in HookRegistry._hooks.get(target, ()) if h.__module__ == __name__]
-        if not ours:
-            HookRegistry.register(target, hook, kind)
-
     for kind in UPDATES:
-        register(f"{MANAGER}.update_weights_from_{kind}", _around_update(kind), HookType.AROUND)
-    register(FLUSH, _after_flush, HookType.AFTER)
+        HookRegistry.register(f"{MANAGER}.update_weights_from_{kind}", _around_update(kind), HookType.AROUND)
+    HookRegistry.register(FLUSH, _after_flush, HookType.AFTER)
+    _installed = True

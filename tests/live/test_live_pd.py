@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from devtools.bench.server import LaunchedServer, launch_command, server_env
+from devtools.bench.server import LaunchedServer
 from devtools.testing.pd import PdServers
 from mooncake_sgl.hicache.cpu.adaptations import HOST_RESERVE_ENV
 from mooncake_sgl.pool.process import PoolProcess
-from mooncake_sgl.procs import pick_port
 
 from .conftest import HEALTH_TIMEOUT_S, TEST_HOST_RESERVE, wait_for, write_tiers
 from .probe import LiveClient, Output, prompt, reusable
@@ -56,10 +55,6 @@ def pd(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[D
     root = tmp_path_factory.mktemp("pd")
     made = PdServers(tiny_model, root / "logs", FLAGS, env={HOST_RESERVE_ENV: TEST_HOST_RESERVE},
                      health_timeout_s=HEALTH_TIMEOUT_S)
-    reference = LaunchedServer(
-        lambda port: launch_command(str(tiny_model), port, (), cpu=made.cpu, extra=FLAGS),
-        pick_port(), root / "logs" / "reference.log", HEALTH_TIMEOUT_S, env=server_env(made.cpu))
-    made.started.append(reference)  # stopped with the PD servers
     with PoolProcess(capacity="256MiB") as pool:
         tiers = write_tiers(root / "tiers.yaml",
                             f'tiers:\n  - {{kind: pool, endpoints: ["{pool.endpoint}"]}}\n')
@@ -68,8 +63,8 @@ def pd(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[D
                 started = [ex.submit(made.server, "prefill-a", "prefill", tiers),
                            ex.submit(made.server, "prefill-b", "prefill", tiers),
                            ex.submit(made.server, "decode", "decode-offload", tiers),
-                           ex.submit(reference.start)]
-                a, b, decode, _ = (f.result() for f in started)
+                           ex.submit(made.plain, "reference")]
+                a, b, decode, reference = (f.result() for f in started)
                 balancers = [ex.submit(made.balancer, "lb-a", a, decode),
                              ex.submit(made.balancer, "lb-b", b, decode)]
                 lb_a, lb_b = (f.result() for f in balancers)
