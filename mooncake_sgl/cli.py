@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from . import builtin_config as bc
-from .config import ConfigError, StoreConfig, dump_config, load_config_file
-from .config_sources import ResolvedConfig, resolve_config
+from .config import ConfigError, StoreConfig, dump_config
+from .config_sources import ResolvedConfig, our_file, resolve_config
 
 
 def _builtin_json(path: Path) -> bool:
@@ -70,7 +70,8 @@ def _resolve(args: argparse.Namespace) -> ResolvedConfig:
             return ResolvedConfig(translation.config,
                                   f"SGLang's built-in Mooncake config in {path}", translation.notes,
                                   translation.check_server_url)
-        return ResolvedConfig(load_config_file(path), str(path))
+        config, _ = our_file(path)  # as SGLang's @FILE form hands it over
+        return ResolvedConfig(config, str(path))
     extra = _extra_config(args.extra_config) if args.extra_config else None
     return resolve_config(extra, ranks)
 

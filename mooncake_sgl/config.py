@@ -486,6 +486,15 @@ def parse_config(data: Any, source: str = "<dict>", cls: type = StoreConfig, *,
 
 
 def load_config_file(path: str | os.PathLike[str], cls: type = StoreConfig) -> Any:
+    data, text, source = read_config_file(path)
+    return parse_config(data, source, cls, text=text)
+
+
+def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, str, str]:
+    """(the file's data as plain builtins, its text, its path as errors name it), unvalidated.
+
+    Raises: ``ConfigError`` for a file that cannot be read, is not UTF-8 or does not parse.
+    """
     p = Path(path).expanduser()
     try:
         text = p.read_bytes().decode("utf-8")
@@ -508,7 +517,7 @@ def load_config_file(path: str | os.PathLike[str], cls: type = StoreConfig) -> A
                               source=str(p)) from None
     else:
         data = _yaml_load(text, str(p))
-    return parse_config(data, str(p), cls, text=text)
+    return data, text, str(p)
 
 
 def redact(data: Any) -> Any:

@@ -25,7 +25,7 @@ from typing import Any
 
 from . import builtin_config as bc
 from . import envs
-from .config import ConfigError, StoreConfig, load_config_file, parse_config
+from .config import ConfigError, StoreConfig, parse_config, read_config_file
 
 CONFIG_ENV = envs.MOONCAKE_SGL_CONFIG.name
 
@@ -85,15 +85,16 @@ def resolve_config(extra_config: Mapping[str, Any] | None = None, storage_config
         if extra:
             raise ConfigError("give either config_file or inline keys, not both",
                               key=sorted(extra)[0], source="extra_config")
-        return ResolvedConfig(_our_file(path), f"config_file {path}",
-                              tuple(_not_read(environ, CONFIG_ENV, *later_builtin)))
+        config, notes = our_file(path, "config_file")
+        return ResolvedConfig(config, f"config_file {path}",
+                              (*notes, *_not_read(environ, CONFIG_ENV, *later_builtin)))
     if extra:
         return ResolvedConfig(parse_config(extra, bc.EXTRA_SOURCE), bc.EXTRA_SOURCE,
                               tuple(_not_read(environ, CONFIG_ENV, *later_builtin)))
     path = envs.MOONCAKE_SGL_CONFIG.get(environ)
     if path:
-        return ResolvedConfig(_our_file(path), f"${CONFIG_ENV}={path}",
-                              tuple(_not_read(environ, *later_builtin)))
+        config, notes = our_file(path, f"${CONFIG_ENV}")
+        return ResolvedConfig(config, f"${CONFIG_ENV}={path}", (*notes, *_not_read(environ, *later_builtin)))
     if bc.FILE_ENV in environ or "MOONCAKE_MASTER" in environ or "MOONCAKE_CLIENT" in environ:
         return _resolve_builtin(extra, [], [], storage_config, environ)
     stray = [v for v in bc.BUILTIN_ENV if v in environ and v != "LOCAL_HOSTNAME"]
@@ -102,10 +103,25 @@ def resolve_config(extra_config: Mapping[str, Any] | None = None, storage_config
     return ResolvedConfig(StoreConfig(), "the embedded default", tuple(notes))
 
 
-def _our_file(path: str) -> StoreConfig:
-    """Our config file; one in the built-in's JSON form gets an error that says where it goes."""
+def our_file(path: str | os.PathLike[str], how: str | None = None) -> tuple[StoreConfig, tuple[str, ...]]:
+    """Our config file and notes on what in it changes nothing; ``how`` names where it was given
+    (config_file, a variable), ``None`` for SGLang's ``@FILE`` form. One in the built-in's JSON form
+    gets an error that says where it goes.
+
+    SGLang's own keys (``prefetch_threshold`` ...) in the file are left to SGLang: it reads them
+    from the ``@FILE`` form, so one file serves every form; named any other way, the file's copy
+    is noted as changing nothing.
+
+    Raises: ``ConfigError`` naming the key and the file.
+    """
+    data, text, source = read_config_file(path)
+    theirs = sorted(set(data) & SGLANG_OWN_KEYS) if isinstance(data, dict) else []
+    notes = (f"{', '.join(theirs)} in {path} is SGLang's to read, which it does only from the "
+             f"@FILE form or the extra-config JSON; named by {how}, the file's copy changes nothing",
+             ) if theirs and how else ()
     try:
-        return load_config_file(path)
+        return parse_config({k: v for k, v in data.items() if k not in theirs} if theirs else data,
+                            source, StoreConfig, text=text), notes
     except ConfigError as e:
         if e.key not in bc.BUILTIN_KEYS:
             raise

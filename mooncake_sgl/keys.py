@@ -110,6 +110,22 @@ def page_hash_part(page_hash: str) -> bytes:
     return _TEXT_HASH + page_hash.encode()
 
 
+_BOARD_PREFIX = hashlib.blake2b(b"mooncake_sgl namespace board v1",
+                                digest_size=NAMESPACE_DIGEST_BYTES).digest() + b"b"
+
+
+def board_key(slot: int) -> PageKey:
+    """The key of slot ``slot`` of the namespace board (``hicache.namespace_board``): a digest no
+    namespace's describe string produces, so it never names a page.
+
+    Raises:
+        ValueError: ``slot`` outside 0..255.
+    """
+    if not 0 <= slot < 256:
+        raise ValueError(f"namespace board slot {slot}: slots are 0..255")
+    return _BOARD_PREFIX + bytes([slot])
+
+
 def hash_part_of(key: PageKey) -> bytes:
     """The ``page_hash_part`` a page key was built from (the namespace digest stripped): the one
     place besides ``page_key`` that knows the key layout."""

@@ -152,6 +152,27 @@ def test_config_check_warns_a_pd_decode_with_offload_of_the_at_file_form(
     assert "warning" not in capsys.readouterr().err
 
 
+def test_sglangs_own_keys_in_a_tiers_file_work_in_every_form_and_are_noted_where_they_change_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # SGLang reads prefetch_threshold from the @FILE form; a PD decode with offload needs the same
+    # file as {"config_file": ...}, which SGLang never opens: the key must not stop the decode.
+    from mooncake_sgl.config_sources import resolve_config
+
+    f = tmp_path / "tiers.yaml"
+    f.write_text("tiers:\n  - kind: host\n    capacity: 1GiB\nprefetch_threshold: 64\n")
+    via_file = resolve_config({"config_file": str(f)}, environ={})
+    assert type(via_file.config.tiers[0]).__name__ == "HostTierConfig"
+    assert any("prefetch_threshold" in n and "changes nothing" in n for n in via_file.notes)
+    via_env = resolve_config(None, environ={"MOONCAKE_SGL_CONFIG": str(f)})
+    assert any("named by $MOONCAKE_SGL_CONFIG" in n for n in via_env.notes)
+    assert resolve_config({"tiers": [{"kind": "host"}], "prefetch_threshold": 64}, environ={}).notes == ()
+    assert cli_main(["config", "check", str(f)]) == 0  # checked as the @FILE form SGLang hands over
+    assert "changes nothing" not in capsys.readouterr().out
+    f.write_text("tiers:\n  - kind: host\nprefetch_treshold: 64\n")  # a typo is still an error
+    with pytest.raises(ConfigError, match="prefetch_treshold"):
+        resolve_config({"config_file": str(f)}, environ={})
+
+
 def test_a_tilde_in_the_ssd_tier_path_is_the_home_directory_and_config_check_says_so(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))

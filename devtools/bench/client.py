@@ -30,6 +30,9 @@ class RequestResult:
     storage_tokens: int = 0
     storage_backend: str = ""
     error: str = ""
+    # The generated ids, from the last chunk (without --incremental-streaming-output, which the
+    # benchmarks' servers never run with, each chunk carries every id so far).
+    output_ids: list[int] = field(default_factory=list)
     # The server's own steps of this request (``STEPS``; SGLang sends them with ``--enable-metrics``).
     steps: dict[str, float] = field(default_factory=dict)
 
@@ -149,6 +152,8 @@ class SglangClient:
                 if not result.ttft_s:
                     result.ttft_s = time.perf_counter() - start
                 meta = chunk.get("meta_info", meta)
+                if isinstance(chunk.get("output_ids"), list):  # every id so far (SGLang's default)
+                    result.output_ids = chunk["output_ids"]
             result.latency_s = time.perf_counter() - start
             apply_meta(result, meta)
         except (OSError, ValueError, http.client.HTTPException) as e:

@@ -80,6 +80,17 @@ def long_context(spec: LongContextSpec) -> list[list[BenchRequest]]:
     return rounds
 
 
+def chat_parts(spec: MultiTurnSpec) -> list[tuple[list[int], list[list[int]]]]:
+    """Per conversation, its first turn and each later user message, without answers: for drivers
+    that append the server's own answers to the history (as a chat client does)."""
+    if spec.conversations < 1 or spec.turns < 1:
+        raise ValueError(f"bad multi-turn workload: {spec}")
+    rng = random.Random(spec.seed)
+    return [(_tokens(rng, spec.first_turn_tokens, spec.vocab_size),
+             [_tokens(rng, spec.user_tokens, spec.vocab_size) for _ in range(spec.turns - 1)])
+            for _ in range(spec.conversations)]
+
+
 def multiturn(spec: MultiTurnSpec) -> list[list[BenchRequest]]:
     if spec.conversations < 1 or spec.turns < 1:
         raise ValueError(f"bad multi-turn workload: {spec}")

@@ -12,6 +12,10 @@ What each role runs (sglang 0.5.23, ``mooncake_tcp`` transfer, everything on 127
 - ``decode-radix``: ``--disaggregation-decode-enable-radix-cache`` with HiCache: the decode restores
   a prefix from our tiers itself and the prefill sends only the rest.
 
+Without ``tiers`` a prefill or decode runs PD alone (no HiCache storage): the baseline PD
+deployment. ``colocated`` starts a plain (non-PD) server over our tiers, and ``router`` puts
+sglang-router in front of such servers, for the colocated cells of ``scripts/bench_pd.py``.
+
 On a host without a GPU the servers get the CPU flags and ``MOONCAKE_SGL_CPU_ADAPTATIONS=1``
 (``devtools.bench.server``), whose PD part is ``mooncake_sgl.hicache.cpu.disaggregation``.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mooncake_sgl.procs import pick_port
@@ -39,23 +44,25 @@ TRANSFER = ("--disaggregation-transfer-backend", "mooncake_tcp")
 ROLES = ("prefill", "decode-offload", "decode-radix")
 
 
-def role_args(role: str, tiers: Path,
+def role_args(role: str, tiers: Path | None,
               bootstrap_port: int | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(variant args, extra flags) of one PD role over ``tiers``."""
+    """(variant args, extra flags) of one PD role over ``tiers`` (``None``: PD without storage)."""
+    if role not in ROLES:
+        raise ValueError(f"unknown PD role {role!r}: use one of {', '.join(ROLES)}")
     if role == "prefill":
         if bootstrap_port is None:
             raise ValueError("a prefill needs its bootstrap port")
-        return ours_args(tiers), ("--disaggregation-mode", "prefill", *TRANSFER,
-                                  "--disaggregation-bootstrap-port", str(bootstrap_port))
+        return ours_args(tiers) if tiers else (), ("--disaggregation-mode", "prefill", *TRANSFER,
+                                                   "--disaggregation-bootstrap-port", str(bootstrap_port))
+    if tiers is None:
+        return (), ("--disaggregation-mode", "decode", *TRANSFER)
     if role == "decode-offload":
         inline = json.dumps({"config_file": str(Path(tiers).resolve())})
         return (("--hicache-storage-backend", "mooncake", "--hicache-storage-backend-extra-config", inline),
                 ("--disaggregation-mode", "decode", *TRANSFER,
                  "--disaggregation-decode-enable-offload-kvcache", *CPU_HICACHE_FLAGS))
-    if role == "decode-radix":
-        return ours_args(tiers), ("--disaggregation-mode", "decode", *TRANSFER,
-                                  "--disaggregation-decode-enable-radix-cache")
-    raise ValueError(f"unknown PD role {role!r}: use one of {', '.join(ROLES)}")
+    return ours_args(tiers), ("--disaggregation-mode", "decode", *TRANSFER,
+                              "--disaggregation-decode-enable-radix-cache")
 
 
 class PdServers:
@@ -79,8 +86,9 @@ class PdServers:
         # which need not be loopback: everything here stays on 127.0.0.1.
         return server_env(self.cpu, {"PYTHONPATH": path, "SGLANG_HOST_IP": "127.0.0.1", **self.env})
 
-    def server(self, name: str, role: str, tiers: Path, extra: tuple[str, ...] = ()) -> LaunchedServer:
-        """One PD server of ``role`` (``ROLES``) over ``tiers``, healthy."""
+    def server(self, name: str, role: str, tiers: Path | None,
+               extra: tuple[str, ...] = ()) -> LaunchedServer:
+        """One PD server of ``role`` (``ROLES``) over ``tiers`` (``None``: no storage), healthy."""
         bootstrap = pick_port() if role == "prefill" else None
         variant, flags = role_args(role, tiers, bootstrap)
         server = self._start(name, variant, (*flags, *extra))
@@ -92,6 +100,10 @@ class PdServers:
         """A server with neither PD nor HiCache, healthy: the cold reference outputs are compared to."""
         return self._start(name, (), ())
 
+    def colocated(self, name: str, tiers: Path) -> LaunchedServer:
+        """A plain (non-PD) server with HiCache over ``tiers``, healthy."""
+        return self._start(name, ours_args(tiers), ())
+
     def _start(self, name: str, variant: tuple[str, ...], flags: tuple[str, ...]) -> LaunchedServer:
         def cmd(port: int) -> list[str]:
             return launch_command(str(self.model), port, variant, cpu=self.cpu,
@@ -102,13 +114,31 @@ class PdServers:
         self.started.append(server)
         return server.start()
 
-    def balancer(self, name: str, prefill: LaunchedServer, decode: LaunchedServer) -> LaunchedServer:
-        """SGLang's mini load balancer in front of one prefill and one decode."""
+    def balancer(self, name: str, prefills: Sequence[LaunchedServer],
+                 decodes: Sequence[LaunchedServer]) -> LaunchedServer:
+        """SGLang's mini load balancer in front of ``prefills`` and ``decodes`` (it picks one of
+        each at random per request)."""
         def cmd(port: int) -> list[str]:
-            return [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-                    "--mini-lb", "--prefill", prefill.url, str(self.bootstrap[prefill.url]),
-                    "--decode", decode.url, "--host", "127.0.0.1", "--port", str(port)]
+            args = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation", "--mini-lb"]
+            for p in prefills:
+                args += ["--prefill", p.url, str(self.bootstrap[p.url])]
+            for d in decodes:
+                args += ["--decode", d.url]
+            return [*args, "--host", "127.0.0.1", "--port", str(port)]
 
+        return self._front(name, cmd)
+
+    def router(self, name: str, servers: Sequence[LaunchedServer], policy: str = "round_robin"
+               ) -> LaunchedServer:
+        """sglang-router (``policy``) in front of plain servers."""
+        def cmd(port: int) -> list[str]:
+            return [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                    "--port", str(port), "--policy", policy, "--worker-urls", *(s.url for s in servers),
+                    "--prometheus-port", str(pick_port())]
+
+        return self._front(name, cmd)
+
+    def _front(self, name: str, cmd: Callable[[int], list[str]]) -> LaunchedServer:
         lb = LaunchedServer(cmd, pick_port(), self.logs / f"{name}.log", 120.0, env=self._env())
         self.started.append(lb)
         return lb.start()

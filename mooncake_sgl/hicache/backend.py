@@ -52,7 +52,7 @@ from ..keys import KV_POOL, KeyNamespace, page_key
 from ..metrics.attach import StoreWatch, observe_store
 from ..store import TieredStore, build_store
 from ..tiers.mooncake_store import object_name
-from . import fingerprint, layout, sidecars, weight_updates
+from . import fingerprint, layout, namespace_board, sidecars, weight_updates
 
 try:
     from sglang.srt.observability.metrics_collector import StorageMetrics
@@ -192,6 +192,7 @@ class MooncakeSglStorage(HiCacheStorage):
         # Built once the KV pool is known: host slots are sized to its page (see ``layout``).
         self._store: TieredStore | None = None
         self._watch: StoreWatch | None = None  # our /metrics series and the counter file
+        self._board: namespace_board.BoardCheck | None = None  # built with the store
         # ``dynamic`` passes a kwargs dict where ``mooncake`` passes the pool.
         if mem_pool_host is not None and not isinstance(mem_pool_host, dict):
             try:
@@ -216,6 +217,7 @@ class MooncakeSglStorage(HiCacheStorage):
         if self._store is None:
             self._store = build_store(layout.sized_for_pages(self._store_config, kv.object_nbytes),
                                       layout.rank_suffix(self.storage_config))
+            self._board = namespace_board.BoardCheck(self._store.tiers)
         super().register_mem_pool_host(mem_pool_host)
         with self._pools_lock:
             self._ns, self._geometry, self._kv = ns, geometry, kv
@@ -233,6 +235,7 @@ class MooncakeSglStorage(HiCacheStorage):
             logger.info("mooncake_sgl: split heads: each page stored as %d head groups of %d bytes, "
                         "under lcm-grid ranks %s of %d", len(kv.head_groups), kv.object_nbytes,
                         ",".join(str(g.tp_rank) for g in kv.head_groups), kv.head_groups[0].tp_size)
+        self._post_namespace()
 
     def _kv_binding(self, mem_pool_host: Any) -> tuple[KeyNamespace, Any, sidecars.PoolObjects]:
         """The KV namespace, pool geometry and page objects of ``mem_pool_host`` under the weights
@@ -282,6 +285,13 @@ class MooncakeSglStorage(HiCacheStorage):
             self._weights_changing = False
         if self._ns is not None:
             logger.info("mooncake_sgl: namespace now %s", self._ns.describe())
+            self._post_namespace()
+
+    def _post_namespace(self) -> None:
+        """This instance's namespace on the shared tiers' board (``namespace_board``)."""
+        if self._board is not None and self._ns is not None and self._kv is not None:
+            self._board.post(namespace_board.record_for(self._ns, max(1, len(self._kv.head_groups)),
+                                                        namespace_board.sglang_role()))
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         """Bind a hybrid model's host pool (every ``HostPoolGroup`` entry, KV included).
@@ -356,6 +366,8 @@ class MooncakeSglStorage(HiCacheStorage):
             raise WeightsChanging
         if self._store is None:
             raise RuntimeError("no host pool registered yet (register_mem_pool_host)")
+        if self._board is not None:
+            self._board.in_use()
 
     def _logical_kv(self) -> bool:
         return self._kv is not None and self._kv.logical

@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from ..config import ConfigError, LmdbTierConfig, load_config_file, parse_size
+from ..config import ConfigError, LmdbTierConfig, parse_size
+from ..config_sources import our_file
 from ..units import MAX_DURATION
 from .model import Snapshot, as_json, diff, rows
 from .persist import CounterFileError, find_counter_files, read_counters
@@ -73,7 +74,7 @@ def pool_table(stats: dict[str, float]) -> str:
 def _lmdb_paths(config_file: str) -> list[str]:
     from ..tiers.lmdb import default_lmdb_path
 
-    config = load_config_file(config_file)
+    config, _ = our_file(config_file)
     paths = [t.path or default_lmdb_path() for t in config.tiers if isinstance(t, LmdbTierConfig)]
     if not paths:
         raise ConfigError(f"{config_file} has no lmdb tier: the store keeps its counters only in an "

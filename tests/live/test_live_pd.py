@@ -65,8 +65,8 @@ def pd(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[D
                            ex.submit(made.server, "decode", "decode-offload", tiers),
                            ex.submit(made.plain, "reference")]
                 a, b, decode, reference = (f.result() for f in started)
-                balancers = [ex.submit(made.balancer, "lb-a", a, decode),
-                             ex.submit(made.balancer, "lb-b", b, decode)]
+                balancers = [ex.submit(made.balancer, "lb-a", [a], [decode]),
+                             ex.submit(made.balancer, "lb-b", [b], [decode])]
                 lb_a, lb_b = (f.result() for f in balancers)
             yield Deployment(pool, tiers, made, a, b, decode, LiveClient(lb_a.url), LiveClient(lb_b.url),
                              LiveClient(reference.url))
@@ -90,6 +90,18 @@ def test_turn_two_on_another_prefill_reads_the_prompt_and_the_decodes_output_pag
     assert second.same_as(pd.cold(turn2)), second
 
 
+def test_the_prefills_and_the_decode_find_each_other_on_the_pool(pd: Deployment) -> None:
+    """Each instance posts its namespace on the pool's board; one that finds the other role there
+    says, in one line, whether their pages meet (``namespace_board``)."""
+    logs = (pd.a, pd.b, pd.decode)
+
+    def said(text: str) -> bool:
+        return any(text in s.log_path.read_text(errors="replace") for s in logs)
+
+    wait_for(lambda: said("shares pages with the"), 60, "a prefill or the decode naming its peer")
+    assert not said("cannot share pages"), [s.log_path for s in logs]
+
+
 def test_a_decode_with_a_radix_cache_restores_the_prefix_from_our_tiers(pd: Deployment) -> None:
     ids = prompt(PROMPT_PAGES * PAGE + 40, seed=43)
     before = pool_pages(pd.pool.endpoint)
@@ -98,7 +110,7 @@ def test_a_decode_with_a_radix_cache_restores_the_prefix_from_our_tiers(pd: Depl
              "prefill B's backup in the pool")
 
     decode = pd.servers.server("decode-radix", "decode-radix", pd.tiers)
-    via = LiveClient(pd.servers.balancer("lb-radix", pd.a, decode).url)
+    via = LiveClient(pd.servers.balancer("lb-radix", [pd.a], [decode]).url)
     log = pd.a.log_path.read_text(errors="replace")
     restored = via.generate(ids)
     assert restored.same_as(pd.cold(ids)), restored

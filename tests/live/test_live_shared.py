@@ -9,13 +9,17 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
 
 from devtools.testing import MooncakeMaster
+from mooncake_sgl.config import PoolTierConfig
+from mooncake_sgl.hicache.namespace_board import SLOTS
+from mooncake_sgl.keys import board_key
 from mooncake_sgl.pool.process import PoolProcess
+from mooncake_sgl.tiers.pool import PoolTier
 
 from .conftest import Servers, wait_for, write_tiers
 from .probe import LiveClient, prompt, reusable
@@ -25,9 +29,18 @@ PAGES = reusable(PROMPT_TOKENS) // 64
 
 
 def pool_pages(endpoint: str) -> int:
+    """Pages in the pool at ``endpoint``, not counting the namespace board's records (every
+    attached instance posts one per configuration)."""
     out = subprocess.run([sys.executable, "-m", "mooncake_sgl.cli", "pool", "stats", endpoint, "--json"],
                          capture_output=True, text=True, timeout=60)
-    return int(json.loads(out.stdout)["pages"]) if out.returncode == 0 else 0
+    if out.returncode != 0:
+        return 0
+    return int(json.loads(out.stdout)["pages"]) - board_records(endpoint)
+
+
+def board_records(endpoint: str) -> int:
+    with closing(PoolTier(PoolTierConfig(endpoints=[endpoint], transport="tcp"))) as tier:
+        return sum(tier.contains([board_key(s) for s in range(SLOTS)]))
 
 
 @contextmanager
