@@ -129,8 +129,8 @@ def cold_start(v: Variant) -> None:
     """Nothing cached anywhere: SGLang's caches flushed on every server, our pool emptied."""
     for s in v.servers:
         SglangClient(s.url).flush_cache()
-    if v.threshold is not None:
-        SglangClient(v.servers[0].url).clear_storage()
+        if v.threshold is not None:  # each server's own host tier, and the pool they share
+            SglangClient(s.url).clear_storage()
 
 
 def drive(v: Variant, parts: list[tuple[list[int], list[list[int]]]], output_tokens: int,

@@ -53,3 +53,35 @@ def test_the_early_send_of_a_cached_prefix_records_no_cuda_event() -> None:
     assert not hasattr(req.disagg_kv_sender, "_early_send_wait_event")
     assert scheduler.enable_overlap is True  # the scheduler's own setting is back after the call
     assert disaggregation.early_send_without_event() is False  # not wrapped twice
+
+
+def test_a_room_cleared_under_the_transfer_worker_reads_as_concluded() -> None:
+    """The scheduler's ``sender.clear()`` pops a room between the transfer worker's ``room not in
+    request_status`` and its ``check_status(room)``; sglang's own lookup raised there and the
+    worker thread died, failing every later request of the prefill after a 300 s wait."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+    from sglang.srt.disaggregation.common.conn import CommonKVManager
+    from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
+
+    room = 6808279646372867311
+
+    class Cleared(dict):
+        """A status table whose room is popped by the other thread right after ``in`` saw it."""
+
+        def __contains__(self, key: object) -> bool:
+            found = dict.__contains__(self, key)
+            self.pop(key, None)
+            return found
+
+    def torn_down(check_status) -> bool:  # the worker's teardown test (mooncake/conn.py, ~2855)
+        manager = SimpleNamespace(request_status=Cleared({room: KVPoll.Success}))
+        return (room not in manager.request_status
+                or check_status(manager, room) == KVPoll.Success
+                or check_status(manager, room) == KVPoll.Failed)
+
+    with pytest.raises(KeyError):  # what killed the worker thread
+        torn_down(CommonKVManager.check_status)
+    assert torn_down(MooncakeKVManager.check_status)  # the plug-in ran in this process
+    live = SimpleNamespace(request_status={room: KVPoll.Transferring})
+    assert MooncakeKVManager.check_status(live, room) == KVPoll.Transferring  # a live room as before
+    assert disaggregation.room_gone_is_concluded() is False  # not patched twice

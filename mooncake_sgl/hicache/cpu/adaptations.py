@@ -31,8 +31,8 @@ the CPU its attention (4) and its scheduler (5) waste what a cache hit saves:
    scheduler emit N's results first when both batches are prefills; ``consecutive_prefills_in_order``
    sets it (unless the operator set it). It changes no batch and no output: the batch to run is
    chosen before the switch is read, and only the order of "process N" and "run N+1" changes.
-6. Prefill/decode disaggregation's prefill send path has two CUDA assumptions of its own
-   (``disaggregation``).
+6. Prefill/decode disaggregation's prefill send path has two CUDA assumptions of its own, and a
+   race between its transfer worker and the scheduler (``disaggregation``).
 
 Timing: (2) to (5) run in ``register()`` of the ``sglang.srt.plugins`` entry point, which SGLang
 calls at the start of every process it spawns, before any pool exists. (1) cannot wait that long:

@@ -1,5 +1,6 @@
 """Prefill/decode disaggregation on a host without an accelerator: two CUDA assumptions of sglang
-0.5.23's prefill send path, each adapted under the same switch and gates as ``adaptations``.
+0.5.23's prefill send path and one race its two shared cores meet, each adapted under the same
+switch and gates as ``adaptations``.
 
 1. ``MooncakeKVSender.supports_host_tensor_indices`` is ``True`` (``disaggregation/mooncake/
    conn.py``), so the prefill copies a chunk's page indices into a pinned host tensor and records a
@@ -15,7 +16,20 @@
    runs that method as with the overlap off for the duration of the call, so the early send
    itself still happens, without the event.
 
-Neither changes an output: both choose between two ways sglang itself has of doing the same send.
+3. The prefill's transfer worker asks ``room not in request_status or check_status(room) ...``
+   while the scheduler thread's ``sender.clear()`` pops the room once it sees Success: a pop between
+   the two reads raises ``KeyError`` inside the worker, the worker thread dies ("Prefill instance
+   ... is dead"), and every later request of that prefill waits out the 300 s transfer timeout and
+   fails. Every such question in ``mooncake/conn.py`` treats a room that is gone as concluded
+   (skip its chunks, tear its bookkeeping down); ``room_gone_is_concluded`` makes ``check_status``
+   answer ``Failed`` for a room that is gone, which is what each of those callers does when its
+   ``not in`` test sees the room gone first (and what the same file's bootstrap thread already
+   reads: ``request_status.get(room, KVPoll.Failed)``). The race is not the CPU's own, but two shared cores
+   widen its window until a benchmark meets it (one prefill in five runs here); it stays under the
+   CPU switch because this package does not change SGLang's transfer path on a GPU host.
+
+None changes an output: (1) and (2) choose between two ways sglang itself has of doing the same
+send, (3) gives the answer sglang gives a room it saw gone a moment earlier.
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 _EARLY_SEND_MARK = "__mooncake_sgl_no_event__"
+_ROOM_GONE_MARK = "__mooncake_sgl_room_gone__"
 
 
 def plain_page_indices() -> bool:
@@ -70,11 +85,31 @@ def _without_overlap(original: Callable[..., None]) -> Callable[..., None]:
     return send
 
 
+def room_gone_is_concluded() -> bool:
+    """The Mooncake KV manager answers ``Failed`` for a room cleared under it. True if patched now."""
+    try:
+        from sglang.srt.disaggregation.base.conn import KVPoll
+        from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
+    except ImportError:
+        return False
+    if getattr(MooncakeKVManager.check_status, _ROOM_GONE_MARK, False):
+        return False
+
+    def check_status(self: Any, bootstrap_room: int) -> Any:
+        return self.request_status.get(bootstrap_room, KVPoll.Failed)
+
+    setattr(check_status, _ROOM_GONE_MARK, True)
+    MooncakeKVManager.check_status = check_status  # type: ignore[method-assign]
+    return True
+
+
 def apply() -> list[str]:
-    """Both adaptations, for ``adaptations.apply`` (which checked the switch and the gates)."""
+    """The three adaptations, for ``adaptations.apply`` (which checked the switch and the gates)."""
     applied = []
     if plain_page_indices():
         applied.append("PD: plain page indices in the Mooncake KV sender")
     if early_send_without_event():
         applied.append("PD: early send of a cached prefix without a CUDA event")
+    if room_gone_is_concluded():
+        applied.append("PD: a room cleared under the transfer worker reads as concluded")
     return applied
