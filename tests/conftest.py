@@ -57,6 +57,7 @@ SLOW: tuple[str, ...] = (
     "adversarial/test_lmdb_truncation.py::test_flipped_bytes_anywhere_in_the_index_never_crash_or_give_wrong_bytes",
     "adversarial/test_pool_slow_clients.py::test_a_get_whose_reply_is_never_read_releases_its_pages",
     "adversarial/test_ssd_shared_dir_stress.py",
+    "e2e/test_prefetch_timeline.py::test_the_tracer_wraps_sglangs_staging_and_every_backends_calls_only_when_asked",
     "hicache/test_backend.py::test_attach_loads_sglangs_page_hash_before_the_first_request",
     "hicache/test_builtin_config_sharing.py",
     "hicache/test_cpu_adaptations.py::test_installed_without_the_switch_sglang_is_untouched_but_for_the_backend_name",

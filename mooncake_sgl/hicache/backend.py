@@ -52,7 +52,7 @@ from ..keys import KV_POOL, KeyNamespace, page_key
 from ..metrics.attach import StoreWatch, observe_store
 from ..store import TieredStore, build_store
 from ..tiers.mooncake_store import object_name
-from . import fingerprint, layout, namespace_board, sidecars, weight_updates
+from . import fingerprint, layout, namespace_board, sidecars, staging_room, weight_updates
 
 try:
     from sglang.srt.observability.metrics_collector import StorageMetrics
@@ -236,6 +236,8 @@ class MooncakeSglStorage(HiCacheStorage):
                         "under lcm-grid ranks %s of %d", len(kv.head_groups), kv.object_nbytes,
                         ",".join(str(g.tp_rank) for g in kv.head_groups), kv.head_groups[0].tp_size)
         self._post_namespace()
+        staging_room.check(mem_pool_host, namespace_board.sglang_role(),
+                           getattr(self.storage_config, "extra_config", None))
 
     def _kv_binding(self, mem_pool_host: Any) -> tuple[KeyNamespace, Any, sidecars.PoolObjects]:
         """The KV namespace, pool geometry and page objects of ``mem_pool_host`` under the weights

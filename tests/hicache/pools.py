@@ -31,9 +31,9 @@ MODEL = "toy-org/toy-model"
 
 
 def build_pool(kind: str, layout: str, allocator_type: str = "default", pin_memory: bool = False,
-               heads: int = HEADS) -> Any:
+               heads: int = HEADS, ratio: float = 2.0) -> Any:
     """A real ``MHATokenToKVPoolHost`` / ``MLATokenToKVPoolHost`` over CPU memory (MHA: ``heads``
-    KV heads on this rank)."""
+    KV heads on this rank; ``ratio``: host tokens per device token, SGLang's ``--hicache-ratio``)."""
     cpu = torch.device("cpu")
     if kind == "mha":
         k = tuple(torch.zeros(DEVICE_TOKENS, heads, HEAD_DIM, dtype=DTYPE) for _ in range(LAYERS))
@@ -44,7 +44,7 @@ def build_pool(kind: str, layout: str, allocator_type: str = "default", pin_memo
         info = MHABufferInfo(buffers=bufs, page_size=PAGE, head_num=heads, head_dim=HEAD_DIM,
                              v_head_dim=HEAD_DIM, dtype=DTYPE, device=cpu)
         with host_memory_budget_scope(1 << 30):
-            return MHATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, pin_memory=pin_memory, device="cpu",
+            return MHATokenToKVPoolHost(info, ratio, 0, PAGE, layout, pin_memory=pin_memory, device="cpu",
                                         allocator_type=allocator_type, device_capacity_tokens=DEVICE_TOKENS,
                                         start_layer=0, end_layer=LAYERS)
     if kind == "mla":
@@ -56,7 +56,7 @@ def build_pool(kind: str, layout: str, allocator_type: str = "default", pin_memo
                              kv_lora_rank=KV_LORA_RANK, qk_rope_head_dim=ROPE_DIM, kv_cache_dim=dim,
                              dtype=DTYPE, device=cpu)
         with host_memory_budget_scope(1 << 30):
-            return MLATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
+            return MLATokenToKVPoolHost(info, ratio, 0, PAGE, layout, pin_memory=False, device="cpu",
                                         allocator_type=allocator_type, device_capacity_tokens=DEVICE_TOKENS,
                                         start_layer=0, end_layer=LAYERS, target_layer_num=LAYERS)
     raise ValueError(f"unknown pool kind {kind!r}")
