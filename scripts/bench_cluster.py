@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import tempfile
 import threading
@@ -43,8 +42,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from devtools.bench.client import SglangClient  # noqa: E402
+from devtools.bench.console import run_script  # noqa: E402
+from devtools.bench.console import stamped as log
 from devtools.bench.two_instances import Sent, reachable_tokens, summarise  # noqa: E402
-from devtools.bench.workloads import BenchRequest, MultiTurnSpec, multiturn  # noqa: E402
+from devtools.bench.workloads import BenchRequest, MultiTurnSpec, add_chat_arguments, chat_spec, multiturn  # noqa: E402
 from devtools.testing import cluster_faults as F  # noqa: E402
 from devtools.testing.cluster import Cluster  # noqa: E402
 from devtools.testing.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
@@ -53,10 +54,6 @@ from mooncake_sgl.metrics.scrape import scrape  # noqa: E402
 
 POLICIES = ("round_robin", "cache_aware")
 KVS = ("own", "pool", "mooncake")
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def tiers_yaml(kv: str, workdir: Path, i: int, host_addr: str, shared: str, host_cap: str) -> Path:
@@ -264,15 +261,12 @@ def plot(cells: list[dict[str, Any]], path: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = MultiTurnSpec()
     p.add_argument("--policies", type=lambda s: s.split(","), default=list(POLICIES))
     p.add_argument("--kv", type=lambda s: s.split(","), default=list(KVS), help="own,pool,mooncake")
-    p.add_argument("--conversations", type=int, default=12)
-    p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--first-turn-tokens", type=int, default=2048)
-    p.add_argument("--user-tokens", type=int, default=256)
-    p.add_argument("--output-tokens", type=int, default=16)
-    p.add_argument("--max-parallel", type=int, default=3, help="conversations in flight at once")
+    add_chat_arguments(p, MultiTurnSpec(conversations=12, turns=4,
+                                         first_turn_tokens=2048, user_tokens=256,
+                                         output_tokens=16),
+                       max_parallel=3)
     p.add_argument("--model-path", help="default: a tiny random Llama written for the run")
     p.add_argument("--max-total-tokens", type=int, default=16384)
     p.add_argument("--host-capacity", default="64MiB", help="our host DRAM tier on each server")
@@ -296,9 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     model = Path(args.model_path) if args.model_path else write_tiny_llama(workdir / "model", TinyLlama())
-    spec = MultiTurnSpec(conversations=args.conversations, turns=args.turns,
-                         first_turn_tokens=args.first_turn_tokens, user_tokens=args.user_tokens,
-                         output_tokens=args.output_tokens, vocab_size=d.vocab_size, seed=d.seed)
+    spec = chat_spec(args)
     rounds = multiturn(spec)
     conversations = [[rounds[t][c] for t in range(spec.turns)] for c in range(spec.conversations)]
     if args.faults:
@@ -328,13 +320,5 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(c["errors"] for c in cells) else 0
 
 
-def _interrupt(*_: object) -> None:
-    raise KeyboardInterrupt  # SIGTERM tears the cluster down as Ctrl-C does
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # the cluster's teardown already ran on the way out
-        sys.exit(130)
+    run_script(main)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import statistics
 import sys
 import threading
@@ -43,9 +42,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from devtools.bench.client import RequestResult, SglangClient  # noqa: E402
+from devtools.bench.console import run_script  # noqa: E402
+from devtools.bench.console import stamped as log
 from devtools.bench.results import percentile  # noqa: E402
 from devtools.bench.server import LaunchedServer  # noqa: E402
-from devtools.bench.workloads import BenchRequest, MultiTurnSpec, chat_parts  # noqa: E402
+from devtools.bench.workloads import BenchRequest, MultiTurnSpec, add_chat_arguments, chat_parts, chat_spec  # noqa: E402
 from devtools.testing.pd import PdServers  # noqa: E402
 from devtools.testing.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
 from mooncake_sgl.hicache.cpu.adaptations import HOST_RESERVE_ENV  # noqa: E402
@@ -54,10 +55,6 @@ from mooncake_sgl.pool.process import PoolProcess  # noqa: E402
 PAGE = 64
 SGLANG_THRESHOLD = 256  # SGLang's default prefetch_threshold
 VARIANTS = ("pd-pool", "pd-pool-t64", "pd-none", "colocated-pool")
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -277,12 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     # four variants of 1 + 1 fit a 24 GiB machine; --variants pd-pool,pd-none --prefills 2 too.
     p.add_argument("--prefills", type=int, default=1)
     p.add_argument("--decodes", type=int, default=1)
-    p.add_argument("--conversations", type=int, default=4)
-    p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--first-turn-tokens", type=int, default=1024)
-    p.add_argument("--user-tokens", type=int, default=64)
-    p.add_argument("--output-tokens", type=int, default=96)
-    p.add_argument("--max-parallel", type=int, default=2, help="conversations in flight at once")
+    add_chat_arguments(p, MultiTurnSpec(conversations=4, turns=4,
+                                         first_turn_tokens=1024, user_tokens=64,
+                                         output_tokens=96),
+                       max_parallel=2)
     p.add_argument("--passes", type=int, default=1,
                    help="each pass runs every variant forward then backward (A B C D D C B A)")
     p.add_argument("--model-path", help="default: a tiny random Llama written for the run")
@@ -304,9 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     model = Path(args.model_path) if args.model_path else write_tiny_llama(workdir / "model", TinyLlama())
-    spec = MultiTurnSpec(conversations=args.conversations, turns=args.turns,
-                         first_turn_tokens=args.first_turn_tokens, user_tokens=args.user_tokens,
-                         output_tokens=args.output_tokens)
+    spec = chat_spec(args)
     parts = chat_parts(spec)
     order = [v for _ in range(args.passes) for v in (*args.variants, *reversed(args.variants))]
     # SGLang sizes each host pool from what memory is left after a 10 GiB reserve; a dozen servers
@@ -357,13 +350,5 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(c["errors"] for c in cells) else 0
 
 
-def _interrupt(*_: object) -> None:
-    raise KeyboardInterrupt  # SIGTERM stops the servers as Ctrl-C does
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_script(main)

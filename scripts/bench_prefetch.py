@@ -53,7 +53,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import statistics
 import sys
 import threading
@@ -69,6 +68,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from devtools.bench.client import RequestResult, SglangClient  # noqa: E402
+from devtools.bench.console import run_script  # noqa: E402
+from devtools.bench.console import stamped as log
 from devtools.bench.results import percentile  # noqa: E402
 from devtools.bench.server import (  # noqa: E402
     HICACHE,
@@ -80,7 +81,7 @@ from devtools.bench.server import (  # noqa: E402
     server_env,
     stop_all,
 )
-from devtools.bench.workloads import BenchRequest, MultiTurnSpec, chat_parts  # noqa: E402
+from devtools.bench.workloads import BenchRequest, MultiTurnSpec, add_chat_arguments, chat_parts, chat_spec  # noqa: E402
 from devtools.testing.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
 from mooncake_sgl.hicache.cpu.adaptations import HOST_RESERVE_ENV  # noqa: E402
 from mooncake_sgl.metrics.scrape import ScrapeError, fetch  # noqa: E402
@@ -105,10 +106,6 @@ SERIES: dict[str, tuple[str, str | None]] = {
     FOUND: ("found", None), LOADED: ("loaded", None), UNFULFILLED: ("unfulfilled", "reason"),
     DEFERRED: ("deferred", "reason"), EFFECTIVE: ("served", "mode"),
 }
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------------ metrics
@@ -581,12 +578,10 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"comma list of {', '.join(VARIANTS)} (default: {','.join(DEFAULT_VARIANTS)})")
     p.add_argument("--ours-config", metavar="FILE",
                    help="adds the variant ours-config: our backend over FILE (extra-config @FILE)")
-    p.add_argument("--conversations", type=int, default=8)
-    p.add_argument("--turns", type=int, default=5)
-    p.add_argument("--first-turn-tokens", type=int, default=1536)
-    p.add_argument("--user-tokens", type=int, default=1536, help="each later user message")
-    p.add_argument("--output-tokens", type=int, default=64, help="each answer")
-    p.add_argument("--max-parallel", type=int, default=2, help="conversations in flight at once")
+    add_chat_arguments(p, MultiTurnSpec(conversations=8, turns=5,
+                                         first_turn_tokens=1536, user_tokens=1536,
+                                         output_tokens=64),
+                       max_parallel=2)
     p.add_argument("--passes", type=int, default=1,
                    help="each pass runs every variant forward then backward (A B C C B A)")
     p.add_argument("--seed", type=int, default=1, help="base seed of the prompts (see schedule)")
@@ -634,9 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     reference = "no-storage" if "no-storage" in args.variants else args.variants[0]
 
     def spec(seed: int) -> MultiTurnSpec:
-        return MultiTurnSpec(conversations=args.conversations, turns=args.turns,
-                             first_turn_tokens=args.first_turn_tokens, user_tokens=args.user_tokens,
-                             output_tokens=args.output_tokens, seed=seed)
+        return chat_spec(args, seed)
 
     def dump() -> None:
         if args.json:
@@ -708,13 +701,5 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(c["errors"] for c in cells) or cmp["mismatched"] else 0
 
 
-def _interrupt(*_: object) -> None:
-    raise KeyboardInterrupt  # SIGTERM stops the servers as Ctrl-C does
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_script(main)

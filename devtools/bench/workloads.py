@@ -14,6 +14,7 @@ previous turn's prompt (SGLang cached its own answer, not ours).
 
 from __future__ import annotations
 
+import argparse
 import random
 from dataclasses import dataclass
 
@@ -48,6 +49,23 @@ class MultiTurnSpec:
     output_tokens: int = 64  # each answer
     vocab_size: int = 32000
     seed: int = 1
+
+
+def add_chat_arguments(p: argparse.ArgumentParser, defaults: MultiTurnSpec, max_parallel: int) -> None:
+    """A benchmark's conversation shape as command-line options, with its own defaults."""
+    p.add_argument("--conversations", type=int, default=defaults.conversations)
+    p.add_argument("--turns", type=int, default=defaults.turns)
+    p.add_argument("--first-turn-tokens", type=int, default=defaults.first_turn_tokens)
+    p.add_argument("--user-tokens", type=int, default=defaults.user_tokens, help="each later user message")
+    p.add_argument("--output-tokens", type=int, default=defaults.output_tokens, help="each answer")
+    p.add_argument("--max-parallel", type=int, default=max_parallel, help="conversations in flight at once")
+
+
+def chat_spec(args: argparse.Namespace, seed: int = MultiTurnSpec.seed) -> MultiTurnSpec:
+    """The conversation shape ``add_chat_arguments`` read."""
+    return MultiTurnSpec(conversations=args.conversations, turns=args.turns,
+                         first_turn_tokens=args.first_turn_tokens, user_tokens=args.user_tokens,
+                         output_tokens=args.output_tokens, seed=seed)
 
 
 def _tokens(rng: random.Random, n: int, vocab: int) -> list[int]:
