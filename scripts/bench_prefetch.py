@@ -215,6 +215,8 @@ def start_server(name: str, model: Path, args: tuple[str, ...], extra: tuple[str
                            HOST_RESERVE_ENV: host_reserve, "XDG_CACHE_HOME": str(workdir / "cache" / name)})
     if trace:
         trace.mkdir(parents=True, exist_ok=True)
+        for stale in trace.glob(f"{name}.jsonl.*"):  # an earlier run's processes: not this one's
+            stale.unlink()
         env["MOONCAKE_SGL_PREFETCH_TRACE"] = str(trace / f"{name}.jsonl")
 
     def cmd(port: int) -> list[str]:
