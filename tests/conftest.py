@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,12 @@ def is_slow(path: Path, name: str) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A suite started with `&` from a non-interactive shell (nohup, CI wrappers) inherits SIGINT
+    # ignored, and so would every process it starts: Python then installs no KeyboardInterrupt, and
+    # the tests that stop a child with Ctrl-C (stats --watch, a cluster's teardown) wait on it for
+    # ever. A handler, unlike an ignored signal, is reset to the default by exec.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
 
