@@ -161,6 +161,14 @@ class Etcd:
 ROUTER_HEALTH = ("--health-check-timeout-secs", "30")
 
 
+def router_command(port: int, worker_urls: Sequence[str], policy: str,
+                   extra: Sequence[str] = ()) -> list[str]:
+    """``sglang-router`` on 127.0.0.1:``port`` with ``policy`` in front of ``worker_urls``."""
+    return [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+            "--port", str(port), "--policy", policy, "--worker-urls", *worker_urls,
+            "--prometheus-port", str(pick_port()), *ROUTER_HEALTH, *extra]
+
+
 def wait_router_ready(url: str, workers: int, timeout_s: float) -> None:
     """Until the router at ``url`` counts ``workers`` healthy workers (its ``/readiness``).
 
@@ -372,9 +380,7 @@ class Cluster:
             raise RuntimeError("sglang-router is not installed (pip install sglang-router)")
 
         def cmd(port: int) -> list[str]:
-            return [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-                    "--port", str(port), "--policy", policy, "--worker-urls", *worker_urls,
-                    "--prometheus-port", str(pick_port()), *ROUTER_HEALTH, *extra]
+            return router_command(port, worker_urls, policy, extra)
 
         router = LaunchedServer(cmd, pick_port(), self.workdir / f"router-{len(self._stops)}.log",
                                 health_timeout_s)

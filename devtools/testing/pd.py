@@ -39,6 +39,7 @@ from ..bench.server import (
     server_env,
     stop_all,
 )
+from .cluster import router_command, wait_router_ready
 
 TRANSFER = ("--disaggregation-transfer-backend", "mooncake_tcp")
 ROLES = ("prefill", "decode-offload", "decode-radix")
@@ -130,13 +131,12 @@ class PdServers:
 
     def router(self, name: str, servers: Sequence[LaunchedServer], policy: str = "round_robin"
                ) -> LaunchedServer:
-        """sglang-router (``policy``) in front of plain servers."""
-        def cmd(port: int) -> list[str]:
-            return [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-                    "--port", str(port), "--policy", policy, "--worker-urls", *(s.url for s in servers),
-                    "--prometheus-port", str(pick_port())]
-
-        return self._front(name, cmd)
+        """sglang-router (``policy``) in front of plain servers, returned once it routes to every
+        one of them (its ``/health`` answers before the first worker registers)."""
+        urls = [s.url for s in servers]
+        router = self._front(name, lambda port: router_command(port, urls, policy))
+        wait_router_ready(router.url, len(urls), 120.0)
+        return router
 
     def _front(self, name: str, cmd: Callable[[int], list[str]]) -> LaunchedServer:
         lb = LaunchedServer(cmd, pick_port(), self.logs / f"{name}.log", 120.0, env=self._env())
