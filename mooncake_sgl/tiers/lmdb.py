@@ -25,6 +25,10 @@ Why each choice:
   moved aside (its page file deleted, only the newest few kept: ``lmdb_aside``) and the tier
   starts empty. Records naming bytes past the end of ``pages.bin`` are
   dropped at open; a short read later is a miss.
+- *A failing disk never kills the reader.* LMDB reads its index through a map, where a page the
+  kernel must read back from a disk that answers with an I/O error is SIGBUS. The maps are kept
+  read in and locked in memory, each growth read in by a call that returns the error instead
+  (``lmdb_resident``); a failing disk is then misses, one log line, and reads again once it does.
 - *Integrity.* The checksum is verified on every read, over the bytes as they landed in the
   destination; a mismatch is a miss, counted, and the page is deleted, so corrupt KV is never
   handed to the model (Mooncake #2236, SGLang #27504 show what silently wrong KV does).
@@ -86,6 +90,7 @@ from ..config import LmdbTierConfig, default_cache_dir
 from ..errors import TierClosed, TierError, TierFull
 from .lmdb_aside import set_aside
 from .lmdb_probe import damage_of, open_failed, refuse_unwritable
+from .lmdb_resident import ResidentIndex
 from .ssd_extents import ExtentAllocator, ExtentFile, aligned, allocate_ahead
 from .ssd_io import PageIO
 from .ssd_records import (
@@ -160,6 +165,12 @@ class LmdbTier(Tier):
         if damage is not None:
             set_aside(self.path, damage)
         self._env, self._meta, self._pages = self._open_index()
+        try:
+            self._resident = ResidentIndex(self._env, self._index_fd, self._lock_fd, self.path)
+            self._resident.guard()
+        except OSError as e:
+            self._close_index()
+            raise open_failed(self.path, e) from None
         self._max_key = self._env.max_key_size()
         try:
             self._file = ExtentFile(os.path.join(self.path, "pages.bin"))
@@ -500,6 +511,7 @@ class LmdbTier(Tier):
                 raise TierClosed(f"lmdb tier at {self.path} is closed")
             self._active += 1
         try:
+            self._resident.guard()  # a failing disk under the index: an error here, not SIGBUS there
             yield
         except (lmdb.Error, OSError) as e:
             raise TierError(f"lmdb tier at {self.path}: {what} failed: {e}. If the files are "
@@ -810,7 +822,9 @@ class LmdbTier(Tier):
         out["free_extents"] = self._alloc.free_extents()
         out["direct_pages"] = self._io.direct_pages
         out["buffered_throttled"] = self._io.throttled
+        out["disk_errors"] = self._io.disk_errors
         out["write_busy_s"] = self._write_busy_s
+        out["index_locked_bytes"] = self._resident.locked_bytes
         return out
 
     def clear(self) -> None:

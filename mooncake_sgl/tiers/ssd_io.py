@@ -53,6 +53,7 @@ is in flight; it joins the pool.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import threading
 import time
@@ -64,9 +65,12 @@ import numpy as np
 import xxhash
 
 from ..api import PageKey, PageView, page_nbytes
+from ..failure_log import FailureLog
 from .ssd_extents import ALIGN, aligned
 from .ssd_records import checksum
 from .ssd_write_route import WriteRoute
+
+logger = logging.getLogger(__name__)
 
 # Bytes per O_DIRECT request: several in flight keep the device queue busy while the caller hashes
 # (arbitrary; as the raw O_DIRECT baseline of ``bench_tiers.py``). Buffered writes to one file are
@@ -154,15 +158,6 @@ def _preadv_all(fd: int, segments: list[memoryview], offset: int) -> int:
         total += got
         _consume(pending, got)
     return total
-
-
-def _fill(fd: int, segs: list[memoryview], offset: int) -> int:
-    """Read ``segs`` from ``offset``; the bytes read (fewer at the end of the file, 0 on an error:
-    the pages are misses)."""
-    try:
-        return _preadv_all(fd, segs, offset)
-    except OSError:
-        return 0
 
 
 def _run_now(fn, *args) -> Future:
@@ -269,6 +264,10 @@ class PageIO:
         # Pages written with O_DIRECT (``stats``: ``direct_pages``). Written by the one writer at a
         # time (the tier's write lock), read by anyone.
         self.direct_pages = 0
+        self.disk_errors = 0  # reads and writes of page bytes that failed (``stats``: disk_errors)
+        self._errors_lock = threading.Lock()
+        self._failures = FailureLog(logger)
+        self._path = path
         if mode != "buffered":
             try:
                 self._direct_fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | getattr(os, "O_DIRECT", 0))
@@ -312,7 +311,10 @@ class PageIO:
         for run, direct, futures in jobs:
             ok = True
             for f in futures:
-                ok = f.exception() is None and ok
+                failed = f.exception()
+                if failed is not None:
+                    self._disk_failed("write", failed)
+                ok = failed is None and ok
             for j in run:
                 done[j] = ok
             if direct and ok:
@@ -355,7 +357,7 @@ class PageIO:
                 gap = -sizes[j] % ALIGN
                 if gap and j != run[-1]:
                     segs.append(_PAD[:gap])  # the rest of its 4 KiB block, before the next extent
-            got = _fill(fd, segs, start)
+            got = self._fill(fd, segs, start)
             for j in run:
                 offset, page, digest = items[j]
                 done[j] = offset + sizes[j] <= start + got and checksum(keys[j], page) == digest
@@ -379,11 +381,29 @@ class PageIO:
             flat = _flat(seg)
             for at in range(0, flat.nbytes, _PIECE):
                 piece = flat[at:at + _PIECE]
-                if _fill(fd, [piece], pos) < piece.nbytes:
+                if self._fill(fd, [piece], pos) < piece.nbytes:
                     return False
                 h.update(piece)  # releases the GIL above 64 KiB: other runs hash meanwhile
                 pos += piece.nbytes
         return pos - offset == nbytes and h.intdigest() == digest
+
+    def _fill(self, fd: int, segs: list[memoryview], offset: int) -> int:
+        """Read ``segs`` from ``offset``; the bytes read (fewer at the end of the file, 0 on an
+        error: the pages are misses)."""
+        try:
+            return _preadv_all(fd, segs, offset)
+        except OSError as e:
+            self._disk_failed("read", e)
+            return 0
+
+    def _disk_failed(self, op: str, e: BaseException) -> None:
+        """A read or write of page bytes failed (a failing disk, a file system gone read-only):
+        counted, and logged at most once per interval with the count held back."""
+        with self._errors_lock:
+            self.disk_errors += 1
+        code = getattr(e, "errno", None)
+        self._failures.report(f"SSD tier {op}", OSError(code, f"{op} of page bytes in {self._path} "
+                                                             f"failed: {getattr(e, 'strerror', e)}"))
 
     def _gang(self, ntasks: int, fn: Callable[[int, int], None]) -> None:
         """``fn(task, fd)`` for tasks ``0..ntasks-1`` on the calling thread and up to
