@@ -62,10 +62,10 @@ class Servers:
         server.start()
         return server
 
-    def start_many(self, specs: list[tuple[str, Path]]) -> list[LaunchedServer]:
-        """Several servers at once (their start-ups overlap)."""
+    def start_many(self, specs: list[tuple[str, Path]], extra: tuple[str, ...] = ()) -> list[LaunchedServer]:
+        """Several servers at once (their start-ups overlap), each with ``extra`` flags."""
         with ThreadPoolExecutor(len(specs)) as ex:
-            return list(ex.map(lambda s: self.start(*s), specs))
+            return list(ex.map(lambda s: self.start(*s, extra), specs))
 
 
 @pytest.fixture

@@ -14,10 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from devtools.bench.server import LaunchedServer
 from devtools.testing import MooncakeMaster
 from mooncake_sgl.config import PoolTierConfig
 from mooncake_sgl.hicache.namespace_board import SLOTS
 from mooncake_sgl.keys import board_key
+from mooncake_sgl.metrics.model import Snapshot, diff
+from mooncake_sgl.metrics.scrape import scrape
 from mooncake_sgl.pool.process import PoolProcess
 from mooncake_sgl.tiers.pool import PoolTier
 
@@ -43,18 +46,35 @@ def board_records(endpoint: str) -> int:
         return sum(tier.contains([board_key(s) for s in range(SLOTS)]))
 
 
+def seen_by(server: LaunchedServer, before: Snapshot, kind: str) -> str:
+    """What ``server``'s storage did in the request after ``before`` (a failure's evidence)."""
+    delta = diff(before, scrape(server.url))
+    return (f"lookups {delta.store_total('lookup_pages'):g} pages, {delta.store_total('lookup_hit_pages'):g} "
+            f"hit, {delta.store_total('read_pages'):g} read; {kind}: {delta.by_tier().get(kind)}\n"
+            f"{server.log_tail(4000)}")
+
+
+def acknowledged(server: LaunchedServer) -> bool:
+    """Whether ``server``'s Mooncake Store client had every page's put acknowledged: it counts
+    the pages it wrote, and its one namespace-board record (``namespace_board.post``)."""
+    tier = scrape(server.url).by_tier().get("mooncake_store")
+    return tier is not None and tier.resident_pages >= PAGES + 1
+
+
 @contextmanager
 def shared_tier(kind: str) -> Iterator[tuple[str, object]]:
-    """The tier section both servers use, and a ``landed()`` probe: A's backup is there."""
+    """The tier section both servers use, and a ``landed(server_a)`` probe: A's backup is there."""
     if kind == "pool":
         with PoolProcess(capacity="256MiB") as pool:
             section = f'{{kind: pool, endpoints: ["{pool.endpoint}"]}}'
-            yield section, lambda: pool_pages(pool.endpoint) >= PAGES
+            yield section, lambda _: pool_pages(pool.endpoint) >= PAGES
     else:
         with MooncakeMaster() as master:
             section = (f'{{kind: mooncake_store, master: "{master.rpc_address}", metadata_server: '
                        f'"{master.metadata_url}", segment_size: 128MiB, buffer_size: 32MiB}}')
-            yield section, lambda: master.metrics().get("master_key_count", 0) >= PAGES
+            # Not the master's key count: it counts the namespace board's records, and a key from
+            # its put's start, before the bytes are readable (B asking then read 0 of 31 pages).
+            yield section, acknowledged
 
 
 @pytest.mark.parametrize("kind", ["pool", "mooncake_store"])
@@ -63,11 +83,13 @@ def test_prefill_on_one_server_is_a_storage_hit_on_the_other(servers: Servers, t
     with shared_tier(kind) as (section, landed):
         tiers = write_tiers(tmp_path / "shared.yaml", f"tiers:\n  - {{kind: host, capacity: 64MiB}}\n"
                                                       f"  - {section}\n")
-        a, b = servers.start_many([("a", tiers), ("b", tiers)])
+        a, b = servers.start_many([("a", tiers), ("b", tiers)], ("--enable-metrics",))
         ids = prompt(PROMPT_TOKENS, seed=3)
         cold = LiveClient(a.url).generate(ids)
         assert cold.storage_tokens == 0
-        wait_for(landed, 60, f"server A's backup of {PAGES} pages in the shared {kind} tier")
+        wait_for(lambda: landed(a), 60, f"server A's backup of {PAGES} pages in the shared {kind} tier")
+        before = scrape(b.url)
         hit = LiveClient(b.url).generate(ids)
-        assert hit.storage_tokens == reusable(PROMPT_TOKENS), hit
+        assert hit.storage_tokens == reusable(PROMPT_TOKENS), (hit, seen_by(b, before, kind),
+                                                                 "A:", scrape(a.url).by_tier().get(kind))
         assert hit.same_as(cold), (hit, cold)
