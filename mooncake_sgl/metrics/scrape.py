@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.parse
 
+from ..transfer.resolve import resolve
 from .model import COUNTERS, GAUGES, POOL_PREFIX, STORE_COUNTERS, Snapshot, TierSample, rank_name
 
 _COUNTER_SAMPLES = {name + "_total": f for f, name in COUNTERS.items()}
@@ -40,6 +41,18 @@ def metrics_url(target: str) -> str:
 MAX_BODY_BYTES = 64 << 20
 
 
+def _address_within(parts: urllib.parse.SplitResult, deadline: float) -> str:
+    """Where to connect for ``parts``: a plain-http host name resolved by ``deadline`` (http.client
+    resolves inside ``connect``, with no bound: during a DNS outage ``stats`` waited out the
+    resolver's 10-30 s whatever its timeout). HTTPS keeps the name, which its certificate check
+    needs; addresses are used as they are."""
+    host = parts.hostname or ""
+    if parts.scheme != "http" or ":" in host:
+        return host
+    _, sockaddr = resolve(host, parts.port or 80, deadline)
+    return sockaddr[0]
+
+
 def fetch(target: str, timeout: float = 5.0, max_bytes: int = MAX_BODY_BYTES) -> str:
     """The Prometheus text of ``target``'s ``/metrics``, read within ``timeout`` seconds in all
     (connect, headers and body: a socket timeout alone restarts at every byte, so a trickling
@@ -52,8 +65,11 @@ def fetch(target: str, timeout: float = 5.0, max_bytes: int = MAX_BODY_BYTES) ->
     conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     expired = threading.Event()
     try:
-        conn = conn_cls(parts.hostname, parts.port, timeout=timeout)
-    except (http.client.HTTPException, ValueError) as e:
+        conn = conn_cls(_address_within(parts, deadline), parts.port, timeout=timeout)
+    except TimeoutError:
+        raise ScrapeError(f"cannot read {url}: {parts.hostname} did not resolve within {timeout:g} s"
+                          ) from None
+    except (http.client.HTTPException, ValueError, OSError) as e:
         raise ScrapeError(f"cannot read {url}: {e}") from e
     try:
         conn.connect()
@@ -69,7 +85,7 @@ def fetch(target: str, timeout: float = 5.0, max_bytes: int = MAX_BODY_BYTES) ->
         watchdog.start()
         try:
             conn.request("GET", urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, "")),
-                         headers={"Accept": "text/plain"})
+                         headers={"Accept": "text/plain", "Host": parts.netloc})
             resp = conn.getresponse()
             if resp.status != 200:
                 raise ScrapeError(f"cannot read {url}: HTTP {resp.status} {resp.reason}")

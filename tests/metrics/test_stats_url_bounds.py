@@ -152,3 +152,27 @@ def test_bad_bounds_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None
             main(["127.0.0.1:1", *args])
         assert e.value.code == 2
     assert "--max-bytes" in capsys.readouterr().err
+
+
+def test_a_host_name_that_hangs_in_the_resolver_costs_the_timeout_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """During a DNS outage ``getaddrinfo`` waits out the resolver (10-30 s); http.client resolved
+    inside ``connect``, before any deadline of ours started to count."""
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: str, *args: object) -> list:
+        if host == "metrics.test":
+            time.sleep(3)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return real(host, *args)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    t0 = time.monotonic()
+    with pytest.raises(ScrapeError, match="metrics.test did not resolve within 0.5 s"):
+        fetch("metrics.test:9", timeout=0.5)
+    assert time.monotonic() - t0 < 1.5
+
+
+def test_a_host_name_that_resolves_is_read_as_before() -> None:
+    with http_server(_complete) as target:
+        assert fetch(f"localhost:{target.rsplit(':', 1)[1]}", timeout=5) == PAGE.decode()
