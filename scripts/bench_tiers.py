@@ -6,6 +6,9 @@ Modes (``--modes``, comma separated; default ``steady``):
 - ``user-view``: the SSD tier as a user meets it: a writer process fills a fresh directory, the
   page cache is dropped, a new reader process reads every page; ours vs SGLang's ``HiCacheFile``
   vs raw ``O_DIRECT`` sequential I/O, as ratios (``devtools/bench/ssd/user_view.py``).
+- ``throttled``: the user-view comparison on a loop device limited to each rate of
+  ``--throttle-mbps`` by cgroup v1 blkio throttling (0: unthrottled), rounds A B B A; root only
+  (``devtools/bench/ssd/throttled.py``).
 - ``restart``: a new process opens a tier holding ``--restart-gib`` of pages: time to the first
   hit, pages recovered.
 - ``put-profile``: where a put's time goes, per phase and by ``cProfile``, in a fresh process and
@@ -44,6 +47,7 @@ in GB/s (10^9 bytes/s).
     python scripts/bench_tiers.py --sizes 1MiB --batches 5 --json out.json
     python scripts/bench_tiers.py --modes user-view,restart --batches 3 --json ssd.json   # root
     python scripts/bench_tiers.py --modes put-profile,backlog --json write-path.json
+    python scripts/bench_tiers.py --modes throttled --throttle-mbps 0,300 --batches 4   # root
     python scripts/bench_tiers.py --modes put-profile,get-profile --json profile.json
 """
 
@@ -64,8 +68,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devtools.bench.console import human, log  # noqa: E402
+from devtools.bench.console import human, log, run_script  # noqa: E402
 from devtools.bench.ssd import read_path as ssd_read_path  # noqa: E402
+from devtools.bench.ssd import throttled as ssd_throttled  # noqa: E402
 from devtools.bench.ssd import user_view as ssd_user_view  # noqa: E402
 from devtools.bench.ssd import write_path as ssd_write_path  # noqa: E402
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, parse_size  # noqa: E402
@@ -402,9 +407,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", default="steady",
-                   help="steady, user-view, restart, put-profile, get-profile, backlog (comma separated)")
+                   help="steady, user-view, throttled, restart, put-profile, get-profile, backlog "
+                        "(comma separated)")
     p.add_argument("--user-view-pages", default="64KiB:2048,1MiB:512,8MiB:96",
                    help="user-view page sizes and counts, SIZE:COUNT comma separated")
+    p.add_argument("--throttle-mbps", default="0,300", help="throttled: the loop device's read and "
+                   "write limits in MB/s, a user-view run each, comma separated (0: unthrottled)")
     p.add_argument("--restart-gib", type=float, default=10.0, help="restart mode: GiB of pages on disk")
     p.add_argument("--restart-page", default="8MiB", help="restart mode: page size")
     p.add_argument("--backlog-rate", default=None, help="backlog: GB/s offered, comma separated for "
@@ -441,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         args.backlog_rate = args.backlog_rate or "0.2"
     args.backlog_rate = args.backlog_rate or "1.5"
     modes = {m.strip() for m in args.modes.split(",") if m.strip()}
-    known = {"steady", "user-view", "restart", "put-profile", "get-profile", "backlog"}
+    known = {"steady", "user-view", "throttled", "restart", "put-profile", "get-profile", "backlog"}
     if not modes or modes - known:
         p.error(f"--modes: expected some of {', '.join(sorted(known))}, got {args.modes!r}")
     try:
@@ -457,6 +465,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--backlog-rate: expected GB/s figures like 1.5,0.5, got {args.backlog_rate!r}")
     if not backlog_rates or any(r <= 0 for r in backlog_rates):
         p.error(f"--backlog-rate: every rate must be positive, got {args.backlog_rate!r}")
+    try:
+        throttle_rates = ssd_throttled.parse_rates(args.throttle_mbps)
+    except ValueError:
+        p.error(f"--throttle-mbps: expected MB/s figures like 0,300 (0 or more), got {args.throttle_mbps!r}")
+    if "throttled" in modes and (why := ssd_throttled.unavailable()):
+        p.error(f"--modes throttled {why}")
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if any(s % 2 or s <= 0 for s in sizes):
         p.error("page sizes must be positive and even (two segments per page)")
@@ -468,13 +482,16 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="bench_tiers.", dir=args.dir))
     results: dict[str, dict[str, dict[str, float]]] = {}
-    user_view = restart = profile = get_prof = backlog = None
+    user_view = throttled = restart = profile = get_prof = backlog = None
     started = time.perf_counter()
     script = str(Path(__file__).resolve())
     try:
         if "user-view" in modes:
             user_view = ssd_user_view.user_view(script, uv_sizes, args.batches, args.batch_size, workdir,
                                                 not args.no_hicache_file)
+        if "throttled" in modes:
+            throttled = ssd_throttled.throttled(script, uv_sizes, args.batches, args.batch_size,
+                                                throttle_rates, workdir, not args.no_hicache_file)
         if "put-profile" in modes:
             profile = ssd_write_path.put_profile(script, uv_sizes, args.batch_size, workdir)
         if "get-profile" in modes:
@@ -496,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} CPUs")
     if user_view is not None:
         print(ssd_user_view.user_view_table(user_view))
+    if throttled is not None:
+        print(ssd_throttled.throttled_table(throttled))
     if profile is not None:
         print(ssd_write_path.put_profile_table(profile))
     if get_prof is not None:
@@ -528,10 +547,10 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({
             "unit": "GB/s", "batch_size": args.batch_size, "rounds": args.batches,
             "cold_reads": args.drop_caches, "loadavg": os.getloadavg()[0], "results": results,
-            "metrics_overhead": overhead, "user_view": user_view, "restart": restart,
+            "metrics_overhead": overhead, "user_view": user_view, "throttled": throttled, "restart": restart,
             "put_profile": profile, "get_profile": get_prof, "backlog": backlog}, indent=2))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -210,3 +210,24 @@ def test_each_variant_reports_its_own_cold_round_prefill_rate() -> None:
     lines = recompute_summary([base, ours])
     assert "375 tokens/s" in lines[0]
     assert "(0.17x)" in lines[1] and "its own cold-round prefill rate 188 tokens/s" in lines[1]
+
+
+def test_throttled_mode_parses_rates_and_prints_ours_against_each_reference_per_rate() -> None:
+    from devtools.bench.ssd.throttled import parse_rates, throttled_table
+
+    assert parse_rates("0, 300") == [0, 300]
+    for bad in ("", "-5", "fast"):
+        with pytest.raises(ValueError):
+            parse_rates(bad)
+
+    def backend(put: list[float], get: list[float]) -> dict:
+        return {"put": put[0], "put_synced": put[0], "get": get[0], "put_rounds": put,
+                "put_synced_rounds": put, "get_rounds": get}
+
+    run = {"rounds": 2, "results": {"1MiB x512": {
+        "ours": backend([2.0, 3.0], [0.3, 0.3]), "HiCacheFile": backend([1.0, 1.0], [0.3, 0.2]),
+        "raw O_DIRECT": backend([0.5, 0.5], [0.3, 0.3])}}}
+    text = throttled_table({"loop": "/dev/loop0", "read_ahead_kb": 8192, "runs": {"300": run, "0": run}})
+    assert "300 MB/s   1MiB x512    ours" in text and "none       1MiB x512" in text
+    assert "2.50x [2.00-3.00]" in text  # put vs HiCacheFile: the rounds' ratios, median and range
+    assert "1.25x [1.00-1.50]" in text  # cold get vs HiCacheFile

@@ -203,9 +203,10 @@ def drop_cache(directory: Path) -> str:
 
 
 def user_view(script: str, sizes: list[tuple[int, int]], rounds: int, batch: int, workdir: Path,
-              hicache_file: bool) -> dict:
+              hicache_file: bool, mirrored: bool = False, tag: str = "user view") -> dict:
     """Per size: median GB/s of put, put until on disk, cold get and warm get per backend, and how
-    the cache was dropped."""
+    the cache was dropped. ``mirrored``: every other round runs the backends in reverse order
+    (A B B A), so a disk that drifts within a round favours none of them."""
     backends = [b for b in BACKENDS if hicache_file or b != "HiCacheFile"]
     results: dict[str, dict] = {}
     how = ""
@@ -213,8 +214,8 @@ def user_view(script: str, sizes: list[tuple[int, int]], rounds: int, batch: int
         label = f"{human(size)} x{n}"
         times = {b: {"put": [], "put_synced": [], "get": [], "get_warm": []} for b in backends}
         for r in range(rounds):
-            for b in backends:
-                log(f"[user view {label}] round {r + 1}/{rounds}: {b}")
+            for b in backends[::-1] if mirrored and r % 2 else backends:
+                log(f"[{tag} {label}] round {r + 1}/{rounds}: {b}")
                 d = workdir / f"uv-{b.replace(' ', '_')}"
                 d.mkdir(parents=True)
                 try:
@@ -224,7 +225,7 @@ def user_view(script: str, sizes: list[tuple[int, int]], rounds: int, batch: int
                     for op, t in (("put", put), ("put_synced", synced), ("get", cold), ("get_warm", warm)):
                         times[b][op].append(t)
                     gb = size * n / GB
-                    log(f"[user view {label}] {b}: put {gb / put:.2f}, put + sync {gb / synced:.2f}, "
+                    log(f"[{tag} {label}] {b}: put {gb / put:.2f}, put + sync {gb / synced:.2f}, "
                         f"cold get {gb / cold:.2f}, warm get {gb / warm:.2f} GB/s")
                 finally:
                     shutil.rmtree(d, ignore_errors=True)
