@@ -68,7 +68,7 @@ from ..api import PageKey, PageView, page_nbytes
 from ..failure_log import FailureLog
 from .ssd_extents import ALIGN, aligned
 from .ssd_records import checksum
-from .ssd_write_route import WriteRoute
+from .ssd_write_route import PROBE_BYTES, WriteRoute
 
 logger = logging.getLogger(__name__)
 
@@ -294,13 +294,18 @@ class PageIO:
         jobs: list[tuple[list[int], bool, list[Future]]] = []
         total = sum(page_nbytes(p) for _, p in items)
         buffered = self._route is not None and self._route.buffered(total)
+        # A probe of the disk's rate: its first bytes O_DIRECT, timed to when they are written.
+        probe = PROBE_BYTES if self._route is not None and self._route.probing and total > PROBE_BYTES else 0
+        probed: list[float] = []
         started = time.perf_counter()
         submit = self._pool.submit if total >= _POOL_MIN_BYTES else _run_now
-        for run, direct in self._runs(items, buffered):
+        for run, direct in self._runs(items, buffered, probe):
             segs = self._iovecs(items, run)
             if direct:
                 futures = [submit(_pwritev_direct, self._direct_fd, self._fd, c, off)
                            for off, c in _chunks(segs, items[run[0]][0], _DIRECT_CHUNK)]
+                for f in futures:
+                    f.add_done_callback(lambda _: probed.append(time.perf_counter()))
             else:
                 futures = [submit(_pwritev_all, self._fd, c, off)
                            for off, c in _chunks(segs, items[run[0]][0], _BUFFERED_CHUNK)]
@@ -320,8 +325,12 @@ class PageIO:
             if direct and ok:
                 self.direct_pages += len(run)
         ways = {direct for _, direct, _ in jobs}
-        if self._route is not None and all(done) and len(ways) == 1:  # one way only: its rate
-            self._route.wrote(not ways.pop(), total, time.perf_counter() - started)
+        direct_bytes = sum(page_nbytes(items[j][1]) for run, direct, _ in jobs if direct for j in run)
+        if self._route is not None and all(done):
+            if probe and direct_bytes:  # the probe's rate alone: the rest overlapped it
+                self._route.wrote(False, direct_bytes, max(probed) - started)
+            elif len(ways) == 1:  # one way only: its rate
+                self._route.wrote(not ways.pop(), total, time.perf_counter() - started)
         return done, digests
 
     def read(self, keys: Sequence[PageKey], items: Sequence[tuple[int, PageView, int]]) -> list[bool]:
@@ -425,16 +434,20 @@ class PageIO:
             if not f.cancel():
                 f.result()
 
-    def _runs(self, items: Sequence[tuple[int, PageView]], buffered: bool
+    def _runs(self, items: Sequence[tuple[int, PageView]], buffered: bool, probe: int = 0
               ) -> list[tuple[list[int], bool]]:
-        """Runs of adjacent extents, each written all with O_DIRECT or all not."""
+        """Runs of adjacent extents, each written all with O_DIRECT or all not; with ``probe``,
+        O_DIRECT only until that many bytes have gone that way (in file order)."""
         if buffered or not self.direct:
             return [(run, False) for run in _runs_of(items, 1 << 62)]
         out: list[tuple[list[int], bool]] = []
+        left = probe or 1 << 62
         for run in _runs_of(items, 1 << 62):
             start = len(out)
             for j in run:  # within a run every extent follows the one before it
-                d = direct_ok(items[j][1])
+                d = left > 0 and direct_ok(items[j][1])
+                if d:
+                    left -= page_nbytes(items[j][1])
                 if len(out) > start and out[-1][1] == d:
                     out[-1][0].append(j)
                 else:

@@ -14,8 +14,12 @@ thresholds: on the development VM (24 GiB, ``vm.dirty_background_ratio`` 10, ``v
   ``_JUDGED_BYTES`` (so a short put of small pages is never split to measure anything);
 - the disk's rate comes from O_DIRECT batches: after the first buffered bytes that were judged, and
   again whenever the last O_DIRECT ones are ``_RETRY_S`` old, batches go O_DIRECT to learn it
-  (a batch at the disk's speed; without it a page cache throttled from the first batch on, as it
-  was on the VM when its disk slowed, would never be found out);
+  (without it a page cache throttled from the first batch on, as it was on the VM when its disk
+  slowed, would never be found out). Such a probe is only the first ``PROBE_BYTES`` of its batch
+  (``probing``), the rest goes through the page cache: a whole batch at the disk's speed cost the
+  put most on a slow disk, where a buffered batch is a memory copy (``bench_tiers.py --modes
+  throttled``, 300 MB/s, 1 MiB pages in 128 MiB batches: puts 0.84 GB/s against HiCacheFile's
+  1.76-3.37, the one 128 MiB probe taking 0.43 s);
 - a buffered batch that ran slower than the O_DIRECT ones, or at under half the fastest buffered
   batch seen, while the kernel held enough dirty bytes to be the cause, was throttled: from then on
   O_DIRECT, until the kernel has written back half of what was dirty then (O_DIRECT writes over
@@ -42,6 +46,8 @@ _THROTTLED_SHARE = 0.5
 # Dirty bytes below which a slow buffered batch is not the kernel's throttling (it throttles only
 # once writeback has work) but CPU contention; those batches change nothing.
 _THROTTLE_MIN_DIRTY = 128 << 20
+# Bytes of a batch written with O_DIRECT to learn the disk's rate: one judged window.
+PROBE_BYTES = _JUDGED_BYTES
 # Weight of the newest O_DIRECT batch in the disk's rate.
 _DIRECT_WEIGHT = 0.5
 # Seconds after a throttled batch before the page cache is tried again whatever is still dirty, and
@@ -119,17 +125,22 @@ class WriteRoute:
         self._retry_at = 0.0  # clock() when the page cache is tried again regardless
         self.throttled = 0  # times a buffered batch was found throttled (``stats``)
         self._window: tuple[bool, int, float] | None = None  # (buffered, bytes, seconds) not yet judged
+        # Set by ``buffered``: the batch it sent O_DIRECT is a probe, of which only ``PROBE_BYTES``
+        # need go that way.
+        self.probing = False
 
     def buffered(self, nbytes: int) -> bool:
         """Whether a batch of ``nbytes`` goes through the page cache."""
         now = self._clock()
+        self.probing = False
         if self._resume_below is not None:
             dirty = self._room.dirty()
             if (dirty is None or dirty >= self._resume_below) and now < self._retry_at:
                 return False
             self._resume_below = None
         if self._buffered_timed and (self._direct is None or now - self._direct_at >= _RETRY_S):
-            return False  # the disk's rate, to compare the page cache's with
+            self.probing = True  # the disk's rate, to compare the page cache's with
+            return False
         return self._room.takes(nbytes)
 
     def wrote(self, buffered: bool, nbytes: int, seconds: float) -> None:

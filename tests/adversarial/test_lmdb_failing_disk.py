@@ -69,7 +69,8 @@ CHILD = textwrap.dedent("""
     call("put", lambda: sum(tier.put_from([b"after"], [[memoryview(content(b"after"))]])))
     call("remove", lambda: tier.remove(keys[:10]))
     call("contains_again", lambda: sum(tier.contains(keys)))
-    out["stats"] = {k: v for k, v in tier.stats().items() if k in ("io_errors", "disk_errors", "index_locked_bytes")}
+    wanted = ("io_errors", "disk_errors", "index_locked_bytes")
+    out["stats"] = {k: v for k, v in tier.stats().items() if k in wanted}
     tier.close()
     print(json.dumps(out), flush=True)
 """)
@@ -125,7 +126,7 @@ def use_tier_on_failing_disk(loop_fs, writemap: bool, wrapper: list[str]) -> tup
         stdout, stderr = child.communicate("go\n", timeout=120)
     finally:
         child.kill()
-    assert child.returncode != -signal.SIGBUS, f"SIGBUS: the failing disk killed the process\n{stderr[-2000:]}"
+    assert child.returncode != -signal.SIGBUS, f"SIGBUS: the failing disk killed it\n{stderr[-2000:]}"
     assert child.returncode == 0, f"rc {child.returncode}: {stderr[-3000:]}"
     return json.loads(stdout.strip().splitlines()[-1]), stderr
 
