@@ -37,7 +37,7 @@ def _store(setup: str, path: Path, page: int, batch: int):  # noqa: ANN202 (Tier
     from mooncake_sgl.policy.lru import LruPolicy
     from mooncake_sgl.store import TieredStore
     from mooncake_sgl.tiers.host import HostTier
-    from mooncake_sgl.tiers.lmdb import LmdbTier
+    from mooncake_sgl.tiers.ssd import LmdbTier
 
     tiers = [HostTier(HostTierConfig(capacity=2 * batch * page, slot_size=page, pin_memory=False))]
     if setup == "host+lmdb":

@@ -124,7 +124,7 @@ class LmdbTierConfig(_Section, tag="lmdb", tag_field="kind"):
     # How page bytes reach the disk: "auto" writes through the page cache while the kernel takes
     # them faster than the disk would (the put returns at memory speed, reads of them are warm)
     # and with O_DIRECT once the kernel throttles the writer, as measured per batch
-    # (``tiers/ssd_write_route``: the disk's own speed, no writeback in between);
+    # (``tiers/ssd/write_route``: the disk's own speed, no writeback in between);
     # "direct" always uses O_DIRECT, "buffered" never. O_DIRECT needs 4 KiB-aligned segments
     # (SGLang's host pool has them) and a file system that has it (tmpfs does not); other pages are
     # written through the page cache whatever this says.

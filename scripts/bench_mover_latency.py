@@ -37,7 +37,7 @@ from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, PolicyConfig  # 
 from mooncake_sgl.policy import policy_for_capacities  # noqa: E402
 from mooncake_sgl.store import TieredStore  # noqa: E402
 from mooncake_sgl.tiers.host import HostTier  # noqa: E402
-from mooncake_sgl.tiers.lmdb import LmdbTier  # noqa: E402
+from mooncake_sgl.tiers.ssd import LmdbTier  # noqa: E402
 
 MODES = ("inline", "background")
 LABELS = {"inline": "before (inline)", "background": "after (mover)"}

@@ -10,7 +10,7 @@ directory and reports:
 - ``heap_bytes_per_page``: the process's anonymous memory (``RssAnon``) after the open minus
   before, per page: the store's residency records and the policy's per-page state;
 - ``index_locked_bytes_per_page``: the index the SSD tier keeps locked in memory
-  (``tiers/lmdb_resident``), per page; it is file-backed, so not in the line above.
+  (``tiers/ssd/resident``), per page; it is file-backed, so not in the line above.
 
 Baseline, in the same run: the SSD tier opened alone and its pages listed (``LmdbTier.scan``), with
 no store or policy; ratios are store over baseline. Figures are also scaled per 100k pages.
@@ -59,7 +59,7 @@ path, what, capacity = sys.argv[2], sys.argv[3], sys.argv[4]
 from mooncake_sgl.config import LmdbTierConfig, StoreConfig  # imports before the first reading
 from mooncake_sgl.config_sources import load_config
 from mooncake_sgl.store import build_store
-from mooncake_sgl.tiers.lmdb import LmdbTier
+from mooncake_sgl.tiers.ssd import LmdbTier
 before = anon()
 t0 = time.perf_counter()
 if what == "tier-only":
@@ -88,7 +88,7 @@ def page_key(i: int) -> bytes:
 
 def fill(path: str, pages: int, capacity: int) -> float:
     from mooncake_sgl.config import LmdbTierConfig
-    from mooncake_sgl.tiers.lmdb import LmdbTier
+    from mooncake_sgl.tiers.ssd import LmdbTier
 
     page = [memoryview(bytes(PAGE_BYTES))]
     t0 = time.perf_counter()

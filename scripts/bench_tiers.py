@@ -75,7 +75,7 @@ from devtools.bench.ssd import user_view as ssd_user_view  # noqa: E402
 from devtools.bench.ssd import write_path as ssd_write_path  # noqa: E402
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, parse_size  # noqa: E402
 from mooncake_sgl.tiers.host import HostTier  # noqa: E402
-from mooncake_sgl.tiers.lmdb import LmdbTier  # noqa: E402
+from mooncake_sgl.tiers.ssd import LmdbTier  # noqa: E402
 
 GB = 1e9
 

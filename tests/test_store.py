@@ -14,7 +14,7 @@ from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, StoreConfig
 from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.store import TieredStore, build_store
 from mooncake_sgl.tiers.host import HostTier
-from mooncake_sgl.tiers.lmdb import LmdbTier
+from mooncake_sgl.tiers.ssd import LmdbTier
 from tests.tiers.conformance import empty_like, key, make_page, same
 
 SEG = 8 * 1024  # a page is two segments: 16 KiB

@@ -17,7 +17,7 @@ from mooncake_sgl.errors import TierError
 from mooncake_sgl.policy import policy_for_capacities
 from mooncake_sgl.store import TieredStore
 from mooncake_sgl.tiers.host import HostTier
-from mooncake_sgl.tiers.lmdb import LmdbTier
+from mooncake_sgl.tiers.ssd import LmdbTier
 from tests.tiers.conformance import empty_like, key, make_page, same
 from tests.wrapped_tier import WrappedTier
 

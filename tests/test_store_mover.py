@@ -19,7 +19,7 @@ from mooncake_sgl.store.residency import LOOKUP_BUFFER, Residency
 from mooncake_sgl.store.stats import MoverStats
 from mooncake_sgl.tally import Tally
 from mooncake_sgl.tiers.host import HostTier
-from mooncake_sgl.tiers.lmdb import LmdbTier
+from mooncake_sgl.tiers.ssd import LmdbTier
 from tests.tiers.conformance import empty_like, key, make_page, same
 from tests.wrapped_tier import WrappedTier
 

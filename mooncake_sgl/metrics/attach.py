@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from ..store import TieredStore
-from ..tiers.lmdb import LmdbTier
+from ..tiers.ssd import LmdbTier
 from .exporter import StoreExporter
 from .model import RANK_LABELS, rank_name
 from .persist import CounterPersister

@@ -72,7 +72,7 @@ def pool_table(stats: dict[str, float]) -> str:
 
 
 def _lmdb_paths(config_file: str) -> list[str]:
-    from ..tiers.lmdb import default_lmdb_path
+    from ..tiers.ssd import default_lmdb_path
 
     config, _ = our_file(config_file)
     paths = [t.path or default_lmdb_path() for t in config.tiers if isinstance(t, LmdbTierConfig)]

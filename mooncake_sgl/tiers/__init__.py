@@ -5,9 +5,11 @@
 - ``pool``            ``PoolTier``: pages in ``mooncake-sgl pool`` servers (client: ``transfer``).
 - ``mooncake_store``  ``MooncakeStoreTier``: the real Mooncake Store; ``mooncake_link`` is the
                       client's link to its master, kept up by a watcher thread.
-- ``lmdb``            ``LmdbTier``: the SSD tier, an LMDB index over extent files; ``ssd_extents``
-                      (space), ``ssd_io`` (vectored, checksummed I/O), ``ssd_records`` (index
-                      records, reader snapshots) and ``lmdb_probe`` (is an environment safe to open).
+- ``ssd``             ``LmdbTier`` (``kind: lmdb``): the SSD tier, a package: an LMDB index over
+                      an extent file (``ssd/__init__.py`` is its design); ``tier`` (the API),
+                      ``index`` (environment, reader table, sweep, free log), ``extents`` (space),
+                      ``page_io`` and ``write_route`` (checksummed I/O), ``records``, ``probe``,
+                      ``aside`` (damaged directories) and ``resident`` (the index kept in memory).
 
 Tier modules are imported lazily, inside their branch, so an optional dependency (CUDA for
 ``hbm``, the Mooncake client for ``mooncake_store``, the pool transport) is only imported when a
@@ -48,7 +50,7 @@ def build_tier(cfg: TierConfig, *, rank_suffix: str = "") -> Tier:
 
         return HostTier(cfg)
     if isinstance(cfg, LmdbTierConfig):
-        from .lmdb import LmdbTier, default_lmdb_path
+        from .ssd import LmdbTier, default_lmdb_path
 
         if rank_suffix:
             path = os.path.join(cfg.path or default_lmdb_path(), rank_suffix)

@@ -30,7 +30,7 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, sys.argv[3])
     from mooncake_sgl.config import LmdbTierConfig
     from mooncake_sgl.errors import TierError
-    from mooncake_sgl.tiers.lmdb import LmdbTier
+    from mooncake_sgl.tiers.ssd import LmdbTier
 
     logging.basicConfig(level=logging.WARNING, format="LOG %(levelname)s %(message)s")
     path, writemap = sys.argv[1], sys.argv[2] == "writemap"
@@ -178,7 +178,7 @@ def test_an_index_truncated_under_the_tier_is_refused_not_sigbus(tmp_path: Path)
         sys.path.insert(0, sys.argv[2])
         from mooncake_sgl.config import LmdbTierConfig
         from mooncake_sgl.errors import TierError
-        from mooncake_sgl.tiers.lmdb import LmdbTier
+        from mooncake_sgl.tiers.ssd import LmdbTier
         tier = LmdbTier(LmdbTierConfig(path=sys.argv[1], capacity="48MiB", writemap=False))
         keys = [b"page-%05d" % i for i in range(2000)]
         for i in range(0, len(keys), 200):

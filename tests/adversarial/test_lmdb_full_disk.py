@@ -24,7 +24,7 @@ CHILD = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[3])
 from mooncake_sgl.config import LmdbTierConfig
-from mooncake_sgl.tiers.lmdb import LmdbTier
+from mooncake_sgl.tiers.ssd import LmdbTier
 
 root, writemap = sys.argv[1], sys.argv[2] == "writemap"
 PAGE = 256 << 10
@@ -57,7 +57,7 @@ with open(os.path.join(root, "hog"), "wb") as f:
         pass
 out["free_after_hog"] = os.statvfs(root).f_bavail
 # Readers at once, each in its own slot of lock.mdb's reader table (a page of it holds ~60).
-readers = [tier._env.begin() for _ in range(200)]
+readers = [tier._index.env.begin() for _ in range(200)]
 out["readers_held"] = len(readers)
 for txn in readers:
     txn.abort()
@@ -160,7 +160,7 @@ import json, os, sys
 sys.path.insert(0, sys.argv[2])
 from mooncake_sgl.config import LmdbTierConfig
 from mooncake_sgl.errors import TierError
-from mooncake_sgl.tiers.lmdb import LmdbTier
+from mooncake_sgl.tiers.ssd import LmdbTier
 
 root = sys.argv[1]
 with open(os.path.join(root, "hog"), "wb", buffering=0) as f:

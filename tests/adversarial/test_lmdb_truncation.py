@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from mooncake_sgl.config import LmdbTierConfig
-from mooncake_sgl.tiers.lmdb import LmdbTier
+from mooncake_sgl.tiers.ssd import LmdbTier
 
 REPO = Path(__file__).resolve().parents[2]
 NBYTES = 64 * 1024
@@ -32,7 +32,7 @@ NPAGES = 48
 OPENER = textwrap.dedent("""
     import json, sys
     from mooncake_sgl.config import LmdbTierConfig
-    from mooncake_sgl.tiers.lmdb import LmdbTier
+    from mooncake_sgl.tiers.ssd import LmdbTier
     from tests.adversarial.test_lmdb_truncation import content, names
     path, writemap = sys.argv[1], sys.argv[2] == "writemap"
     tier = LmdbTier(LmdbTierConfig(path=path, capacity="64MiB", writemap=writemap))
@@ -150,7 +150,7 @@ def test_flipped_bytes_anywhere_in_the_index_never_crash_or_give_wrong_bytes(
 WRITER = textwrap.dedent("""
     import sys
     from mooncake_sgl.config import LmdbTierConfig
-    from mooncake_sgl.tiers.lmdb import LmdbTier
+    from mooncake_sgl.tiers.ssd import LmdbTier
     from tests.adversarial.test_lmdb_truncation import content
     tier = LmdbTier(LmdbTierConfig(path=sys.argv[1], capacity="256MiB", writemap=sys.argv[2] == "writemap"))
     b = 0

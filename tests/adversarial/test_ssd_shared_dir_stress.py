@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER = textwrap.dedent("""
     import os, random, signal, sys, zlib
     from mooncake_sgl.config import LmdbTierConfig
-    from mooncake_sgl.tiers.lmdb import LmdbTier
+    from mooncake_sgl.tiers.ssd import LmdbTier
     from tests.tiers.test_lmdb_tier import page_bytes
 
     path, name, role, seed, log_path = sys.argv[1:6]
@@ -153,7 +153,7 @@ WORKER = textwrap.dedent("""
 VERIFIER = textwrap.dedent("""
     import json, os, sys, zlib
     from mooncake_sgl.config import LmdbTierConfig
-    from mooncake_sgl.tiers.lmdb import LmdbTier
+    from mooncake_sgl.tiers.ssd import LmdbTier
     from tests.tiers.test_lmdb_tier import page_bytes
     SIZES = (4096, 16384 + 100, 65536)
     size_of = lambda k: SIZES[zlib.crc32(k) % len(SIZES)]

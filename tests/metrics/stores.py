@@ -9,7 +9,7 @@ from mooncake_sgl.config import HostTierConfig, LmdbTierConfig
 from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.store import TieredStore
 from mooncake_sgl.tiers.host import HostTier
-from mooncake_sgl.tiers.lmdb import LmdbTier
+from mooncake_sgl.tiers.ssd import LmdbTier
 from tests.tiers.conformance import empty_like, key, make_page
 
 SEG = 8 * 1024  # two segments: 16 KiB pages

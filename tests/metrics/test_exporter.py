@@ -175,7 +175,7 @@ def test_a_page_failing_its_checksum_shows_in_the_corrupt_page_series(tmp_path: 
     from mooncake_sgl.config import LmdbTierConfig
     from mooncake_sgl.policy.lru import LruPolicy
     from mooncake_sgl.store import TieredStore
-    from mooncake_sgl.tiers.lmdb import LmdbTier
+    from mooncake_sgl.tiers.ssd import LmdbTier
 
     db = tmp_path / "db"
     s = TieredStore([LmdbTier(LmdbTierConfig(path=str(db), capacity="64MiB"))], LruPolicy(1),

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from mooncake_sgl.config import LmdbTierConfig
-from mooncake_sgl.tiers.lmdb import LmdbTier
-from mooncake_sgl.tiers.ssd_extents import ALIGN, ExtentAllocator
+from mooncake_sgl.tiers.ssd import LmdbTier
+from mooncake_sgl.tiers.ssd.extents import ALIGN, ExtentAllocator
 
 from .test_lmdb_tier import page_bytes
 
@@ -61,7 +61,7 @@ def test_rebuild_treats_gaps_as_free_and_keeps_the_high_water_mark() -> None:
     assert alloc.allocate(ALIGN, oldest_reader=9) == ALIGN
 
 
-FOREIGN = ("import sys; from mooncake_sgl.tiers.lmdb import LmdbTier; from mooncake_sgl.config import "
+FOREIGN = ("import sys; from mooncake_sgl.tiers.ssd import LmdbTier; from mooncake_sgl.config import "
            "LmdbTierConfig; from tests.tiers.test_lmdb_tier import page_bytes; "
            "t = LmdbTier(LmdbTierConfig(path=sys.argv[1], capacity='64MiB')); "
            "ks = [b'child-%d' % i for i in range(8)]; "
@@ -106,26 +106,26 @@ def test_an_environment_of_the_older_inline_layout_is_moved_aside(tmp_path: Path
 
 
 def test_a_probe_that_cannot_start_opens_the_index_unchecked(tmp_path: Path, monkeypatch) -> None:
-    from mooncake_sgl.tiers import lmdb_probe
+    from mooncake_sgl.tiers.ssd import probe
 
     tier_at(tmp_path).close()
-    monkeypatch.setattr(lmdb_probe.sys, "executable", str(tmp_path / "no-such-python"))
-    assert lmdb_probe.damage_of(str(tmp_path), 2, 64 << 20, True) is None
+    monkeypatch.setattr(probe.sys, "executable", str(tmp_path / "no-such-python"))
+    assert probe.damage_of(str(tmp_path), 2, 64 << 20, True) is None
     tier = tier_at(tmp_path)
     assert tier.put_from([b"k"], [[memoryview(b"x" * 4096)]]) == [True]
     tier.close()
 
 
 def test_records_naming_overlapping_bytes_keep_only_the_first(tmp_path: Path) -> None:
-    from mooncake_sgl.tiers import ssd_records
+    from mooncake_sgl.tiers.ssd import records
 
     tier = tier_at(tmp_path)
     names = [b"a", b"b", b"c"]
     assert tier.put_from(names, [[memoryview(page_bytes(k, 8192))] for k in names]) == [True] * 3
-    with tier._env.begin(write=True, db=tier._pages) as txn:  # white-box: damage b's offset
-        off_a, length, digest = ssd_records.parse_record(txn.get(b"a"))
-        b_digest = ssd_records.parse_record(txn.get(b"b"))[2]
-        txn.put(b"b", ssd_records.pack_record(off_a + 4096, length, b_digest))
+    with tier._index.env.begin(write=True, db=tier._index.pages) as txn:  # white-box: damage b's offset
+        off_a, length, digest = records.parse_record(txn.get(b"a"))
+        b_digest = records.parse_record(txn.get(b"b"))[2]
+        txn.put(b"b", records.pack_record(off_a + 4096, length, b_digest))
     tier.close()
     tier = tier_at(tmp_path)
     assert tier.stats()["dropped_at_open"] == 1 and tier.contains(names) == [True, False, True]

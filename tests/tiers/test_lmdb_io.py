@@ -1,4 +1,4 @@
-"""The SSD tier's page data path (``ssd_io``): O_DIRECT where pages allow it and the page cache would
+"""The SSD tier's page data path (``page_io``): O_DIRECT where pages allow it and the page cache would
 throttle, the buffered path otherwise, checksums made alongside the writes and verified on every
 read, and the seconds the tier's writer is busy reaching ``/metrics``."""
 
@@ -14,8 +14,7 @@ import pytest
 
 from mooncake_sgl.config import LmdbTierConfig
 from mooncake_sgl.metrics.source import tier_sample
-from mooncake_sgl.tiers import ssd_io, ssd_write_route
-from mooncake_sgl.tiers.lmdb import LmdbTier
+from mooncake_sgl.tiers.ssd import LmdbTier, page_io, write_route
 
 PAGE = 256 << 10
 
@@ -78,10 +77,10 @@ def test_auto_writes_through_the_page_cache_until_it_would_throttle(tmp_path: Pa
                                                                     monkeypatch) -> None:
     tier = tier_at(tmp_path, "auto")
     buf, pages = aligned_pages(8, seed=3)
-    monkeypatch.setattr(ssd_write_route.DirtyRoom, "takes", lambda self, nbytes: True)
+    monkeypatch.setattr(write_route.DirtyRoom, "takes", lambda self, nbytes: True)
     assert tier.put_from([b"free-%d" % i for i in range(4)], pages[:4]) == [True] * 4
     assert tier.stats()["direct_pages"] == 0
-    monkeypatch.setattr(ssd_write_route.DirtyRoom, "takes", lambda self, nbytes: False)
+    monkeypatch.setattr(write_route.DirtyRoom, "takes", lambda self, nbytes: False)
     assert tier.put_from([b"full-%d" % i for i in range(4)], pages[4:]) == [True] * 4
     assert tier.stats()["direct_pages"] == 4
     ok, out = read_all(tier, [b"free-%d" % i for i in range(4)] + [b"full-%d" % i for i in range(4)], 8)
@@ -99,12 +98,12 @@ def test_buffered_mode_never_uses_o_direct(tmp_path: Path) -> None:
 
 def test_the_dirty_ceiling_is_halfway_between_the_kernels_thresholds(monkeypatch) -> None:
     gib = 1 << 30
-    monkeypatch.setattr(ssd_write_route, "_meminfo", lambda: {"MemAvailable": 10 * gib, "Dirty": gib,
+    monkeypatch.setattr(write_route, "_meminfo", lambda: {"MemAvailable": 10 * gib, "Dirty": gib,
                                                      "Writeback": gib // 2})
-    room = ssd_write_route.DirtyRoom()
+    room = write_route.DirtyRoom()
     room._bytes, room._ratios = (0, 0), (10, 20)  # background 1 GiB, limit 2 GiB: free run < 1.5 GiB
     assert not room.takes(1)  # 1.5 GiB dirty or being written back already
-    monkeypatch.setattr(ssd_write_route, "_meminfo", lambda: {"MemAvailable": 10 * gib, "Dirty": gib // 4,
+    monkeypatch.setattr(write_route, "_meminfo", lambda: {"MemAvailable": 10 * gib, "Dirty": gib // 4,
                                                      "Writeback": 0})
     assert room.takes(gib) and not room.takes(gib + gib // 4)
     room._bytes = (gib // 8, gib // 4)  # vm.dirty_*_bytes win over the ratios
@@ -137,14 +136,14 @@ def test_a_device_refusing_the_o_direct_alignment_gets_the_pages_buffered(tmp_pa
                                                                           monkeypatch) -> None:
     tier = tier_at(tmp_path, "direct")
     buf, pages = aligned_pages(4, seed=6)
-    write = ssd_io._pwritev_all
+    write = page_io._pwritev_all
 
     def refuse_direct(fd: int, segments, offset: int) -> None:
         if fd == tier._io._direct_fd:  # a device whose logical block is larger than 4 KiB
             raise OSError(errno.EINVAL, "Invalid argument")
         write(fd, segments, offset)
 
-    monkeypatch.setattr(ssd_io, "_pwritev_all", refuse_direct)
+    monkeypatch.setattr(page_io, "_pwritev_all", refuse_direct)
     names = [b"einval-%d" % i for i in range(4)]
     assert tier.put_from(names, pages) == [True] * 4
     ok, out = read_all(tier, names, 4)
@@ -154,9 +153,9 @@ def test_a_device_refusing_the_o_direct_alignment_gets_the_pages_buffered(tmp_pa
 
 def test_reads_warm_and_cold_leave_readahead_to_the_kernel(tmp_path: Path, monkeypatch) -> None:
     """No ``POSIX_FADV_WILLNEED`` from a read, cached or not: a hint per run, issued by the reader
-    before its read, made cold reads 2-3x slower than the kernel's own readahead (``ssd_io``)."""
+    before its read, made cold reads 2-3x slower than the kernel's own readahead (``page_io``)."""
     tier = tier_at(tmp_path, "buffered")
-    n = (32 << 20) // PAGE  # a batch the pool's threads share (``ssd_io._GANG_MIN_BYTES``)
+    n = (32 << 20) // PAGE  # a batch the pool's threads share (``page_io._GANG_MIN_BYTES``)
     buf, pages = aligned_pages(n, seed=7)
     names = [b"ahead-%03d" % i for i in range(n)]
     assert tier.put_from(names, pages) == [True] * n
@@ -168,7 +167,7 @@ def test_reads_warm_and_cold_leave_readahead_to_the_kernel(tmp_path: Path, monke
             hints.append(length)
         advise(fd, offset, length, advice)
 
-    monkeypatch.setattr(ssd_io.os, "posix_fadvise", counted)
+    monkeypatch.setattr(page_io.os, "posix_fadvise", counted)
     ok, out = read_all(tier, names, n)  # just written: every byte is in the page cache
     assert ok == [True] * n and np.array_equal(out, buf)
     fd = os.open(tmp_path / "pages.bin", os.O_RDONLY)
@@ -188,19 +187,19 @@ def test_a_batch_is_read_by_the_calling_thread_and_the_pool_alike(tmp_path: Path
     import time
 
     tier = tier_at(tmp_path, "buffered")
-    n = (32 << 20) // PAGE  # large enough to be shared (``ssd_io._GANG_MIN_BYTES``)
+    n = (32 << 20) // PAGE  # large enough to be shared (``page_io._GANG_MIN_BYTES``)
     buf, pages = aligned_pages(n, seed=8)
     names = [b"gang-%03d" % i for i in range(n)]
     assert tier.put_from(names, pages) == [True] * n
     readers: set[str] = set()
-    read = ssd_io._preadv_all
+    read = page_io._preadv_all
 
     def noted(fd: int, segments, offset: int, *flags: int) -> int:
         readers.add(threading.current_thread().name)
         time.sleep(0.02)  # long enough for a pool thread to wake and take a run
         return read(fd, segments, offset, *flags)
 
-    monkeypatch.setattr(ssd_io, "_preadv_all", noted)
+    monkeypatch.setattr(page_io, "_preadv_all", noted)
     ok, out = read_all(tier, names, n)
     assert ok == [True] * n and np.array_equal(out, buf)
     assert threading.current_thread().name in readers
@@ -211,24 +210,24 @@ def test_a_batch_is_read_by_the_calling_thread_and_the_pool_alike(tmp_path: Path
 def test_readers_of_a_shared_batch_each_read_through_a_descriptor_of_their_own(tmp_path: Path,
                                                                                monkeypatch) -> None:
     """The kernel keeps readahead state per open file: readers sharing the writer's descriptor
-    at different offsets made each other look random to it (``ssd_io``: cold 8 MiB reads)."""
+    at different offsets made each other look random to it (``page_io``: cold 8 MiB reads)."""
     import threading
     import time
 
     tier = tier_at(tmp_path, "buffered")
-    n = (32 << 20) // PAGE  # large enough to be shared (``ssd_io._GANG_MIN_BYTES``)
+    n = (32 << 20) // PAGE  # large enough to be shared (``page_io._GANG_MIN_BYTES``)
     buf, pages = aligned_pages(n, seed=10)
     names = [b"own-fd-%03d" % i for i in range(n)]
     assert tier.put_from(names, pages) == [True] * n
     reads: list[tuple[str, int, int]] = []
-    read = ssd_io._preadv_all
+    read = page_io._preadv_all
 
     def noted(fd: int, segments, offset: int) -> int:
         reads.append((threading.current_thread().name, fd, offset))
         time.sleep(0.02)  # long enough for a pool thread to wake and take a run
         return read(fd, segments, offset)
 
-    monkeypatch.setattr(ssd_io, "_preadv_all", noted)
+    monkeypatch.setattr(page_io, "_preadv_all", noted)
     used: list[set[int]] = []
     for _ in range(2):
         reads.clear()
@@ -241,7 +240,7 @@ def test_readers_of_a_shared_batch_each_read_through_a_descriptor_of_their_own(t
         used.append(set().union(*fds_of.values()))
         assert len(used[-1]) == len(fds_of)  # no two readers on one descriptor
         assert tier._file.fd not in used[-1]
-    assert len(used[0] | used[1]) <= 1 + ssd_io._GANG_HELPERS  # the second batch reused them
+    assert len(used[0] | used[1]) <= 1 + page_io._GANG_HELPERS  # the second batch reused them
     tier.close()
     for fd in used[0] | used[1]:  # the tier's close closes them
         with pytest.raises(OSError):
@@ -249,12 +248,12 @@ def test_readers_of_a_shared_batch_each_read_through_a_descriptor_of_their_own(t
 
 
 def test_each_reader_takes_its_own_stretch_in_order_then_the_ends_of_the_others() -> None:
-    both = ssd_io._Stretches(10, 2)
+    both = page_io._Stretches(10, 2)
     assert [(both.next(0), both.next(1)) for _ in range(5)] == [(i, 5 + i) for i in range(5)]
     assert both.next(0) is None and both.next(1) is None
-    alone = ssd_io._Stretches(10, 2)  # the helper never started: the caller takes it all
+    alone = page_io._Stretches(10, 2)  # the helper never started: the caller takes it all
     assert [alone.next(0) for _ in range(11)] == [0, 1, 2, 3, 4, 9, 8, 7, 6, 5, None]
-    three = ssd_io._Stretches(9, 3)
+    three = page_io._Stretches(9, 3)
     assert three.next(2) == 6 and [three.next(0) for _ in range(3)] == [0, 1, 2]
     assert three.next(0) == 5  # the stretch with the most left gives up its last task
     taken = [three.next(w) for w in (1, 2, 0, 1, 2)]
@@ -275,7 +274,7 @@ def test_reads_fall_back_to_the_shared_descriptor_when_none_can_be_opened(tmp_pa
             raise OSError(errno.EMFILE, "Too many open files")
         return real_open(path, flags, *args)
 
-    monkeypatch.setattr(ssd_io.os, "open", out_of_descriptors)
+    monkeypatch.setattr(page_io.os, "open", out_of_descriptors)
     ok, out = read_all(tier, names, n)
     assert ok == [True] * n and np.array_equal(out, buf)
     tier.close()

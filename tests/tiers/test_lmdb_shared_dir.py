@@ -27,9 +27,9 @@ REPO = Path(__file__).resolve().parents[2]
 AGENT = textwrap.dedent("""
     import json, os, sys
     from mooncake_sgl.config import LmdbTierConfig
-    from mooncake_sgl.tiers import lmdb as lmdb_mod
-    from mooncake_sgl.tiers.ssd_extents import ExtentAllocator
-    from mooncake_sgl.tiers.ssd_records import oldest_reader
+    from mooncake_sgl.tiers.ssd import tier as lmdb_mod
+    from mooncake_sgl.tiers.ssd.extents import ExtentAllocator
+    from mooncake_sgl.tiers.ssd.records import oldest_reader
     from tests.tiers.test_lmdb_tier import page_bytes
 
     def say(**kw):
@@ -71,13 +71,14 @@ AGENT = textwrap.dedent("""
             say(n=tier.remove(keys))
         elif op == "state":
             u = tier.usage()
-            pids = sorted({int(l.split()[0]) for l in tier._env.readers().splitlines()[1:] if l.split()})
+            readers = tier._index.env.readers().splitlines()[1:]
+            pids = sorted({int(line.split()[0]) for line in readers if line.split()})
             lock_ino = os.stat(os.path.join(path, "lock.mdb")).st_ino
             with open("/proc/locks") as f:  # "1: POSIX ADVISORY WRITE <pid> <maj:min:inode> ..."
                 held = [l.split() for l in f if "->" not in l]  # "->": a waiter, not a lock
             locks = sum(1 for p in held if p[4] == str(os.getpid()) and int(p[5].split(":")[2]) == lock_ino)
             say(stats=tier.stats(), used=u.used_bytes, pages=u.pages, reader_pids=pids,
-                oldest=oldest_reader(tier._env), locks=locks)
+                oldest=oldest_reader(tier._index.env), locks=locks)
         elif op == "close":
             tier.close()
             say(ok=True)
@@ -285,7 +286,7 @@ def test_an_index_another_process_is_creating_is_not_taken_for_damage(tmp_path: 
     # For a moment after another process created it, data.mdb is empty and no page file exists:
     # an empty index was "damaged", and the directory was moved aside under its creator.
     from mooncake_sgl.config import LmdbTierConfig
-    from mooncake_sgl.tiers.lmdb import LmdbTier
+    from mooncake_sgl.tiers.ssd import LmdbTier
 
     ssd = tmp_path / "ssd"
     ssd.mkdir()

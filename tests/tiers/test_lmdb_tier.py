@@ -22,9 +22,9 @@ import pytest
 from mooncake_sgl.api import Tier
 from mooncake_sgl.config import LmdbTierConfig
 from mooncake_sgl.errors import TierClosed, TierError
-from mooncake_sgl.tiers import build_tier, lmdb_aside
-from mooncake_sgl.tiers import lmdb as lmdb_mod
-from mooncake_sgl.tiers.lmdb import RECORD_BYTES, LmdbTier
+from mooncake_sgl.tiers import build_tier
+from mooncake_sgl.tiers.ssd import tier as lmdb_mod
+from mooncake_sgl.tiers.ssd import RECORD_BYTES, LmdbTier, aside
 
 from .conformance import ParkedPage, TierConformance, empty_like, key, make_page, same
 from .mounts import run_with_mounts
@@ -65,7 +65,7 @@ class TestLmdbWritemapConformance(TestLmdbConformance):
 WRITER = textwrap.dedent("""
     import sys
     from mooncake_sgl.config import LmdbTierConfig
-    from mooncake_sgl.tiers.lmdb import LmdbTier
+    from mooncake_sgl.tiers.ssd import LmdbTier
     from tests.tiers.test_lmdb_tier import page_bytes
     path, per_batch, nbytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     sync, writemap = sys.argv[4] == "sync", sys.argv[5] == "writemap"
@@ -131,7 +131,7 @@ def test_flipped_bytes_in_the_file_are_a_counted_miss_and_the_page_is_removed(tm
     names = [b"payload-flip", b"checksum-flip", b"magic-flip", b"intact"]
     tier = lmdb_tier(tmp_path)
     assert tier.put_from(names, [[memoryview(page_bytes(k, nbytes))] for k in names]) == [True] * 4
-    with tier._env.begin(db=tier._pages) as txn:  # white-box: where each record sits
+    with tier._index.env.begin(db=tier._index.pages) as txn:  # white-box: where each record sits
         records = {k: txn.get(k) for k in names}
     tier.close()
 
@@ -223,7 +223,7 @@ def test_space_an_old_reader_may_still_read_is_not_reused_and_puts_are_per_key_f
     nbytes = 256 * 1024
     first = [b"first-%02d" % i for i in range(8)]
     assert tier.put_from(first, [[memoryview(page_bytes(k, nbytes))] for k in first]) == [True] * 8
-    old_reader = tier._env.begin(db=tier._pages)  # white-box: a slow reader in another process
+    old_reader = tier._index.env.begin(db=tier._index.pages)  # white-box: a slow reader in another process
     refused, live = 0, first
     for rnd in range(6):
         tier.remove(live)
@@ -247,7 +247,7 @@ def test_space_an_old_reader_may_still_read_is_not_reused_and_puts_are_per_key_f
 
 def test_a_second_process_sees_pages_committed_by_another(tmp_path: Path) -> None:
     tier = lmdb_tier(tmp_path)
-    code = ("import sys; from mooncake_sgl.tiers.lmdb import LmdbTier; from mooncake_sgl.config import "
+    code = ("import sys; from mooncake_sgl.tiers.ssd import LmdbTier; from mooncake_sgl.config import "
             "LmdbTierConfig; t = LmdbTier(LmdbTierConfig(path=sys.argv[1], capacity='64MiB')); "
             "assert t.put_from([b'from-child'], [[memoryview(b'x' * 5000)]]) == [True]; t.close()")
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
@@ -378,11 +378,11 @@ def test_damaged_directories_release_their_page_files_and_only_the_newest_few_st
     # Each one kept its whole preallocated pages.bin, and nothing deleted them: after two damage
     # events a 320 MiB disk could store 0 of 200 pages.
     db = tmp_path / "db"
-    for _ in range(lmdb_aside.KEEP + 2):
+    for _ in range(aside.KEEP + 2):
         fill_and_damage(db)
         lmdb_tier(db, sync=False).close()  # moves it aside
     kept = moved_aside(db)
-    assert len(kept) == lmdb_aside.KEEP
+    assert len(kept) == aside.KEEP
     assert [p for p in kept if (p / "pages.bin").exists()] == []
     # The index stays for a post-mortem, with why it was moved.
     assert all((p / "data.mdb").exists() and "probe process" in (p / "DAMAGED.txt").read_text()
@@ -417,7 +417,7 @@ def test_two_damage_events_within_one_second_are_both_moved_aside(
 FILL_ROUNDS = textwrap.dedent("""
     import json, os, sys, time
     from mooncake_sgl.config import LmdbTierConfig
-    from mooncake_sgl.tiers.lmdb import LmdbTier
+    from mooncake_sgl.tiers.ssd import LmdbTier
     db, rounds, npages = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     stored = []
     for r in range(rounds):
@@ -449,7 +449,7 @@ OPEN_REPORT = textwrap.dedent("""
     logging.basicConfig(level=logging.INFO)
     from mooncake_sgl.config import LmdbTierConfig
     from mooncake_sgl.errors import TierError
-    from mooncake_sgl.tiers.lmdb import LmdbTier
+    from mooncake_sgl.tiers.ssd import LmdbTier
     try:
         LmdbTier(LmdbTierConfig(path=sys.argv[1], capacity="8MiB")).close()
         print(json.dumps({"error": None}))
@@ -500,7 +500,7 @@ def test_an_open_refused_by_a_read_only_file_system_is_named_so(
     def refuse(path: str, **_: object) -> None:
         raise failure(path)
 
-    monkeypatch.setattr(lmdb_mod.lmdb, "open", refuse)
+    monkeypatch.setattr(lmdb, "open", refuse)
     with pytest.raises(TierError, match=r"db is on a read-only file system\. Its files were left as they "
                                         r"are \(nothing is damaged\): mount it read-write"):
         lmdb_tier(tmp_path / "db", capacity="8MiB")

@@ -38,8 +38,8 @@ from mooncake_sgl.policy import build_policy  # noqa: E402
 from mooncake_sgl.policy.lru import LruPolicy  # noqa: E402
 from mooncake_sgl.store import TieredStore  # noqa: E402
 from mooncake_sgl.tiers.host import HostTier  # noqa: E402
-from mooncake_sgl.tiers.lmdb import LmdbTier  # noqa: E402
 from mooncake_sgl.tiers.mooncake_store import MooncakeStoreTier, object_name  # noqa: E402
+from mooncake_sgl.tiers.ssd import LmdbTier  # noqa: E402
 
 from .conformance import TierConformance, empty_like, key, make_page, same  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""``direct_io: auto``'s choice per write batch (``ssd_write_route``): the page cache while it takes
+"""``direct_io: auto``'s choice per write batch (``write_route``): the page cache while it takes
 batches faster than the disk does, O_DIRECT once the kernel throttles it, back once the kernel
 has written back, and the disk's rate measured rather than assumed."""
 
@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from mooncake_sgl.config import LmdbTierConfig
-from mooncake_sgl.tiers import ssd_io, ssd_write_route
-from mooncake_sgl.tiers.lmdb import LmdbTier
-from mooncake_sgl.tiers.ssd_write_route import WriteRoute
+from mooncake_sgl.tiers.ssd import LmdbTier, page_io, write_route
+from mooncake_sgl.tiers.ssd.write_route import WriteRoute
 
 MIB = 1 << 20
 GB = 1e9
@@ -94,14 +93,14 @@ def test_a_page_cache_throttled_from_its_first_batch_is_found_out_by_the_disks_r
 def test_a_slow_batch_with_little_dirty_is_cpu_contention_not_throttling() -> None:
     r, room, _ = route()
     assert [write(r, 3.0, 1.0) for _ in range(2)] == [True, False]
-    room.dirty_bytes = 64 * MIB  # below ssd_write_route._THROTTLE_MIN_DIRTY
+    room.dirty_bytes = 64 * MIB  # below write_route._THROTTLE_MIN_DIRTY
     assert [write(r, 0.3, 1.0) for _ in range(3)] == [True] * 3
     assert r.throttled == 0
 
 
 def test_the_page_cache_is_tried_again_after_the_retry_time_when_dirty_bytes_never_drain() -> None:
     r, _, clock = throttled_route()
-    clock.now += ssd_write_route._RETRY_S - 1
+    clock.now += write_route._RETRY_S - 1
     assert not write(r, 0.4, 1.0)
     clock.now += 1
     assert write(r, 0.4, 1.0)  # tried again, and throttled again
@@ -112,7 +111,7 @@ def test_unknown_dirty_bytes_while_throttled_keep_batches_direct_until_the_retry
     r, room, clock = throttled_route()
     room.dirty_bytes = None
     assert not write(r, 3.0, 1.0)
-    clock.now += ssd_write_route._RETRY_S
+    clock.now += write_route._RETRY_S
     room.dirty_bytes = 0
     assert [write(r, 3.0, 1.0) for _ in range(2)] == [False, True]  # the disk's rate is old too
 
@@ -120,13 +119,13 @@ def test_unknown_dirty_bytes_while_throttled_keep_batches_direct_until_the_retry
 def test_the_disks_rate_is_measured_again_once_it_is_old() -> None:
     r, _, clock = route()
     assert [write(r, 3.0, 1.0) for _ in range(3)] == [True, False, True]
-    clock.now += ssd_write_route._RETRY_S
+    clock.now += write_route._RETRY_S
     assert [write(r, 3.0, 1.0) for _ in range(2)] == [False, True]
 
 
 def test_small_batches_are_judged_together_once_they_add_up() -> None:
     r, room, _ = route()
-    small = ssd_write_route._JUDGED_BYTES // 4
+    small = write_route._JUDGED_BYTES // 4
     for _ in range(4):  # fast, then judged as one: the disk's rate is wanted next
         assert r.buffered(small)
         r.wrote(True, small, small / (3.0 * GB))
@@ -157,13 +156,13 @@ def test_a_tier_whose_buffered_writes_are_throttled_moves_to_o_direct_and_reads_
     if not tier._io.direct:
         tier.close()
         pytest.skip(f"the file system under {tmp_path} has no O_DIRECT")
-    page, n = 1 * MIB, 32  # 32 MiB batches: each one judged (ssd_write_route._JUDGED_BYTES)
+    page, n = 1 * MIB, 32  # 32 MiB batches: each one judged (write_route._JUDGED_BYTES)
     buf = np.frombuffer(mmap.mmap(-1, 4 * n * page), dtype=np.uint8)
     buf[:] = np.random.default_rng(5).integers(0, 256, buf.size, dtype=np.uint8)
     mv = memoryview(buf)
-    monkeypatch.setattr(ssd_write_route.DirtyRoom, "takes", lambda self, nbytes: True)
-    monkeypatch.setattr(ssd_write_route.DirtyRoom, "dirty", lambda self: 2 << 30)
-    write = ssd_io._pwritev_all
+    monkeypatch.setattr(write_route.DirtyRoom, "takes", lambda self, nbytes: True)
+    monkeypatch.setattr(write_route.DirtyRoom, "dirty", lambda self: 2 << 30)
+    write = page_io._pwritev_all
     throttle = {"on": False}
 
     def kernel(fd: int, segments, offset: int) -> None:
@@ -171,7 +170,7 @@ def test_a_tier_whose_buffered_writes_are_throttled_moves_to_o_direct_and_reads_
             time.sleep(0.5)  # balance_dirty_pages holding a buffered writer
         write(fd, segments, offset)
 
-    monkeypatch.setattr(ssd_io, "_pwritev_all", kernel)
+    monkeypatch.setattr(page_io, "_pwritev_all", kernel)
     names = [b"route-%02d" % i for i in range(4 * n)]
     pages = [[mv[i * page:(i + 1) * page]] for i in range(4 * n)]
     for b in range(4):

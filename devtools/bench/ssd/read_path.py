@@ -84,7 +84,7 @@ def profile_child(directory: str, size: int, n: int, batch: int) -> None:
 
     import xxhash
 
-    from mooncake_sgl.tiers import ssd_io
+    from mooncake_sgl.tiers.ssd import page_io
 
     from .write_path import _tier
 
@@ -99,16 +99,16 @@ def profile_child(directory: str, size: int, n: int, batch: int) -> None:
     views = page_views(dst, size, n)
     tier.get_into(names[:1], views[:1])  # untimed: the first call's imports and thread start
     phases = _Phases()
-    phases.wrap(ssd_io, "_preadv_all", "read syscalls")
-    phases.wrap(ssd_io.os, "posix_fadvise", "readahead hints",
+    phases.wrap(page_io, "_preadv_all", "read syscalls")
+    phases.wrap(page_io.os, "posix_fadvise", "readahead hints",
                 only=lambda fd, off, length, advice: advice == os.POSIX_FADV_WILLNEED)
-    phases.wrap(ssd_io, "checksum", "checksum")
-    if hasattr(ssd_io, "xxhash"):  # the streaming hash of large pages
-        ssd_io.xxhash = types.SimpleNamespace(
+    phases.wrap(page_io, "checksum", "checksum")
+    if hasattr(page_io, "xxhash"):  # the streaming hash of large pages
+        page_io.xxhash = types.SimpleNamespace(
             xxh3_64=lambda seed=0: _TimedHash(phases, xxhash.xxh3_64(seed=seed)),
             xxh3_64_intdigest=xxhash.xxh3_64_intdigest)
     in_read = [0.0]
-    real_read = ssd_io.PageIO.read
+    real_read = page_io.PageIO.read
 
     def read(self, *args, **kwargs):
         t0 = time.perf_counter()
@@ -117,7 +117,7 @@ def profile_child(directory: str, size: int, n: int, batch: int) -> None:
         finally:
             in_read[0] += time.perf_counter() - t0
 
-    ssd_io.PageIO.read = read
+    page_io.PageIO.read = read
     out: dict = {}
     for temp in ("warm", "cold"):
         how = drop_cache(Path(directory)) if temp == "cold" else "page cache"

@@ -67,7 +67,7 @@ def keys(n: int) -> list[bytes]:
 
 def _tier(directory: str):
     from mooncake_sgl.config import LmdbTierConfig
-    from mooncake_sgl.tiers.lmdb import LmdbTier
+    from mooncake_sgl.tiers.ssd import LmdbTier
 
     # The default config's flags; the capacity is the run's disk budget.
     return LmdbTier(LmdbTierConfig(path=directory, capacity="64GiB"))

@@ -51,12 +51,12 @@ from .user_view import keys, page_data, page_views, run_profile_child
 
 GB = 1e9
 _CHUNK = 4 << 20  # raw O_DIRECT request size, as ssd_user_view's raw rows
-_IN_FLIGHT = 4  # raw O_DIRECT requests at once in the backlog, as the tier's writer (ssd_io._IO_THREADS)
+_IN_FLIGHT = 4  # raw O_DIRECT requests at once in the backlog, as the tier's writer (page_io._IO_THREADS)
 
 
 def _tier(directory: str, capacity: int | str = "64GiB", direct_io: str = "auto"):
     from mooncake_sgl.config import LmdbTierConfig
-    from mooncake_sgl.tiers.lmdb import LmdbTier
+    from mooncake_sgl.tiers.ssd import LmdbTier
 
     return LmdbTier(LmdbTierConfig(path=directory, capacity=capacity, direct_io=direct_io))
 
@@ -65,7 +65,7 @@ def _tier(directory: str, capacity: int | str = "64GiB", direct_io: str = "auto"
 
 def profile_child(directory: str, size: int, n: int, batch: int, with_cprofile: bool) -> None:
     """``bench_tiers.py _put-profile DIR SIZE N BATCH 0|1``: prints one JSON line."""
-    from mooncake_sgl.tiers import lmdb, ssd_extents, ssd_io
+    from mooncake_sgl.tiers.ssd import extents, index, page_io
 
     phases: dict[str, float] = {}
 
@@ -81,11 +81,11 @@ def profile_child(directory: str, size: int, n: int, batch: int, with_cprofile: 
         setattr(owner, name, wrapper)
 
     if not with_cprofile:
-        timed(ssd_io, "checksum", "checksum (caller)")
-        timed(ssd_io.PageIO, "write", "page bytes written (checksums included)")
-        timed(ssd_extents.ExtentAllocator, "allocate", "extent allocation")
-        timed(ssd_extents.ExtentFile, "reserve", "page file preallocation")
-        timed(lmdb.LmdbTier, "_index_room", "index disk check")
+        timed(page_io, "checksum", "checksum (caller)")
+        timed(page_io.PageIO, "write", "page bytes written (checksums included)")
+        timed(extents.ExtentAllocator, "allocate", "extent allocation")
+        timed(extents.ExtentFile, "reserve", "page file preallocation")
+        timed(index.LmdbIndex, "room", "index disk check")
     buf = page_data(size, n)
     pages, names = page_views(buf, size, n), keys(n)
     tier = _tier(directory)

@@ -9,7 +9,7 @@ caller's segments and one ``preadv`` straight into the destination's segments re
 sequential speed (``scripts/bench_tiers.py --modes user-view``).
 
 How the bytes move (writer threads, checksums alongside, O_DIRECT under dirty-memory pressure) is
-``ssd_io``'s; this module owns where they go. Choices, each measured (writer process, page cache
+``page_io``'s; this module owns where they go. Choices, each measured (writer process, page cache
 dropped, reader process; 64 KiB / 1 MiB / 8 MiB pages on the development VM's virtio disk):
 
 - Extents start on 4 KiB boundaries, so no two pages share a file-system block and an aligned
@@ -22,10 +22,10 @@ dropped, reader process; 64 KiB / 1 MiB / 8 MiB pages on the development VM's vi
 - No readahead hints on reads: hinting every extent of a batch (``POSIX_FADV_WILLNEED``) before
   the first ``preadv`` once made cold 8 MiB reads 1.5-3x faster, but against the kernel's own
   readahead (a disk with ``read_ahead_kb`` 8192) hints per run made cold reads 2-3x slower at
-  64 KiB and 1 MiB (``ssd_io``).
+  64 KiB and 1 MiB (``page_io``).
 - Adjacent extents move in few calls: a batch of fresh pages is a few large ``pwritev`` (puts
   1.2-1.3x raw ``O_DIRECT`` instead of 0.5-0.9x one page per call); reads merge only up to 1 MiB
-  (``ssd_io``).
+  (``page_io``).
 
 Reuse. An extent freed by a transaction may still be read by a reader whose LMDB snapshot predates
 that transaction, so the allocator hands it out again only once no reader's snapshot is older

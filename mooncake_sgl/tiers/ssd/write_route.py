@@ -1,5 +1,5 @@
 """Which way the SSD tier's next write batch goes under ``direct_io: auto``: through the page cache
-or with O_DIRECT. Policy only: ``ssd_io`` moves the bytes and reports each batch's time here.
+or with O_DIRECT. Policy only: ``page_io`` moves the bytes and reports each batch's time here.
 
 A buffered write is a memory copy while the kernel lets the writer run free, and is throttled to
 the kernel's writeback speed once it does not. Where that starts cannot be read off the kernel's

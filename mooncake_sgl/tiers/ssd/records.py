@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import lmdb
 import xxhash
 
-from ..api import PageKey
+from ...api import PageKey
 
 RECORD = struct.Struct("<4sBBHQQQ")
 RECORD_BYTES = RECORD.size

@@ -15,8 +15,8 @@ import os
 import shutil
 import time
 
-from ..errors import TierError
-from .lmdb_probe import fix_for, open_failed, write_refusal
+from ...errors import TierError
+from .probe import fix_for, open_failed, write_refusal
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ done at once here rather than one after the other:
   outcome only once every chunk of the page has been written, so the tier still commits a record
   only for bytes already in the file.
 - *Buffered while the page cache takes the batch faster than the disk would, O_DIRECT once it does
-  not* (``LmdbTierConfig.direct_io: auto``; the choice is ``ssd_write_route``'s). A buffered
+  not* (``LmdbTierConfig.direct_io: auto``; the choice is ``write_route``'s). A buffered
   write the kernel does not throttle is a memory copy: faster than the disk, and the pages stay in
   the cache for reads. A throttled one runs at the kernel's writeback speed, which on the
   development VM was 0.45 GB/s while O_DIRECT wrote the same bytes at 0.6-1.9 GB/s (and it makes
@@ -64,11 +64,11 @@ from contextlib import contextmanager
 import numpy as np
 import xxhash
 
-from ..api import PageKey, PageView, page_nbytes
-from ..failure_log import FailureLog
-from .ssd_extents import ALIGN, aligned
-from .ssd_records import checksum
-from .ssd_write_route import PROBE_BYTES, WriteRoute
+from ...api import PageKey, PageView, page_nbytes
+from ...failure_log import FailureLog
+from .extents import ALIGN, aligned
+from .records import checksum
+from .write_route import PROBE_BYTES, WriteRoute
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ import sys
 
 import lmdb
 
-from ..errors import TierError
+from ...errors import TierError
 
 logger = logging.getLogger(__name__)
 
