@@ -23,8 +23,8 @@ from mooncake_sgl.api import Tier
 from mooncake_sgl.config import LmdbTierConfig
 from mooncake_sgl.errors import TierClosed, TierError
 from mooncake_sgl.tiers import build_tier
-from mooncake_sgl.tiers.ssd import tier as lmdb_mod
 from mooncake_sgl.tiers.ssd import RECORD_BYTES, LmdbTier, aside
+from mooncake_sgl.tiers.ssd import tier as lmdb_mod
 
 from .conformance import ParkedPage, TierConformance, empty_like, key, make_page, same
 from .mounts import run_with_mounts
