@@ -55,8 +55,10 @@ def page_nbytes(page: PageView) -> int:
 #                  promotions / demotions (pages moved into this tier), demotion_failures,
 #                  evictions, eviction_aborts (victims whose removal failed), room_refused,
 #                  lost (pages gone without an eviction)}  counted by the store for this tier,
-#        "tier":  {...}  the tier's own ``stats()``}}}
-STATS_SHAPE = ("store", "mover", "policy", "experts", "tiers")
+#        "tier":  {...}  the tier's own ``stats()``}},
+#    "curves": {<tier name>: [{multiplier, capacity_pages, lookups, hits}, ...]}  the capacity
+#              curve of each bounded tier (``policy.curve``), where the store keeps them}
+STATS_SHAPE = ("store", "mover", "policy", "experts", "tiers", "curves")
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,27 @@ def tier_table(snapshot: Snapshot) -> str:
     return "\n".join(lines)
 
 
+def curve_table(snapshot: Snapshot) -> str:
+    """Each tier's capacity curve: the prefix hit ratio it would have had at each size (estimated
+    online by sampling, ``policy/curve.py``); empty where no curve is kept."""
+    order = list(snapshot.by_tier())  # fastest first
+    tiers = sorted({t for _, t, _ in snapshot.curves},
+                   key=lambda t: order.index(t) if t in order else len(order))
+    lines = []
+    for tier in tiers:
+        points = snapshot.curve_of(tier)
+        if not any(looked for _, _, looked, _ in points):
+            continue
+        if not lines:
+            lines.append("capacity curves: prefix hit ratio this tier would have had at each size "
+                         "(sampled estimate)")
+        lines.append(f"{tier:<15}" + "".join(f"{f'{m:g}x':>10}" for m, _, _, _ in points))
+        lines.append(f"{'  size':<15}" + "".join(f"{human_bytes(cap):>10}" for _, cap, _, _ in points))
+        lines.append(f"{'  hit ratio':<15}" + "".join(f"{(hits / looked if looked else 0):>10.1%}"
+                                                      for _, _, looked, hits in points))
+    return "\n".join(lines)
+
+
 def pool_table(stats: dict[str, float]) -> str:
     cap = stats.get("capacity_bytes", 0.0)
     used = stats.get("used_bytes", 0.0)
@@ -123,6 +144,9 @@ def _show(kind: str, data: object, previous: object, args: argparse.Namespace, o
     taken = time.strftime("%H:%M:%S", time.localtime(data.taken_at)) if data.taken_at else "?"
     print(f"{stamp}  {args.config or args.target} (counters as of {taken})\n{tier_table(data)}",
           file=out)
+    curves = curve_table(data)
+    if curves:
+        print(f"\n{curves}", file=out)
     if isinstance(previous, Snapshot):
         print(f"\nlast {args.watch:g} s:\n{tier_table(diff(previous, data))}", file=out)
     out.flush()

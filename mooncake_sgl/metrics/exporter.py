@@ -29,6 +29,8 @@ from typing import Any
 
 from .model import (
     COUNTERS,
+    CURVE_COUNTERS,
+    CURVE_GAUGES,
     GAUGES,
     LATENCY,
     LATENCY_BUCKETS,
@@ -74,6 +76,10 @@ class _Families:
                               for f, name in POLICY_GAUGES.items()}
         self.policy_counters = {f: Counter(name, _help(f), _LABELS, registry=registry)
                                 for f, name in POLICY_COUNTERS.items()}
+        self.curve_counters = {f: Counter(name, _help(f"curve {f}"), (*_LABELS, "size"),
+                                          registry=registry) for f, name in CURVE_COUNTERS.items()}
+        self.curve_gauges = {f: Gauge(name, _help(f"curve {f}"), (*_LABELS, "size"), registry=registry,
+                                      multiprocess_mode="mostrecent") for f, name in CURVE_GAUGES.items()}
 
 
 def _help(field: str) -> str:
@@ -162,6 +168,7 @@ class StoreExporter:
             return
         with self._lock:
             self._push_policy(experts, switches)
+            self._push_curves(self._last, now)
             before, self._last = self._last, now
             for key, sample in now.tiers.items():
                 self._push(key[1], before.tiers.get(key, TierSample()), sample)
@@ -199,6 +206,20 @@ class StoreExporter:
             if delta > 0:
                 child.inc(delta)
             self._switches[tier] = total
+
+    def _push_curves(self, before: Snapshot, now: Snapshot) -> None:
+        """Each tier's capacity curve: estimated lookups and hits per size, and the size's bytes."""
+        for (_, tier, size), vals in now.curves.items():
+            labels = {"tier": tier, "size": size, **self._labels}
+            then = before.curves.get(("", tier, size), {})
+            for f, counter in self._fam.curve_counters.items():
+                delta = vals.get(f, 0.0) - then.get(f, 0.0)
+                child = counter.labels(**labels)
+                if delta > 0:
+                    child.inc(delta)
+            if tier not in self._skip_gauges:
+                for f, gauge in self._fam.curve_gauges.items():
+                    gauge.labels(**labels).set(vals.get(f, 0.0))
 
     def observe_tier(self, store: Any) -> Callable[[Any, str, float], None]:
         """The store's latency hook: ``(tier object, op, seconds)`` under the tier's unique name

@@ -85,6 +85,27 @@ LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5
 
 POOL_PREFIX = "mooncake_sgl_pool_"
 
+# Capacity curves (``policy/curve.py``), per tier and size (label ``size``: ``0.125x`` to ``8x``, a
+# fixed set): the pages looked up and the prefix hits a tier of that size would have had (estimates,
+# so floats), and that size in bytes. ``rate(hits) / rate(lookups)`` is the curve over a window.
+CURVE_COUNTERS: dict[str, str] = {
+    "lookups": "mooncake_sgl_tier_curve_lookup_pages",
+    "hits": "mooncake_sgl_tier_curve_hit_pages",
+}
+CURVE_GAUGES: dict[str, str] = {"capacity_bytes": "mooncake_sgl_tier_curve_capacity_bytes"}
+CURVE_FIELDS = (*CURVE_COUNTERS, *CURVE_GAUGES)
+# (rank, tier, size label): one point of one rank's curve.
+CurveKey = tuple[str, str, str]
+
+
+def size_label(multiplier: float) -> str:
+    """The ``size`` label of a curve point: ``0.5x``, ``1x``, ``8x``."""
+    return f"{multiplier:g}x"
+
+
+def size_multiplier(label: str) -> float:
+    return float(label.rstrip("x"))
+
 
 @dataclass(frozen=True)
 class TierSample:
@@ -126,6 +147,19 @@ class Snapshot:
     tiers: Mapping[SampleKey, TierSample] = field(default_factory=dict)
     taken_at: float = 0.0
     store: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    curves: Mapping[CurveKey, Mapping[str, float]] = field(default_factory=dict)
+
+    def curve_of(self, tier: str) -> list[tuple[float, float, float, float]]:
+        """``tier``'s curve, ranks summed: ``(multiplier, capacity bytes, lookups, hits)`` per size,
+        smallest first."""
+        sums: dict[str, dict[str, float]] = {}
+        for (_, t, size), vals in self.curves.items():
+            if t == tier:
+                acc = sums.setdefault(size, dict.fromkeys(CURVE_FIELDS, 0.0))
+                for f in CURVE_FIELDS:
+                    acc[f] += vals.get(f, 0.0)
+        return sorted((size_multiplier(size), v["capacity_bytes"], v["lookups"], v["hits"])
+                      for size, v in sums.items())
 
     def store_total(self, name: str) -> float:
         """A store counter summed over ranks."""
@@ -166,7 +200,11 @@ def diff(before: Snapshot, after: Snapshot) -> Snapshot:
         out[key] = TierSample(**vals)
     store = {rank: {f: _increase(v, before.store.get(rank, {}).get(f, 0.0)) for f, v in c.items()}
              for rank, c in after.store.items()}
-    return Snapshot(out, after.taken_at, store)
+    curves = {key: {**{f: _increase(v.get(f, 0.0), before.curves.get(key, {}).get(f, 0.0))
+                       for f in CURVE_COUNTERS},
+                    **{f: v.get(f, 0.0) for f in CURVE_GAUGES}}
+              for key, v in after.curves.items()}
+    return Snapshot(out, after.taken_at, store, curves)
 
 
 @dataclass(frozen=True)
@@ -208,19 +246,25 @@ def as_json(snapshot: Snapshot) -> dict[str, object]:
     per_rank: dict[str, dict[str, object]] = {}
     for (rank, tier), s in snapshot.tiers.items():
         per_rank.setdefault(rank, {})[tier] = dataclasses.asdict(s)
+    curves = {tier: [{"multiplier": m, "capacity_bytes": cap, "lookups": looked, "hits": hits,
+                      "hit_ratio": hits / looked if looked else 0.0}
+                     for m, cap, looked, hits in snapshot.curve_of(tier)]
+              for tier in sorted({t for _, t, _ in snapshot.curves})}
     return {"taken_at": snapshot.taken_at,
             "tiers": [dataclasses.asdict(r) for r in rows(snapshot)],
             "store": {f: snapshot.store_total(f) for f in STORE_COUNTERS},
-            "ranks": per_rank}
+            "ranks": per_rank, "curves": curves}
 
 
 def merge(snapshots: Iterable[Snapshot]) -> Snapshot:
     """Samples of several sources (counter files of several ranks) side by side."""
     tiers: dict[SampleKey, TierSample] = {}
     store: dict[str, Mapping[str, float]] = {}
+    curves: dict[CurveKey, Mapping[str, float]] = {}
     taken = 0.0
     for s in snapshots:
         tiers.update(s.tiers)
         store.update(s.store)
+        curves.update(s.curves)
         taken = max(taken, s.taken_at)
-    return Snapshot(tiers, taken, store)
+    return Snapshot(tiers, taken, store, curves)

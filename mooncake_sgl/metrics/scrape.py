@@ -17,11 +17,23 @@ import time
 import urllib.parse
 
 from ..transfer.resolve import resolve
-from .model import COUNTERS, GAUGES, POOL_PREFIX, STORE_COUNTERS, Snapshot, TierSample, rank_name
+from .model import (
+    COUNTERS,
+    CURVE_COUNTERS,
+    CURVE_GAUGES,
+    GAUGES,
+    POOL_PREFIX,
+    STORE_COUNTERS,
+    Snapshot,
+    TierSample,
+    rank_name,
+)
 
 _COUNTER_SAMPLES = {name + "_total": f for f, name in COUNTERS.items()}
 _STORE_SAMPLES = {name + "_total": f for f, name in STORE_COUNTERS.items()}
 _GAUGE_SAMPLES = {name: f for f, name in GAUGES.items()}
+_CURVE_SAMPLES = {**{name + "_total": f for f, name in CURVE_COUNTERS.items()},
+                  **{name: f for f, name in CURVE_GAUGES.items()}}
 
 
 class ScrapeError(OSError):
@@ -123,11 +135,16 @@ def parse(text: str, taken_at: float | None = None) -> Snapshot:
     """Our per-tier series in Prometheus text, one sample per (rank, tier)."""
     vals: dict[tuple[str, str], dict[str, float]] = {}
     store: dict[str, dict[str, float]] = {}
+    curves: dict[tuple[str, str, str], dict[str, float]] = {}
     for family in _families(text):
         for s in family.samples:
             if s.name in _STORE_SAMPLES:
                 counters = store.setdefault(rank_name(s.labels), {})
                 counters[_STORE_SAMPLES[s.name]] = counters.get(_STORE_SAMPLES[s.name], 0.0) + s.value
+                continue
+            if s.name in _CURVE_SAMPLES and "tier" in s.labels and "size" in s.labels:
+                point = curves.setdefault((rank_name(s.labels), s.labels["tier"], s.labels["size"]), {})
+                point[_CURVE_SAMPLES[s.name]] = point.get(_CURVE_SAMPLES[s.name], 0.0) + float(s.value)
                 continue
             f = _COUNTER_SAMPLES.get(s.name) or _GAUGE_SAMPLES.get(s.name)
             if f is None or "tier" not in s.labels:
@@ -136,7 +153,7 @@ def parse(text: str, taken_at: float | None = None) -> Snapshot:
             fields = vals.setdefault(key, {})
             fields[f] = fields.get(f, 0.0) + float(s.value)
     return Snapshot({k: TierSample(**v) for k, v in vals.items()},
-                    time.time() if taken_at is None else taken_at, store)
+                    time.time() if taken_at is None else taken_at, store, curves)
 
 
 def scrape(target: str, timeout: float = 5.0, max_bytes: int = MAX_BODY_BYTES) -> Snapshot:

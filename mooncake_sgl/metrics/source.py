@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .model import Snapshot, TierSample
+from .model import CURVE_FIELDS, CurveKey, Snapshot, TierSample, size_label
 
 # Store-level counter name -> sample field. The store counts what it moved through a tier.
 _STORE_FIELDS = {
@@ -64,7 +64,20 @@ def snapshot_of(stats: Mapping[str, Any], rank: str = "", taken_at: float | None
     counters = {"read_pages": first.hits + first.misses,
                 "lookup_pages": float(store.get("lookup_pages", 0.0)),
                 "lookup_hit_pages": float(store.get("lookup_hit_pages", 0.0))}
-    return Snapshot(samples, time.time() if taken_at is None else taken_at, {rank: counters})
+    return Snapshot(samples, time.time() if taken_at is None else taken_at, {rank: counters},
+                    curve_points(stats, rank))
+
+
+def curve_points(stats: Mapping[str, Any], rank: str = "") -> dict[CurveKey, dict[str, float]]:
+    """From a store's ``stats()["curves"]`` (``policy/curve.py``): per (rank, tier, size label),
+    the point's lookups, hits and capacity in bytes."""
+    out: dict[CurveKey, dict[str, float]] = {}
+    for tier, points in _section(stats, "curves").items():
+        for point in points if isinstance(points, list) else []:
+            if isinstance(point, Mapping) and "multiplier" in point:
+                out[(rank, tier, size_label(float(point["multiplier"])))] = {
+                    f: float(point.get(f, 0.0)) for f in CURVE_FIELDS}
+    return out
 
 
 def policy_series(stats: Mapping[str, Any]

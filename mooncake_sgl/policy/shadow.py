@@ -84,10 +84,13 @@ class ShadowCache:
     alone would hold, including pages the expert keeps for a long time and another leader dropped.
     """
 
-    __slots__ = ("expert", "capacity", "resident", "hits", "lookups", "real", "outcast")
+    __slots__ = ("expert", "capacity", "resident", "hits", "lookups", "real", "outcast", "head_first")
 
-    def __init__(self, expert: Expert, real: dict[PageKey, int] | None = None):
+    def __init__(self, expert: Expert, real: dict[PageKey, int] | None = None, head_first: bool = False):
+        """``head_first``: a chain's pages are touched and added head first, so its tail ends most
+        recent (``LruPolicy``'s order); by default tail first, as the store's own policies do."""
         self.expert = expert
+        self.head_first = head_first
         self.capacity = expert.capacity
         self.resident: set[PageKey] = set()
         self.hits = 0
@@ -101,7 +104,7 @@ class ShadowCache:
         run = 0
         while run < len(keys) and keys[run] in resident:
             run += 1
-        for i in range(run - 1, -1, -1):  # tail first: a chain's head ends most recent
+        for i in (range(run) if self.head_first else range(run - 1, -1, -1)):
             expert.hit(keys[i])
         fresh = [k for k in keys[run:] if k not in resident]
         if fresh:
@@ -110,7 +113,8 @@ class ShadowCache:
                 self._evict(over, frozenset(keys))
             fits = max(0, self.capacity - len(resident))
             outcast = self.outcast
-            for key in reversed(fresh[:fits]):  # the store writes a batch in order: its tail is lost
+            kept = fresh[:fits]  # the store writes a batch in order: its tail is lost
+            for key in (kept if self.head_first else reversed(kept)):
                 resident.add(key)
                 expert.add(key)
                 outcast.pop(key, None)

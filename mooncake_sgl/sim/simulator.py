@@ -60,9 +60,10 @@ class SimResult:
 
 class Simulator:
     """Tiers of ``capacities`` bytes (fastest first) holding pages of ``page_bytes`` each, run by a
-    ``TieredStore`` with ``policy``."""
+    ``TieredStore`` with ``policy`` (and its capacity curves, with ``curves``)."""
 
-    def __init__(self, policy: PlacementPolicy, capacities: Sequence[int], page_bytes: int, name: str = ""):
+    def __init__(self, policy: PlacementPolicy, capacities: Sequence[int], page_bytes: int, name: str = "",
+                 curves: bool = False):
         if not capacities:
             raise ValueError("the simulator needs at least one tier")
         if page_bytes <= 0:
@@ -74,7 +75,7 @@ class Simulator:
         self._now = 0.0
         self._page = sized_page(page_bytes)
         self.store = TieredStore([SizeTier(f"t{i}", c) for i, c in enumerate(self.caps)], policy,
-                                 mover="inline", clock=self._clock, staging=SizeStaging())
+                                 mover="inline", clock=self._clock, staging=SizeStaging(), curves=curves)
 
     def _clock(self) -> float:
         return self._now

@@ -50,4 +50,4 @@ def build_store(config: StoreConfig, rank_suffix: str = "") -> TieredStore:
         for tier in tiers:
             tier.close()
         raise
-    return TieredStore(tiers, build_policy(config.policy, tiers))
+    return TieredStore(tiers, build_policy(config.policy, tiers), curves=config.policy.capacity_curves)

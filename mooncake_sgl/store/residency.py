@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from ..api import ExpertStanding, PageKey, PlacementPolicy
+from ..policy.curve import CurvePoint, TierCurves
 from ..tally import Tally
 from .stats import ResidencyStats
 
@@ -55,10 +56,13 @@ class Residency:
         managed: per tier, whether the store tracks its pages (not self-evicting).
         clock: logical time for ``policy.tick`` (monotonic seconds by default; the simulator's
             trace time).
+        curves: capacity curves fed the same lookups as the policy (``policy.curve``), if kept.
     """
 
-    def __init__(self, policy: PlacementPolicy, managed: Sequence[bool], clock: Callable[[], float]):
+    def __init__(self, policy: PlacementPolicy, managed: Sequence[bool], clock: Callable[[], float],
+                 curves: TierCurves | None = None):
         self.policy = policy
+        self._curves = curves
         self.managed = list(managed)
         self._clock = clock
         self._lock = threading.Lock()
@@ -96,6 +100,8 @@ class Residency:
                 break
             policy.tick(now)
             policy.on_lookup(keys, where, parent)
+            if self._curves is not None:
+                self._curves.on_lookup(keys)
         self.counters.add(maintenance_runs=1)
 
     # ------------------------------------------------------------------ holds
@@ -148,6 +154,8 @@ class Residency:
                 resident[k] = n
             if fresh:
                 self.policy.on_insert([k for k, _ in fresh], t, [n for _, n in fresh], parent)
+                if self._curves is not None:
+                    self._curves.start(max(n for _, n in fresh))
         return new
 
     def lost(self, t: int, keys: Sequence[PageKey]) -> None:
@@ -232,3 +240,10 @@ class Residency:
         """The policy's own counters and its experts' standings, read together."""
         with self._lock:
             return self.policy.stats(), self.policy.standings()
+
+    def curve_points(self) -> list[list[CurvePoint]]:
+        """Per tier, its capacity curve so far (empty where none is kept)."""
+        if self._curves is None:
+            return [[] for _ in self.managed]
+        with self._lock:
+            return self._curves.points()

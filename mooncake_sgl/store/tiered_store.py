@@ -28,6 +28,7 @@ and latency baselines): the same code, in a deterministic order.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
 from ..api import PageKey, PageView, PlacementPolicy, Tier, page_nbytes
+from ..policy.curve import TierCurves
 from ..tally import Tally
 from .inline_mover import InlineMover
 from .mover import BackgroundMover
@@ -61,12 +63,13 @@ class TieredStore:
         clock: logical time for the policy (``time.monotonic`` by default).
         staging: buffers for pages the store moves itself (the simulator's hold no bytes).
         room_wait: seconds a write waits for the mover to make room.
+        curves: keep a capacity curve per managed tier (``policy.curve``; ``stats()["curves"]``).
     """
 
     def __init__(self, tiers: Sequence[Tier], policy: PlacementPolicy, *,
                  mover: Literal["background", "inline"] = "background",
                  clock: Callable[[], float] = time.monotonic, staging: Staging | None = None,
-                 room_wait: float = ROOM_WAIT):
+                 room_wait: float = ROOM_WAIT, curves: bool = False):
         if not tiers:
             raise ValueError("TieredStore needs at least one tier")
         if mover not in MOVERS:
@@ -74,7 +77,9 @@ class TieredStore:
         self._calls = calls = TierCalls(tiers)
         self.tiers = calls.tiers
         self.names = calls.names
-        self._residency = Residency(policy, calls.managed, clock)
+        bounded = [t.usage().capacity_bytes if m else None for t, m in zip(self.tiers, calls.managed)]
+        kept = TierCurves(bounded, policy.name) if curves else None
+        self._residency = Residency(policy, calls.managed, clock, kept)
         self._mover = BackgroundMover() if mover == "background" else InlineMover()
         staging = staging or Staging()
         self._placer = Placer(calls, self._residency, self._mover, staging, room_wait)
@@ -307,9 +312,11 @@ class TieredStore:
             entry = experts.setdefault(self.names[s.tier], {"leader_switches": s.leader_switches,
                                                             "experts": {}})
             entry["experts"][s.expert] = {"lead": int(s.leading), "shadow_hit_ratio": s.shadow_hit_ratio}
+        curves = {self.names[t]: [dataclasses.asdict(p) for p in points]
+                  for t, points in enumerate(self._residency.curve_points()) if points}
         return {"store": {**self._counters.as_dict(), **self._residency.counters.as_dict()},
                 "mover": {"background": int(self._mover.background), **self._mover.counters.as_dict()},
-                "policy": policy, "experts": experts, "tiers": tiers}
+                "policy": policy, "experts": experts, "tiers": tiers, "curves": curves}
 
     # ------------------------------------------------------------------ internals
 

@@ -13,6 +13,8 @@ import yaml
 
 from mooncake_sgl.metrics.model import (
     COUNTERS,
+    CURVE_COUNTERS,
+    CURVE_GAUGES,
     GAUGES,
     LATENCY,
     POLICY_COUNTERS,
@@ -29,7 +31,8 @@ GRAFANA_VARS = {"$__rate_interval": "1m", "$__range": "1h", "$__interval": "15s"
 
 def exported_series() -> set[str]:
     names = {n + "_total" for n in (*COUNTERS.values(), *STORE_COUNTERS.values(), *POLICY_COUNTERS.values())}
-    names |= set(GAUGES.values()) | set(POLICY_GAUGES.values())
+    names |= set(GAUGES.values()) | set(POLICY_GAUGES.values()) | set(CURVE_GAUGES.values())
+    names |= {n + "_total" for n in CURVE_COUNTERS.values()}
     names |= {n + sfx for n in LATENCY.values() for sfx in ("_bucket", "_sum", "_count")}
     names |= {POOL_PREFIX + n for n, _ in pool_metrics.GAUGES.values()}
     names |= {POOL_PREFIX + n + "_total" for n, _ in pool_metrics.COUNTERS.values()}

@@ -242,3 +242,42 @@ def test_changes_of_leader_count_once_each(tmp_path: Path) -> None:
     text = scrape_registry(registry)
     assert _samples(text, "mooncake_sgl_policy_leader_changes_total") == {("host",): 5.0}
     assert _samples(text, "mooncake_sgl_policy_leader") == {("host", "arc"): 1.0, ("host", "lru"): 0.0}
+
+
+def test_capacity_curves_reach_metrics_and_the_stats_table(tmp_path: Path) -> None:
+    """Each bounded tier's curve: seven sizes, their bytes, the estimated lookups and hits, as a
+    scrape reads them back, and ``mooncake-sgl stats``'s table of them."""
+    from mooncake_sgl.config import HostTierConfig
+    from mooncake_sgl.metrics.cli import curve_table
+    from mooncake_sgl.metrics.model import as_json
+    from mooncake_sgl.policy.lru import LruPolicy
+    from mooncake_sgl.store.tiered_store import TieredStore
+    from mooncake_sgl.tiers.host import HostTier
+
+    from .stores import key
+
+    host = HostTier(HostTierConfig(capacity=8 * PAGE, slot_size=PAGE, pin_memory=False))
+    store = TieredStore([host], LruPolicy(1), mover="inline", curves=True)
+    try:
+        registry = CollectorRegistry()
+        exporter = StoreExporter(store.stats, RANK, registry=registry)
+        write(store, range(4))
+        for _ in range(3):
+            assert store.exists_prefix([key(i) for i in range(4)]) == 4
+        store.exists_prefix([key(i) for i in range(100, 104)])  # 4 pages no size ever held
+        exporter.sync()
+        text = scrape_registry(registry)
+        snap = parse(text)
+    finally:
+        store.close()
+    assert 'mooncake_sgl_tier_curve_hit_pages_total{' in text and 'size="8x"' in text
+    points = snap.curve_of("host")
+    assert [(m, cap) for m, cap, _, _ in points] == [(m, round(8 * m) * PAGE) for m in
+                                                      (0.125, 0.25, 0.5, 1, 2, 4, 8)]
+    # Every size saw the 16 pages looked up. A miniature learns a page from its first lookup's miss
+    # (SGLang writes back what it just computed), so from half the tier up the 4 pages hit twice.
+    assert all(looked == 16 for _, _, looked, _ in points)
+    assert [hits for _, _, _, hits in points][2:] == [8] * 5
+    assert as_json(snap)["curves"]["host"][3]["hit_ratio"] == 8 / 16
+    table = curve_table(snap)
+    assert "capacity curves" in table and "50.0%" in table and "8x" in table

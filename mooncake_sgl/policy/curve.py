@@ -1,0 +1,159 @@
+"""Capacity curves, online: the prefix hit ratio each tier would have had at sizes around its own.
+
+An operator sizing a tier asks what twice (or half) the capacity would have served. The policy's
+shadows (``shadow``) already answer "which expert" from miniature caches; the same construction
+over several sizes answers "how big": for each multiple ``m`` of a tier's capacity ``C`` in
+``MULTIPLIERS``, the policy's eviction experts run alone on miniature caches of the pages whose key
+hash falls in a fraction ``R_m`` of the hash space (SHARDS, fixed-size variant: Waldspurger et al.,
+USENIX ATC 2017). ``R_m`` is chosen so each miniature holds at most ``SHADOW_PAGES`` pages, which
+bounds memory and the cost per lookup whatever the tier's size; a miniature of a small tier is the
+tier itself (``R_m`` = 1, exact).
+
+What each size reports: the sampled pages looked up and the sampled prefix hits (a sampled page
+hits when it and every sampled page before it in the request are resident, as SGLang counts the
+leading run), scaled by ``1 / R_m`` to the whole stream. For a policy that chooses among experts
+(``adaptive``) the best expert's hits are reported: the policy follows whichever leads. ``heat``
+has no miniature of its own order; its curve is LRU's, and ``replay_trace.py --curve`` measures
+how far that is from heat's exact replay.
+
+Tiers are modelled as one cache each, fed every lookup: in a write-through store a slower tier holds
+what the faster ones evicted, so "found in this tier or a faster one" behaves as one cache of this
+tier's size. Counts are cumulative (Prometheus counters; a window is a ``rate()`` away).
+
+Thread context: fed under the residency lock (``store.residency``), like the policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..api import PageKey
+from .experts import EXPERTS, ArcExpert, Expert, LfuDaExpert, LirsExpert, LruExpert
+from .shadow import ShadowCache, key_hash
+
+# Sizes reported, as multiples of the tier's capacity: three halvings and three doublings.
+MULTIPLIERS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+# Most pages one miniature holds. SHARDS' fixed-size variant reports miss ratio curves within a
+# point at a few thousand sampled pages; here 2,048 missed a generated RAG trace's 8x point by 11
+# points (long shared documents: few sampled chains) and 4,096 by 1 (docs/capacity_curves.md).
+# Memory is bounded at about 7 sizes x experts x this many entries per tier.
+SHADOW_PAGES = 4096
+
+
+def curve_experts(policy_name: str) -> tuple[type[Expert], ...]:
+    """The eviction experts whose miniatures stand for ``policy_name`` (see the module docstring)."""
+    return {"adaptive": tuple(EXPERTS), "arc": (ArcExpert,), "lirs": (LirsExpert,),
+            "lfuda": (LfuDaExpert,)}.get(policy_name, (LruExpert,))
+
+
+def head_first(policy_name: str) -> bool:
+    """Whether ``policy_name`` touches a chain's pages head first (``LruPolicy``: the tail ends most
+    recent, so a small tier loses heads first); the others go tail first."""
+    return policy_name == "lru"
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One size of one tier's curve, estimated for the whole stream since the tier started."""
+
+    multiplier: float
+    capacity_pages: int
+    capacity_bytes: int
+    lookups: float  # pages looked up
+    hits: float  # prefix hits a tier of ``capacity_pages`` would have had
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+
+class _Size:
+    """The miniatures of one size: one per expert, on one sample of the key space."""
+
+    __slots__ = ("multiplier", "pages", "threshold", "rate", "shadows", "lookups")
+
+    def __init__(self, multiplier: float, pages: int, experts: Sequence[type[Expert]], head_first: bool):
+        self.multiplier = multiplier
+        self.pages = pages
+        self.rate = min(1.0, SHADOW_PAGES / pages)
+        self.threshold = int(self.rate * (1 << 64))
+        shadow_pages = max(1, round(pages * self.rate))
+        self.shadows = [ShadowCache(cls(shadow_pages), head_first=head_first) for cls in experts]
+        self.lookups = 0
+
+
+class CapacityCurve:
+    """One tier's curve: miniatures of ``capacity_pages * m`` pages for every ``m`` in
+    ``multipliers``, of the experts ``experts`` (touching chains ``head_first`` or tail first)."""
+
+    def __init__(self, capacity_pages: int, experts: Sequence[type[Expert]],
+                 multipliers: Sequence[float] = MULTIPLIERS, page_bytes: int = 1,
+                 head_first: bool = False):
+        if capacity_pages < 1:
+            raise ValueError(f"a capacity curve needs a tier of at least one page, not {capacity_pages}")
+        self.capacity_pages = capacity_pages
+        self.page_bytes = page_bytes
+        self._sizes = [_Size(m, max(1, round(capacity_pages * m)), experts, head_first)
+                       for m in multipliers]
+
+    def observe(self, keys: Sequence[PageKey], hashes: Sequence[int]) -> None:
+        """A lookup of a chain, in order, with each key's ``key_hash``."""
+        for size in self._sizes:
+            threshold = size.threshold
+            sampled = [k for k, h in zip(keys, hashes) if h < threshold]
+            if not sampled:
+                continue
+            size.lookups += len(sampled)
+            for shadow in size.shadows:
+                shadow.access(sampled)
+
+    def points(self) -> list[CurvePoint]:
+        return [CurvePoint(s.multiplier, s.pages, s.pages * self.page_bytes, s.lookups / s.rate,
+                           max(sh.hits for sh in s.shadows) / s.rate) for s in self._sizes]
+
+    def entries(self) -> int:
+        """Keys held by the miniatures (their memory is about 100-300 bytes each)."""
+        return sum(sh.entries() for s in self._sizes for sh in s.shadows)
+
+
+class TierCurves:
+    """A capacity curve for every bounded tier of a store, started once the page size is known.
+
+    Args:
+        capacities: per tier (fastest first), its capacity in bytes, ``None`` for a tier that
+            evicts on its own (its size is not ours to choose).
+        policy_name: the placement policy's name (``curve_experts``).
+    """
+
+    def __init__(self, capacities: Sequence[int | None], policy_name: str):
+        self._capacities = list(capacities)
+        self._experts = curve_experts(policy_name)
+        self._head_first = head_first(policy_name)
+        self.curves: list[CapacityCurve | None] = [None] * len(capacities)
+        self.page_bytes = 0
+
+    def start(self, page_bytes: int) -> None:
+        """Size the miniatures for pages of ``page_bytes`` (the first page stored); once."""
+        if self.page_bytes or page_bytes <= 0:
+            return
+        self.page_bytes = page_bytes
+        self.curves = [None if c is None else
+                       CapacityCurve(max(1, c // page_bytes), self._experts, page_bytes=page_bytes,
+                                     head_first=self._head_first)
+                       for c in self._capacities]
+
+    def on_lookup(self, keys: Sequence[PageKey]) -> None:
+        if not self.page_bytes or not keys:
+            return
+        hashes = [key_hash(k) for k in keys]
+        for curve in self.curves:
+            if curve is not None:
+                curve.observe(keys, hashes)
+
+    def points(self) -> list[list[CurvePoint]]:
+        """Per tier, its curve (empty for a self-evicting tier, or before the first page)."""
+        return [[] if c is None else c.points() for c in self.curves]
+
+    def entries(self) -> int:
+        return sum(c.entries() for c in self.curves if c is not None)

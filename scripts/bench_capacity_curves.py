@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""How close the online capacity curve (``policy/curve.py``) is to an exact replay, and what it costs.
+
+For each trace and policy, one replay at ``--capacity`` keeps the curve the store would show online
+(``TieredStore(curves=True)``, the store's own code through ``mooncake_sgl.sim.Simulator``); then
+one exact replay per size the curve reports (1/8x to 8x) gives the hit ratio a tier of that size
+really had. The table prints both and their difference in points of prefix hit ratio.
+
+Cost, in the same run: the curves alone fed the trace's lookups (no store), timed per looked-up
+page, with their memory (``tracemalloc``) and entries, beside the replay without curves as the
+baseline (the same replay's time with and without them, interleaved).
+
+    python scripts/bench_capacity_curves.py                                   # gen:chat,agent,rag
+    python scripts/bench_capacity_curves.py --trace TRACE.jsonl --trace gen:chat --json curves.json
+    python scripts/bench_capacity_curves.py --policies lru --limit 500 --quick   # seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from replay_trace import build_policy, load_requests, parse_capacity  # noqa: E402
+
+from devtools.bench.console import run_script, stamped  # noqa: E402
+from mooncake_sgl.config import PolicyConfig  # noqa: E402
+from mooncake_sgl.policy.curve import MULTIPLIERS, TierCurves  # noqa: E402
+from mooncake_sgl.sim.simulator import Simulator  # noqa: E402
+from mooncake_sgl.sim.trace import Request, distinct_blocks  # noqa: E402
+
+TRACES = ("gen:chat", "gen:agent", "gen:rag")
+POLICIES = ("lru", "adaptive", "heat")
+PAGE_BYTES = 64 << 20  # only whole pages are counted; the size is arbitrary, as in replay_trace
+# A curve within this many points of the exact replay at every size is what the estimator promises.
+TOLERANCE_POINTS = 2.0
+
+
+def replay(policy: str, requests: list[Request], blocks: int, curves: bool) -> tuple[float, list, float]:
+    """(hit ratio, curve points of tier 0 as dicts, seconds) of one single-tier replay."""
+    caps = [blocks * PAGE_BYTES]
+    sim = Simulator(build_policy(policy, caps, PolicyConfig(name="heat")), caps, PAGE_BYTES, policy,
+                    curves=curves)
+    t0 = time.perf_counter()
+    result = sim.run(requests)
+    seconds = time.perf_counter() - t0
+    points = sim.store.stats()["curves"].get("t0", []) if curves else []
+    return result.hit_ratio, points, seconds
+
+
+def estimator_cost(policy: str, requests: list[Request], blocks: int) -> dict[str, float]:
+    """The curves alone, fed every lookup: seconds per looked-up page, bytes and entries held."""
+    tracemalloc.start()
+    curves = TierCurves([blocks * PAGE_BYTES], policy)
+    curves.start(PAGE_BYTES)
+    pages = 0
+    t0 = time.perf_counter()
+    for req in requests:
+        curves.on_lookup(req.keys)
+        pages += len(req.keys)
+    seconds = time.perf_counter() - t0
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return {"us_per_page": 1e6 * seconds / max(1, pages), "bytes": held, "entries": curves.entries()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trace", action="append", default=[],
+                   help="a Mooncake-format JSONL trace or gen:chat|agent|rag (repeatable; default: "
+                        + ", ".join(TRACES) + ")")
+    p.add_argument("--policies", default=",".join(POLICIES), help="comma list of lru, adaptive, heat")
+    p.add_argument("--capacity", default="4%",
+                   help="the tier's own size: blocks, or a share of the trace's distinct blocks "
+                        "(default 4%%)")
+    p.add_argument("--limit", type=int, help="replay only the first N requests of each trace")
+    p.add_argument("--seed", type=int, help="seed of the gen: workloads (default: the documented one)")
+    p.add_argument("--quick", action="store_true", help="no cost measurement (the accuracy table only)")
+    p.add_argument("--json", type=Path, help="write every cell here")
+    args = p.parse_args(argv)
+    policies = [x.strip() for x in args.policies.split(",") if x.strip()]
+    if not policies or set(policies) - set(POLICIES):
+        p.error(f"--policies: expected some of {', '.join(POLICIES)}, got {args.policies!r}")
+    traces = args.trace or list(TRACES)
+
+    cells, costs, worst = [], [], 0.0
+    for trace in traces:
+        requests = load_requests(trace, args.seed, args.limit)
+        if not requests:
+            p.error(f"{trace}: no requests")
+        blocks = parse_capacity(args.capacity, distinct_blocks(requests))
+        for policy in policies:
+            stamped(f"{trace}, {policy}: online curve at {blocks} blocks")
+            ratio, points, with_s = replay(policy, requests, blocks, curves=True)
+            for point in points:
+                size = point["capacity_pages"]
+                exact = ratio if size == blocks else replay(policy, requests, size, curves=False)[0]
+                online = point["hits"] / point["lookups"] if point["lookups"] else 0.0
+                diff = 100 * (online - exact)
+                worst = max(worst, abs(diff))
+                cells.append({"trace": trace, "policy": policy, "multiplier": point["multiplier"],
+                              "blocks": size, "online": online, "exact": exact, "diff_points": diff})
+            if not args.quick:
+                _, _, without_s = replay(policy, requests, blocks, curves=False)
+                _, _, again_s = replay(policy, requests, blocks, curves=True)
+                cost = estimator_cost(policy, requests, blocks)
+                costs.append({"trace": trace, "policy": policy, "blocks": blocks,
+                              "replay_s_with": (with_s + again_s) / 2, "replay_s_without": without_s,
+                              **cost})
+
+    print(f"\nprefix hit ratio: online curve (kept at the tier's own size) vs exact replay at each size,"
+          f" in points; the tier's own size is {args.capacity} of each trace's distinct blocks")
+    print(f"{'trace':<22} {'policy':<9} " + " ".join(f"{m:>16g}x" for m in MULTIPLIERS))
+    for trace in traces:
+        for policy in policies:
+            row = [c for c in cells if c["trace"] == trace and c["policy"] == policy]
+            print(f"{Path(trace).name[:22]:<22} {policy:<9} " + " ".join(
+                f"{100 * c['online']:5.1f}/{100 * c['exact']:5.1f} {c['diff_points']:+4.1f}" for c in row))
+    print(f"largest difference: {worst:.2f} points (promised: within {TOLERANCE_POINTS:g})")
+    if costs:
+        print(f"\n{'trace':<22} {'policy':<9} {'us/page':>8} {'KiB held':>9} {'entries':>8} "
+              f"{'replay with/without':>20}")
+        for c in costs:
+            print(f"{Path(c['trace']).name[:22]:<22} {c['policy']:<9} {c['us_per_page']:>8.2f} "
+                  f"{c['bytes'] / 1024:>9.0f} {c['entries']:>8} "
+                  f"{c['replay_s_with'] / c['replay_s_without']:>19.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps({"capacity": args.capacity, "multipliers": MULTIPLIERS,
+                                         "cells": cells, "costs": costs, "largest_diff_points": worst},
+                                        indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    run_script(main)
