@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from replay_trace import build_policy, load_requests, parse_capacity  # noqa: E402
 
-from devtools.bench.console import run_script, stamped  # noqa: E402
+from devtools.bench.console import comma_choices, run_script, stamped  # noqa: E402
 from mooncake_sgl.config import PolicyConfig  # noqa: E402
 from mooncake_sgl.policy.curve import MULTIPLIERS, TierCurves  # noqa: E402
 from mooncake_sgl.sim.simulator import Simulator  # noqa: E402
@@ -84,9 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="no cost measurement (the accuracy table only)")
     p.add_argument("--json", type=Path, help="write every cell here")
     args = p.parse_args(argv)
-    policies = [x.strip() for x in args.policies.split(",") if x.strip()]
-    if not policies or set(policies) - set(POLICIES):
-        p.error(f"--policies: expected some of {', '.join(POLICIES)}, got {args.policies!r}")
+    policies = comma_choices(p, "--policies", args.policies, POLICIES)
     traces = args.trace or list(TRACES)
 
     cells, costs, worst = [], [], 0.0

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from devtools.bench.console import run_script, stamped  # noqa: E402
+from devtools.bench.console import comma_choices, run_script, stamped  # noqa: E402
 
 POLICIES = ("lru", "adaptive", "heat")
 PAGE_BYTES = 4096
@@ -132,9 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="one round")
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
-    policies = [x.strip() for x in args.policies.split(",") if x.strip()]
-    if not policies or set(policies) - set(POLICIES):
-        p.error(f"--policies: expected some of {', '.join(POLICIES)}, got {args.policies!r}")
+    policies = comma_choices(p, "--policies", args.policies, POLICIES)
     if args.pages < 1000:
         p.error("--pages: at least 1000, so per-page figures are not dominated by fixed costs")
     rounds = 1 if args.quick else max(1, args.rounds)

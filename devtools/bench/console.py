@@ -1,13 +1,23 @@
 """What every benchmark script shares besides its table: progress lines on stderr, sizes as text,
-and the entry point that stops its servers on SIGTERM as on Ctrl-C."""
+comma-list options, and the entry point that stops its servers on SIGTERM as on Ctrl-C."""
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 import time
 from collections.abc import Callable
 from typing import NoReturn
+
+
+def comma_choices(parser: argparse.ArgumentParser, flag: str, text: str, allowed: tuple[str, ...]
+                  ) -> list[str]:
+    """``a,b`` given to ``flag``, each one of ``allowed``; a usage error (exit 2) otherwise."""
+    chosen = [x.strip() for x in text.split(",") if x.strip()]
+    if not chosen or set(chosen) - set(allowed):
+        parser.error(f"{flag}: expected some of {', '.join(allowed)}, got {text!r}")
+    return chosen
 
 
 def log(msg: str) -> None:
