@@ -82,6 +82,7 @@ SLOW: tuple[str, ...] = (
     "test_gpu_check.py::test_without_cuda_it_refuses_in_one_line_with_exit_2",
     "tiers/test_lmdb_tier.py::test_after_damage_events_a_small_disk_still_takes_a_full_tier",
     "tiers/test_mooncake_store_tier.py",
+    "tiers/test_ssd_write_route.py::test_a_rate_probe_writes_only_its_first_window_with_o_direct",
 )
 
 MARKERS = {
