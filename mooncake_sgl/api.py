@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 PageKey = bytes
@@ -249,7 +250,7 @@ class PlacementPolicy(ABC):
         """Per key: is it worth writing into ``tier`` now (tier 0 always admits)."""
 
     @abstractmethod
-    def victims(self, tier: int, nbytes: int, protected: frozenset[PageKey] = frozenset()
+    def victims(self, tier: int, nbytes: int, protected: AbstractSet[PageKey] = frozenset()
                 ) -> list[PageKey] | None:
         """Pages of ``tier`` to evict to free at least ``nbytes``, never one in ``protected`` (the
         pages the store holds for a move in flight). The returned pages are forgotten at once (a

@@ -42,6 +42,7 @@ in ``chains.ChainLinks`` and pins in ``pins.Pins``, shared with the heat policy.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 
 from ..api import ExpertStanding, PageKey, PlacementPolicy
 from ..config import PolicyConfig
@@ -216,7 +217,7 @@ class AdaptivePolicy(PlacementPolicy):
     def demotion_target(self, key: PageKey, from_tier: int) -> int | None:
         return from_tier + 1 if from_tier + 1 < len(self._tiers) else None
 
-    def victims(self, tier: int, nbytes: int, protected: frozenset[PageKey] = frozenset()
+    def victims(self, tier: int, nbytes: int, protected: AbstractSet[PageKey] = frozenset()
                 ) -> list[PageKey] | None:
         state = self._tiers[tier]
         if nbytes <= 0:
@@ -274,7 +275,7 @@ class AdaptivePolicy(PlacementPolicy):
             if tier.tournament is not None:
                 tier.tournament.observe(tier.tournament.sampled(keys, hashes))
 
-    def _pick(self, state: _Tier, nbytes: int, protected: frozenset[PageKey],
+    def _pick(self, state: _Tier, nbytes: int, protected: AbstractSet[PageKey],
               chosen: dict[PageKey, None], leaves_only: bool) -> int:
         freed = 0
         kids, size = state.kids, state.size
@@ -300,10 +301,10 @@ class AdaptivePolicy(PlacementPolicy):
             it.close()
         return freed
 
-    def _evictable(self, state: _Tier, protected: frozenset[PageKey]) -> int:
+    def _evictable(self, state: _Tier, protected: AbstractSet[PageKey]) -> int:
         """Bytes of the tier that are neither protected nor pinned (O(protected + pinned))."""
         held = 0
-        for key in protected.union(self._pins.keys()) if len(self._pins) else protected:
+        for key in protected | set(self._pins.keys()) if len(self._pins) else protected:
             n = state.size.get(key)
             if n is not None and (key in protected or self.is_pinned(key)):
                 held += n

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 from ..api import PageKey, PlacementPolicy
 from ..config import PolicyConfig
@@ -338,7 +339,7 @@ class HeatPolicy(PlacementPolicy):
             return below
         return None
 
-    def victims(self, tier: int, nbytes: int, protected: frozenset[PageKey] = frozenset()
+    def victims(self, tier: int, nbytes: int, protected: AbstractSet[PageKey] = frozenset()
                 ) -> list[PageKey] | None:
         seg = self._tiers[tier]
         if nbytes <= 0:
@@ -389,7 +390,7 @@ class HeatPolicy(PlacementPolicy):
             pages = (seg.capacity or max(s.capacity or 0 for s in self._tiers)) // self._page_bytes
             watch.limit = max(64, min(WATCH_LIMIT, pages))
 
-    def _pick(self, seg: _Segments, nbytes: int, protected: frozenset[PageKey],
+    def _pick(self, seg: _Segments, nbytes: int, protected: AbstractSet[PageKey],
               chosen: dict[PageKey, bool], leaves_only: bool) -> int:
         """Walk both segments oldest first, taking from probation while it is over its target.
         Skipped pages keep their place (no rotation), so a skip costs nothing on the next call."""
@@ -418,10 +419,10 @@ class HeatPolicy(PlacementPolicy):
                 over -= n
         return freed
 
-    def _evictable(self, seg: _Segments, protected: frozenset[PageKey]) -> int:
+    def _evictable(self, seg: _Segments, protected: AbstractSet[PageKey]) -> int:
         """Bytes of the tier that are neither protected nor pinned (O(protected + pinned))."""
         held = 0
-        for key in protected.union(self._pins.keys()) if len(self._pins) else protected:
+        for key in protected | set(self._pins.keys()) if len(self._pins) else protected:
             n = seg.probation.get(key)
             if n is None:
                 n = seg.main.get(key)

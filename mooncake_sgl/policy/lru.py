@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 from ..api import PageKey, PlacementPolicy
 
@@ -49,7 +50,7 @@ class LruPolicy(PlacementPolicy):
     def admit(self, keys: Sequence[PageKey], tier: int) -> list[bool]:
         return [True] * len(keys)
 
-    def victims(self, tier: int, nbytes: int, protected: frozenset[PageKey] = frozenset()
+    def victims(self, tier: int, nbytes: int, protected: AbstractSet[PageKey] = frozenset()
                 ) -> list[PageKey] | None:
         chosen: list[PageKey] = []
         freed = 0

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 import xxhash
 
@@ -122,7 +123,7 @@ class ShadowCache:
         self.lookups += len(keys)
         return run
 
-    def _evict(self, count: int, protected: frozenset[PageKey]) -> None:
+    def _evict(self, count: int, protected: AbstractSet[PageKey]) -> None:
         chosen: list[PageKey] = []
         it = self.expert.candidates()
         try:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator, Sequence
+from collections.abc import Set as AbstractSet
 
 from ..api import PageKey, PlacementPolicy
 from ..policy.experts import ArcExpert, Expert, LfuDaExpert, LirsExpert
@@ -88,7 +89,7 @@ class _ExpertPolicy(PlacementPolicy):
                 self._used[tier] -= n
                 self._experts[tier].drop(key)
 
-    def victims(self, tier: int, nbytes: int, protected: frozenset[PageKey] = frozenset()
+    def victims(self, tier: int, nbytes: int, protected: AbstractSet[PageKey] = frozenset()
                 ) -> list[PageKey] | None:
         size, expert = self._size[tier], self._experts[tier]
         if nbytes <= 0:

@@ -180,7 +180,7 @@ class Residency:
         """
         with self._lock:
             self._drain()
-            victims = self.policy.victims(t, nbytes, frozenset(self._holds))
+            victims = self.policy.victims(t, nbytes, self._holds.keys())  # a view: read under the lock
             if not victims:
                 return None
             resident, leaving = self._resident[t], self._leaving[t]
