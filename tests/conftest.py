@@ -149,6 +149,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("slow")
 
 
+# A test still running after this long (the slowest, a cluster under faults, takes about 6 minutes on
+# a loaded machine) prints every thread's stack and ends its process, so a stalled run says where it
+# stalled and fails instead of hanging CI. faulthandler's watchdog is a C thread that needs no GIL: a
+# worker once blocked for good on malloc's lock, inside a signal handler, holding the GIL, where no
+# Python-level timer could have run.
+HARD_TIMEOUT_S = 900.0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # noqa: ANN201 (hook)
+    from _pytest.faulthandler import fault_handler_stderr_fd_key
+
+    fd = item.config.stash.get(fault_handler_stderr_fd_key, None)
+    if fd is not None:
+        faulthandler.dump_traceback_later(HARD_TIMEOUT_S, exit=True, file=fd)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            faulthandler.cancel_dump_traceback_later()
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     # The suite's one process loads native libraries (Mooncake's transfer engine, torch) that may
