@@ -5,8 +5,10 @@
 - ``e2e/``                the CPU end-to-end rig: SGLang's real ``HiCacheController`` and pools
                           driving our backend without a GPU (``scripts/run_e2e_cpu.py``).
 - ``testing/``            helpers that start real services: ``MooncakeMaster``, the network-namespace
-                          ``Cluster`` and its faults, the tiny seeded Llama, and ``hybrid_pools``
-                          (SGLang's hybrid host pools, a test fixture).
+                          ``Cluster`` and its faults, PD deployments, and ``hybrid_pools`` (SGLang's
+                          hybrid host pools, a test fixture); it launches servers through ``bench``.
+- ``tiny_model``          the tiny seeded Llama every live test and benchmark serves (``bench`` and
+                          ``testing`` both use it, so it belongs to neither).
 - ``dashcheck``           the Grafana dashboard against a real Prometheus scraping a live store.
 - ``metrics_overhead``    the store's put/get with metrics off vs on, in a child process.
 

@@ -48,7 +48,7 @@ from devtools.bench.two_instances import Sent, reachable_tokens, summarise  # no
 from devtools.bench.workloads import BenchRequest, MultiTurnSpec, add_chat_arguments, chat_spec, multiturn  # noqa: E402
 from devtools.testing import cluster_faults as F  # noqa: E402
 from devtools.testing.cluster import Cluster  # noqa: E402
-from devtools.testing.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
+from devtools.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
 from mooncake_sgl.metrics.model import diff  # noqa: E402
 from mooncake_sgl.metrics.scrape import scrape  # noqa: E402
 

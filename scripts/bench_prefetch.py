@@ -82,7 +82,7 @@ from devtools.bench.server import (  # noqa: E402
     stop_all,
 )
 from devtools.bench.workloads import BenchRequest, MultiTurnSpec, add_chat_arguments, chat_parts, chat_spec  # noqa: E402
-from devtools.testing.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
+from devtools.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
 from mooncake_sgl.hicache.cpu.adaptations import HOST_RESERVE_ENV  # noqa: E402
 from mooncake_sgl.metrics.scrape import ScrapeError, fetch  # noqa: E402
 from mooncake_sgl.units import parse_size  # noqa: E402

@@ -6,7 +6,7 @@
 #
 # Later flags override the defaults (sglang keeps the last value of a repeated flag). Prompts are token
 # ids (--skip-tokenizer-init): MODEL_DIR needs config.json and weights but no tokenizer;
-# `python -m devtools.testing.tiny_model DIR` writes one.
+# `python -m devtools.tiny_model DIR` writes one.
 #
 # Stopping: SIGTERM or SIGINT to its process group (kill -TERM -- -PGID, or Ctrl-C). The server gets
 # MOONCAKE_SGL_STOP_GRACE seconds (default 5) to exit, then every process it started is SIGKILLed.

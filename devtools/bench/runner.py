@@ -24,7 +24,7 @@ from typing import Any
 from mooncake_sgl.metrics import Snapshot, diff, rows
 from mooncake_sgl.metrics.scrape import ScrapeError, fetch, parse
 
-from ..testing.tiny_model import TinyLlama, write_tiny_llama
+from ..tiny_model import TinyLlama, write_tiny_llama
 from .client import RequestResult, SglangClient
 from .console import log as log_line
 from .results import (
@@ -56,7 +56,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tiers", action="append", default=[], metavar="YAML",
                    help="a tier set for our backend (adds the variant ours:YAML)")
     p.add_argument("--model-path", help="local model dir; default: a tiny Llama with seeded random "
-                                        "weights written here (devtools.testing.tiny_model)")
+                                        "weights written here (devtools.tiny_model)")
     p.add_argument("--model-layers", type=int, default=TinyLlama.layers, help="of the default model")
     p.add_argument("--model-hidden", type=int, default=TinyLlama.hidden, help="of the default model")
     p.add_argument("--server-arg", action="append", default=[],

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..testing.tiny_model import TinyLlama, write_tiny_llama
+from ..tiny_model import TinyLlama, write_tiny_llama
 from .client import RequestResult, SglangClient
 from .console import log
 from .results import percentile

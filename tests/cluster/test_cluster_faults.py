@@ -21,7 +21,7 @@ from pathlib import Path
 
 from devtools.testing import cluster_faults as F
 from devtools.testing.cluster import Cluster
-from devtools.testing.tiny_model import write_tiny_llama
+from devtools.tiny_model import write_tiny_llama
 
 from .conftest import needs_netns
 

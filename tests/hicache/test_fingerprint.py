@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.testing.tiny_model import TinyLlama, write_tiny_llama
+from devtools.tiny_model import TinyLlama, write_tiny_llama
 from mooncake_sgl.hicache import fingerprint as fp
 from mooncake_sgl.hicache.backend import MooncakeSglStorage
 

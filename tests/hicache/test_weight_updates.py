@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from devtools.testing.tiny_model import TinyLlama, write_tiny_llama
+from devtools.tiny_model import TinyLlama, write_tiny_llama
 from mooncake_sgl.hicache import fingerprint as fp
 from mooncake_sgl.hicache import weight_updates as wu
 from mooncake_sgl.hicache.backend import MooncakeSglStorage

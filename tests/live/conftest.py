@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from devtools.bench.server import LaunchedServer, free_port, stop_all
-from devtools.testing.tiny_model import write_tiny_llama
+from devtools.tiny_model import write_tiny_llama
 from mooncake_sgl.hicache.cpu.adaptations import HOST_RESERVE_ENV
 
 from .probe import LiveClient

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.testing.tiny_model import TinyLlama, write_tiny_llama
+from devtools.tiny_model import TinyLlama, write_tiny_llama
 from tests.hicache.recording_backend import MARK
 
 from .conftest import Servers, write_tiers

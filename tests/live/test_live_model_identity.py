@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from devtools.bench.server import stop_all
-from devtools.testing.tiny_model import TinyLlama, write_tiny_llama
+from devtools.tiny_model import TinyLlama, write_tiny_llama
 
 from .conftest import Servers
 from .probe import LiveClient, prompt, reusable, storage_hit

@@ -1,6 +1,6 @@
 """A tiny local Llama with seeded random weights, for live SGLang servers on machines without a GPU.
 
-    python -m devtools.testing.tiny_model DIR [--layers 2 --hidden 256 --seed 0]
+    python -m devtools.tiny_model DIR [--layers 2 --hidden 256 --seed 0]
 
 Writes ``config.json`` and ``model.safetensors`` into DIR: no download and no tokenizer (servers run
 with ``--skip-tokenizer-init`` and prompts are token ids). The weights are random but not dummy: they
