@@ -14,12 +14,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import lmdb
 
 from ...api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
 from ...config import LmdbTierConfig, default_cache_dir
 from ...errors import TierClosed, TierError, TierFull
+from ...tally import Tally
 from .extents import ExtentAllocator, ExtentFile, aligned
 from .index import INDEX_SLACK, LmdbIndex
 from .page_io import PageIO
@@ -27,6 +29,31 @@ from .probe import open_failed, refuse_unwritable
 from .records import IndexFull, oldest_reader, pack_record, parse_record
 
 logger = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class SsdTierStats:
+    """The SSD tier's own counts (``stats()``, beside its gauges): pages unless named bytes."""
+
+    get_hits: int = 0
+    get_misses: int = 0
+    get_size_mismatch: int = 0  # asked at another size than stored: a miss
+    corrupt_pages: int = 0  # failed their checksum or could not be read: dropped
+    put_pages: int = 0
+    put_existing: int = 0  # already there at the same size: acknowledged, not rewritten
+    put_replaced: int = 0  # there at another size: replaced
+    put_full: int = 0  # refused for want of room
+    put_bad_key: int = 0  # empty or longer than LMDB's key limit
+    bytes_read: int = 0
+    bytes_written: int = 0
+    removed: int = 0
+    write_txns: int = 0
+    map_full_retries: int = 0  # write batches shortened because the index map filled
+    io_errors: int = 0  # pages whose bytes could not be written
+    dead_readers: int = 0  # reader slots freed of processes that died reading
+    foreign_writes: int = 0  # write transactions that found another process's commits first
+    dropped_at_open: int = 0  # records whose bytes were gone or named twice at open
+    disk_full: int = 0  # write transactions refused because the file system had no room
+
 
 # Keys per read transaction while scanning: short transactions let writers reuse freed space.
 _SCAN_CHUNK = 4096  # arbitrary
@@ -53,14 +80,9 @@ class LmdbTier(Tier):
             raise open_failed(self.path, e) from None
         refuse_unwritable(self.path)
         self._alloc = ExtentAllocator(self._capacity)
-        self._stats_lock = threading.Lock()
-        self._counters = dict.fromkeys(
-            ("get_hits", "get_misses", "get_size_mismatch", "corrupt_pages", "put_pages",
-             "put_existing", "put_replaced", "put_full", "put_bad_key", "bytes_read",
-             "bytes_written", "removed", "write_txns", "map_full_retries", "io_errors", "dead_readers",
-             "foreign_writes", "dropped_at_open", "disk_full"), 0)
+        self._counters = Tally(SsdTierStats)
         pages_path = os.path.join(self.path, "pages.bin")
-        self._index = LmdbIndex(self.path, config, self._alloc, pages_path, self._count)
+        self._index = LmdbIndex(self.path, config, self._alloc, pages_path, self._counters.add)
         try:
             self._file = ExtentFile(pages_path)
         except OSError as e:
@@ -115,9 +137,7 @@ class LmdbTier(Tier):
                 self._write_busy_s += time.perf_counter() - t0
 
     def _count(self, **deltas: int) -> None:
-        with self._stats_lock:
-            for name, d in deltas.items():
-                self._counters[name] += d
+        self._counters.add(**deltas)
 
     def _read(self) -> lmdb.Transaction:
         """A read transaction on the pages tree (buffers: values are views into the map)."""
@@ -403,8 +423,7 @@ class LmdbTier(Tier):
                 return
 
     def stats(self) -> dict[str, float]:
-        with self._stats_lock:
-            out: dict[str, float] = dict(self._counters)
+        out: dict[str, float] = self._counters.as_dict()
         out["free_extents"] = self._alloc.free_extents()
         out["direct_pages"] = self._io.direct_pages
         out["buffered_throttled"] = self._io.throttled
