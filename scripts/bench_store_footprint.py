@@ -10,7 +10,9 @@ directory and reports:
 - ``heap_bytes_per_page``: the process's anonymous memory (``RssAnon``) after the open minus
   before, per page: the store's residency records and the policy's per-page state;
 - ``index_locked_bytes_per_page``: the index the SSD tier keeps locked in memory
-  (``tiers/ssd/resident``), per page; it is file-backed, so not in the line above.
+  (``tiers/ssd/resident``), per page; it is file-backed, so not in the line above;
+- and what keeping that index resident costs a lookup of 64 pages, guarded against unguarded in
+  the same process (the baseline variant's process).
 
 Baseline, in the same run: the SSD tier opened alone and its pages listed (``LmdbTier.scan``), with
 no store or policy; ratios are store over baseline. Figures are also scaled per 100k pages.
@@ -74,8 +76,21 @@ else:
     locked = store.stats()["tiers"]["lmdb"]["tier"]["index_locked_bytes"]
     held = store
 attach = time.perf_counter() - t0
-print(json.dumps({"attach_s": attach, "heap_bytes": anon() - before, "pages": pages,
-                  "index_locked_bytes": locked}), flush=True)
+heap = anon() - before
+guard = {}
+if what == "tier-only":  # what keeping the index resident costs a lookup: guarded vs not, A B B A
+    keys = [k for k, _ in zip((k for k, _ in tier.scan()), range(6400))]
+    real = tier._index.resident.guard
+    for rnd, on in enumerate((True, False, False, True)):
+        tier._index.resident.guard = real if on else (lambda: None)
+        t = time.perf_counter()
+        for i in range(0, len(keys), 64):
+            tier.contains(keys[i:i + 64])
+        guard.setdefault("on" if on else "off", []).append(
+            1e6 * (time.perf_counter() - t) / (len(keys) // 64))
+    tier._index.resident.guard = real
+print(json.dumps({"attach_s": attach, "heap_bytes": heap, "pages": pages,
+                  "index_locked_bytes": locked, "contains64_us": guard}), flush=True)
 held.close()
 """
 
@@ -164,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         ratio = row["attach_s"] / base["attach_s"] if base["attach_s"] else float("nan")
         print(f"{v:<12} {row['attach_s']:>9.2f} {row['attach_s_per_100k_pages']:>7.2f} {ratio:>6.1f}x "
               f"{row['heap_bytes_per_page']:>12.0f} {row['index_locked_bytes_per_page']:>13.0f}")
+    timed = [r["contains64_us"] for r in runs["tier-only"] if r.get("contains64_us")]
+    if timed:
+        on = sorted(t for r in timed for t in r["on"])[len(timed)]
+        off = sorted(t for r in timed for t in r["off"])[len(timed)]
+        print(f"\na lookup of 64 pages on the SSD tier: {on:.1f} us with its index kept resident "
+              f"(tiers/ssd/resident.py), {off:.1f} us without ({on / off:.2f}x; medians, A B B A)")
     if args.json:
         args.json.write_text(json.dumps({"pages": args.pages, "page_bytes": PAGE_BYTES, "fill_s": fill_s,
                                          "rounds": rounds, "results": results, "runs": runs}, indent=2))

@@ -77,7 +77,7 @@ logger = logging.getLogger(__name__)
 # serialised by its inode lock, so they go in large requests, one after the other.
 _DIRECT_CHUNK = 4 << 20
 _BUFFERED_CHUNK = 64 << 20
-# Reads: runs of at most 1 MiB (``ssd_extents``: measured best for buffered cold reads). A larger
+# Reads: runs of at most 1 MiB (``extents``: measured best for buffered cold reads). A larger
 # page is read and hashed in pieces, each hashed while it is still in the reading core's cache.
 _READ_RUN = 1 << 20
 _PIECE = 512 << 10
@@ -304,8 +304,9 @@ class PageIO:
             if direct:
                 futures = [submit(_pwritev_direct, self._direct_fd, self._fd, c, off)
                            for off, c in _chunks(segs, items[run[0]][0], _DIRECT_CHUNK)]
-                for f in futures:
-                    f.add_done_callback(lambda _: probed.append(time.perf_counter()))
+                if probe:  # when the probe's bytes were written, not when the batch was
+                    for f in futures:
+                        f.add_done_callback(lambda _: probed.append(time.perf_counter()))
             else:
                 futures = [submit(_pwritev_all, self._fd, c, off)
                            for off, c in _chunks(segs, items[run[0]][0], _BUFFERED_CHUNK)]

@@ -136,9 +136,6 @@ class LmdbTier(Tier):
             finally:
                 self._write_busy_s += time.perf_counter() - t0
 
-    def _count(self, **deltas: int) -> None:
-        self._counters.add(**deltas)
-
     def _read(self) -> lmdb.Transaction:
         """A read transaction on the pages tree (buffers: values are views into the map)."""
         return self._index.env.begin(db=self._index.pages, buffers=True)
@@ -185,7 +182,7 @@ class LmdbTier(Tier):
                 results[i] = True
                 hits += 1
                 nread += length
-        self._count(get_hits=hits, get_misses=misses + len(corrupt), get_size_mismatch=mismatched,
+        self._counters.add(get_hits=hits, get_misses=misses + len(corrupt), get_size_mismatch=mismatched,
                     bytes_read=nread)
         if corrupt:
             self._drop_corrupt(corrupt)
@@ -203,7 +200,7 @@ class LmdbTier(Tier):
             return gone
 
         try:
-            self._count(corrupt_pages=self._deleting_txn("removing corrupt pages", len(found), body))
+            self._counters.add(corrupt_pages=self._deleting_txn("removing corrupt pages", len(found), body))
         except TierFull as e:  # they stay misses: every read of them fails the same check
             logger.warning("%s", e)
 
@@ -214,7 +211,7 @@ class LmdbTier(Tier):
         todo = []
         for i, key in enumerate(keys):
             if not self._key_ok(key):
-                self._count(put_bad_key=1)
+                self._counters.add(put_bad_key=1)
             else:
                 todo.append(i)
         with self._writer(), self._lmdb_errors("put"):
@@ -222,23 +219,23 @@ class LmdbTier(Tier):
             # before the one that did not fit are committed, the rest are False.
             limit = len(todo)
             if limit and not self._index.room(limit):
-                self._count(disk_full=1)
+                self._counters.add(disk_full=1)
                 limit = 0  # every page refused; the index is untouched
             while limit:
                 done = self._write_txn(keys, pages, todo[:limit])
                 if isinstance(done, int):
-                    self._count(map_full_retries=1)
+                    self._counters.add(map_full_retries=1)
                     self._index.env.reader_check()
                     limit = done if done < limit else limit // 2
                     continue
                 written, existing, replaced = done
                 for i in written + existing:
                     results[i] = True
-                self._count(put_pages=len(written), put_existing=len(existing),
+                self._counters.add(put_pages=len(written), put_existing=len(existing),
                             put_replaced=replaced, write_txns=1,
                             bytes_written=sum(page_nbytes(pages[i]) for i in written))
                 break
-        self._count(put_full=len(todo) - sum(results[i] for i in todo))
+        self._counters.add(put_full=len(todo) - sum(results[i] for i in todo))
         return results
 
     def _write_txn(self, keys: Sequence[PageKey], pages: Sequence[PageView], todo: list[int]
@@ -284,7 +281,7 @@ class LmdbTier(Tier):
             for (pos, i, offset, old_rec), ok, digest in zip(planned, stored, digests):
                 nbytes = page_nbytes(pages[i])
                 if not ok:
-                    self._count(io_errors=1)
+                    self._counters.add(io_errors=1)
                     continue
                 try:
                     txn.put(keys[i], pack_record(offset, nbytes, digest))
@@ -329,7 +326,7 @@ class LmdbTier(Tier):
         """
         with self._writer(), self._lmdb_errors(what):
             if not self._index.room(records, deleting=True):
-                self._count(disk_full=1)
+                self._counters.add(disk_full=1)
                 raise TierFull(f"lmdb tier at {self.path}: {what} needs disk for the index and the "
                                "file system is full", hint="free some space on that disk")
             for attempt in range(2):
@@ -369,7 +366,7 @@ class LmdbTier(Tier):
             return gone
 
         removed = self._deleting_txn("remove", len(keys), body)
-        self._count(removed=removed)
+        self._counters.add(removed=removed)
         return removed
 
     def usage(self) -> TierUsage:
