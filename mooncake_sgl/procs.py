@@ -26,6 +26,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from typing import Any
 
 # Where picked ports come from: from here up to the ephemeral range (or SGLang's range, whichever
@@ -99,6 +100,24 @@ def says_bind_failed(text: str) -> bool:
     return any(m in low for m in BIND_FAILURE_MARKERS)
 
 
+def _all_threads_stopped(pid: int) -> bool:
+    """Is every thread of ``pid`` in the stopped state (``T``) per /proc."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True  # gone: nothing left to answer
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                # The state follows the command name, which is in parentheses and may hold spaces.
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            continue  # a thread that ended meanwhile
+        if state not in (b"T", b"t"):
+            return False
+    return True
+
+
 class ServerProcess:
     def __init__(self, prefix: str, log_name: str) -> None:
         self.workdir = tempfile.mkdtemp(prefix=prefix)
@@ -119,6 +138,24 @@ class ServerProcess:
     def kill(self) -> None:
         """SIGKILL: a crash, mid-request if one is in flight."""
         self._signal(signal.SIGKILL, 10.0)
+
+    def freeze(self, timeout: float = 5.0) -> None:
+        """SIGSTOP, returning once every thread of the process is stopped: ``kill`` returns before
+        the target stops, and a request sent in that window is still answered."""
+        pid = self.pid
+        if pid is None:
+            raise RuntimeError(f"{type(self).__name__} is not running")
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while not _all_threads_stopped(pid):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pid {pid} did not stop within {timeout:.0f} s of SIGSTOP")
+            time.sleep(0.005)
+
+    def thaw(self) -> None:
+        """SIGCONT after ``freeze``."""
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGCONT)
 
     def _signal(self, sig: signal.Signals, timeout: float) -> None:
         proc, self._proc = self._proc, None

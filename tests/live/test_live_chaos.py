@@ -142,7 +142,7 @@ def _master_chaos(servers: Servers, tmp_path: Path, section: str, leader: Moonca
     try:
         time.sleep(10)
         traffic.phase = "stopped"
-        os.kill(leader.pid, signal.SIGSTOP)
+        leader.freeze()
         stopped_at = time.monotonic()
         time.sleep(STOPPED_S)
         traffic.phase = "killed"

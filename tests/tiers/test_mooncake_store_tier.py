@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -496,7 +495,7 @@ def test_a_stopped_master_costs_one_bounded_call_and_never_freezes_the_process()
             _, pages = registered_pages(tier, 4, 4096)
             keys = [key(i) for i in range(4)]
             assert tier.put_from(keys, pages) == [True] * 4
-            os.kill(m.pid, signal.SIGSTOP)
+            m.freeze()
             t0 = time.monotonic()
             slowest = later = 0.0
             while time.monotonic() - t0 < 8:  # well past reconnect_after (0.5 s)
@@ -511,12 +510,12 @@ def test_a_stopped_master_costs_one_bounded_call_and_never_freezes_the_process()
             assert later < 0.5, f"a call took {later:.2f} s once the master was known stopped"
             assert gil.longest_gap_since(t0) < 1.0, "the process froze (GIL held) for " \
                 f"{gil.longest_gap_since(t0):.1f} s"
-            os.kill(m.pid, signal.SIGCONT)
+            m.thaw()
             assert _wait(lambda: tier.contains(keys) == [True] * 4, 10), "not back after SIGCONT"
             out = [empty_like(p) for p in pages]
             assert tier.get_into(keys, out) == [True] * 4 and all(map(same, pages, out))
 
-            os.kill(m.pid, signal.SIGSTOP)
+            m.freeze()
             time.sleep(2)
             t1 = time.monotonic()
             m.restart()  # SIGKILL of the stopped master, then the same ports again
