@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mooncake_sgl.config import HbmTierConfig, HostTierConfig, parse_config
+from mooncake_sgl.config import HbmTierConfig, HostTierConfig
+from mooncake_sgl.config_text import parse_config
 from mooncake_sgl.policy import build_policy
 from mooncake_sgl.store import TieredStore
 from mooncake_sgl.store.staging import Staging

@@ -6,11 +6,12 @@ page store; ``tiers/`` one module per storage medium, and ``tiers/ssd/`` the SSD
 ``policy/`` placement policies and capacity curves; ``metrics/`` Prometheus export, counters on
 disk and ``mooncake-sgl stats``; ``sim/`` the trace simulator.
 
-Modules: ``api`` the contracts (``Tier``, ``PlacementPolicy``); ``config`` the typed config and
-``builtin_config`` SGLang's built-in Mooncake config translated into it; ``config_sources``
-which source a process's config comes from; ``keys`` the one key
-function; ``buffers`` views and copies over host memory; ``envs`` every environment variable;
-``units`` sizes and durations; ``tally`` thread-safe typed counts; ``errors`` our exceptions;
+Modules: ``api`` the contracts (``Tier``, ``PlacementPolicy``); ``config`` the typed config,
+``config_text`` its YAML/JSON read and written, ``builtin_config`` SGLang's built-in Mooncake
+config read as the built-in reads it and ``builtin_translate`` that config translated into ours;
+``config_sources`` which source a process's config comes from; ``keys`` the one key function;
+``buffers`` views and copies over host memory; ``envs`` every environment variable; ``units``
+sizes and durations; ``tally`` thread-safe typed counts; ``errors`` our exceptions;
 ``failure_log`` the one way a failure that became a miss is logged; ``memory`` the host's and the
 container's memory headroom; ``procs`` ports and life cycle of the servers we start; ``cli`` the
 ``mooncake-sgl`` command.

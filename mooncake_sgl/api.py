@@ -5,11 +5,12 @@ Primitives, one line each:
 - ``PageKey``        bytes naming one KV page in one namespace (built only by ``keys.page_key``).
 - ``PageView``       the scatter-gather segments of one page (memoryviews over host memory).
 - ``TierKind``       HBM, HOST, REMOTE, SSD: what medium a tier lives on.
-- ``TierCapabilities`` declared facts about a tier (persistent, shared, self-evicting).
+- ``TierCapabilities`` declared facts about a tier (persistent, shared, self-evicting, acts on
+                     the soft-pin hint, keeps local files); callers test these, never a tier's class.
 - ``TierUsage``      capacity / used bytes and page count of a tier.
 - ``Tier``           batch contains / get_into / put_from / remove over pages; never raises for a
                      per-page failure (that is a ``False``), raises ``TierError`` only when broken.
-- ``PutResult``      a ``put_from`` answer that also says which pages the tier already held.
+- ``PutResult``      what ``put_from`` returns: per page ok, and which pages the tier already held.
 - ``PlacementPolicy`` pure, event-fed object deciding admission, victims, promotion and demotion;
                      never moves bytes, reads no clock, takes no tier lock.
 - ``ExpertStanding`` one expert of an adaptive policy's tier: leading or not, its shadow's hit ratio.
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
@@ -89,9 +90,14 @@ class TierCapabilities:
     # The tier makes room on its own when full (a pool server with watermarks); the store
     # never asks the policy for victims there.
     self_evicting: bool = False
-    # ``put_from`` takes ``soft_pin=[bool per key]``: the tier itself keeps pinned pages longest
-    # (Mooncake Store's soft pin), which matters where the tier evicts on its own.
+    # The tier acts on ``put_from``'s ``soft_pin`` hint: it keeps pinned pages longest itself
+    # (Mooncake Store's soft pin), which matters where the tier evicts on its own. Every tier
+    # accepts the hint; the store works it out only for a tier that acts on it.
     soft_pin: bool = False
+    # Pages live in files under the tier's ``path`` on this machine. Ranks given the same
+    # directory share those files, so only one of them reports their usage; the store's counter
+    # file is kept beside them, so counts survive a restart as the pages do.
+    local_files: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,17 +122,24 @@ class TierUsage:
         return self.used_bytes + self.free_bytes
 
 
-class PutResult(list):  # list[bool]
-    """What a ``put_from`` may return instead of a plain ``list[bool]``: the same per-key
-    answers, plus ``present[i]``: the tier already held page ``i`` and wrote nothing for it. For a
-    tier whose contents the store does not track (a pool, Mooncake Store), this is the only way the
-    store learns that an acknowledged page was not new there."""
+class PutResult(list[bool]):
+    """What ``Tier.put_from`` returns: per key, ``True`` once the page is readable (the result
+    compares equal to that ``list[bool]``), and ``present[i]``: the tier says it already held page
+    ``i`` and wrote nothing for it. A tier that does not say leaves ``present`` all ``False``; the
+    store then goes by its own record, which a tier whose contents it does not track (a pool,
+    Mooncake Store) lacks, so for those tiers ``present`` is how it learns a page was not new."""
 
     __slots__ = ("present",)
 
-    def __init__(self, ok: Sequence[bool], present: Sequence[bool]) -> None:
+    def __init__(self, ok: Iterable[bool], present: Iterable[bool] | None = None) -> None:
         super().__init__(ok)
-        self.present = list(present)
+        self.present: list[bool] = [False] * len(self) if present is None else list(present)
+
+    @classmethod
+    def of(cls, answers: Sequence[bool]) -> PutResult:
+        """``answers`` as a ``PutResult``: itself when it is one; a plain ``list[bool]`` (a failed
+        call's misses, a tier that predates this type) says nothing is present."""
+        return answers if isinstance(answers, PutResult) else cls(answers)
 
 
 class Tier(ABC):
@@ -142,6 +155,7 @@ class Tier(ABC):
     name: str
     kind: TierKind
     capabilities: TierCapabilities
+    path: str  # the directory of a tier with ``capabilities.local_files``; others have none
 
     @abstractmethod
     def contains(self, keys: Sequence[PageKey]) -> list[bool]:
@@ -157,10 +171,15 @@ class Tier(ABC):
         """
 
     @abstractmethod
-    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *,
+                 soft_pin: Sequence[bool] | None = None) -> PutResult:
         """Store each page (the concatenation of its segments). Idempotent: a key already present
         is ``True`` without rewriting. ``False`` where there is no room; a tier does not evict on
-        its own unless it declares ``self_evicting``."""
+        its own unless it declares ``self_evicting``.
+
+        Hints, which a tier may ignore (its capabilities say which it acts on): ``soft_pin[i]``,
+        page ``i`` belongs to a pinned prefix and should be kept longest (``None``: no page is).
+        """
 
     @abstractmethod
     def remove(self, keys: Sequence[PageKey]) -> int:

@@ -11,9 +11,9 @@ Sources, first that applies wins (``resolve_config``):
 5. the embedded default: a host DRAM tier plus LMDB under the user's cache directory.
 Forms 1 (built-in keys), 3 and 4 are SGLang's own, in its own order, translated into our tiers.
 
-The schema and its parsing are ``config``'s; the built-in's forms are read and translated by
-``builtin_config``, which builds on ``config``; this module sits above both, so ``config`` never
-imports ``builtin_config``.
+The schema is ``config``'s and reading config text into it ``config_text``'s; the built-in's forms
+are read by ``builtin_config`` and translated by ``builtin_translate``, which builds on ``config``;
+this module sits above them all, so ``config`` never imports the built-in's modules.
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ from typing import Any
 
 from . import builtin_config as bc
 from . import envs
-from .config import ConfigError, StoreConfig, parse_config, read_config_file
+from .builtin_translate import describe_tiers, translate
+from .config import StoreConfig
+from .config_text import parse_config, read_config_file
+from .errors import ConfigError
 
 CONFIG_ENV = envs.MOONCAKE_SGL_CONFIG.name
 
@@ -49,7 +52,7 @@ class ResolvedConfig:
     def describe(self) -> str:
         """One line: the source, the tiers it became, and the notes."""
         notes = f"; note: {'; '.join(self.notes)}" if self.notes else ""
-        return f"config from {self.source} -> {bc.describe_tiers(self.config)}{notes}"
+        return f"config from {self.source} -> {describe_tiers(self.config)}{notes}"
 
 
 def _not_read(environ: Mapping[str, str], *names: str) -> list[str]:
@@ -171,7 +174,7 @@ def _resolve_builtin(extra: dict[str, Any], theirs: list[str], ours: list[str], 
                               "was given (master_server_address here, "
                               f"${bc.FILE_ENV} or $MOONCAKE_MASTER); with our tiers use namespace_tag",
                               key=theirs[0], source=bc.EXTRA_SOURCE)
-    translation = bc.translate(settings, bc.Ranks.of(storage_config), own)
+    translation = translate(settings, bc.Ranks.of(storage_config), own)
     source = f"SGLang's built-in Mooncake config in {settings.source}"
     return ResolvedConfig(translation.config, source, (*translation.notes, *shadowed),
                           translation.check_server_url)

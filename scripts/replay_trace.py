@@ -45,7 +45,8 @@ from tqdm import tqdm  # noqa: E402
 import mooncake_sgl.policy  # noqa: E402
 import mooncake_sgl.sim.reference  # noqa: E402
 from mooncake_sgl.api import PlacementPolicy  # noqa: E402
-from mooncake_sgl.config import PolicyConfig, load_config_file, parse_size  # noqa: E402
+from mooncake_sgl.config import PolicyConfig, parse_size  # noqa: E402
+from mooncake_sgl.config_text import load_config_file  # noqa: E402
 from mooncake_sgl.policy import policy_for_capacities  # noqa: E402
 from mooncake_sgl.policy.adaptive import AdaptivePolicy  # noqa: E402
 from mooncake_sgl.sim.gen_suite import GENERATORS, generate_requests  # noqa: E402

@@ -13,13 +13,13 @@ import pytest
 from mooncake_sgl import builtin_config as bc
 from mooncake_sgl.cli import main as cli_main
 from mooncake_sgl.config import (
-    ConfigError,
     HostTierConfig,
     LmdbTierConfig,
     MooncakeStoreTierConfig,
     StoreConfig,
 )
 from mooncake_sgl.config_sources import resolve_config
+from mooncake_sgl.errors import ConfigError
 
 GiB, MiB = 1 << 30, 1 << 20
 MASTER = "10.0.0.5:50051"

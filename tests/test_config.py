@@ -8,16 +8,15 @@ import pytest
 
 from mooncake_sgl.cli import main as cli_main
 from mooncake_sgl.config import (
-    ConfigError,
     HostTierConfig,
     LmdbTierConfig,
     StoreConfig,
-    load_config_file,
-    parse_config,
     parse_duration,
     parse_size,
 )
 from mooncake_sgl.config_sources import load_config
+from mooncake_sgl.config_text import load_config_file, parse_config
+from mooncake_sgl.errors import ConfigError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

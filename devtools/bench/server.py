@@ -309,11 +309,11 @@ def serve_main(argv: list[str] | None = None) -> int:
     if not (model / "config.json").is_file():
         print(f"serve_cpu: no config.json in MODEL_DIR {str(model)!r}", file=sys.stderr)
         return 2
-    from mooncake_sgl.config import load_config_file
+    from mooncake_sgl.config_sources import our_file
     from mooncake_sgl.errors import ConfigError
 
     try:
-        load_config_file(tiers)
+        our_file(tiers)  # as the backend reads SGLang's @FILE form: SGLang's own keys are SGLang's
     except ConfigError as e:
         print(f"serve_cpu: {e}", file=sys.stderr)
         return 2

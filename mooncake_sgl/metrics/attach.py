@@ -12,7 +12,6 @@ import logging
 from typing import Any
 
 from ..store import TieredStore
-from ..tiers.ssd import LmdbTier
 from .exporter import StoreExporter
 from .model import RANK_LABELS, rank_name
 from .persist import CounterPersister
@@ -42,13 +41,13 @@ class StoreWatch:
 def usage_reported_elsewhere(store: TieredStore, storage_config: Any,
                              reports_local_usage: bool) -> frozenset[str]:
     """Tiers whose usage another rank of the deployment reports, so that sums over ranks count each
-    byte once: a shared tier (pool, Mooncake Store) is reported by the all-zero rank; the local
-    (LMDB) files by the rank ``reports_local_usage`` says (``hicache.layout`` decides which ranks
-    share a directory)."""
+    byte once: a shared tier (pool, Mooncake Store) is reported by the all-zero rank; a tier's
+    local files (LMDB) by the rank ``reports_local_usage`` says (``hicache.layout`` decides which
+    ranks share a directory)."""
     first = all(v == 0 for v in rank_labels(storage_config).values())
     return frozenset(n for t, n in zip(store.tiers, store.names)
                      if (t.capabilities.shared and not first)
-                     or (isinstance(t, LmdbTier) and not reports_local_usage))
+                     or (t.capabilities.local_files and not reports_local_usage))
 
 
 def _without_usage(stats: dict[str, Any], tiers: frozenset[str]) -> dict[str, Any]:
@@ -76,5 +75,5 @@ def observe_store(store: TieredStore, storage_config: Any, enabled: bool,
             exporter = None
     persisters = [CounterPersister(lambda: _without_usage(store.stats(), elsewhere), t.path,
                                    rank_name(labels)).start()
-                  for t in store.tiers if isinstance(t, LmdbTier)]
+                  for t in store.tiers if t.capabilities.local_files]
     return StoreWatch(exporter, persisters)

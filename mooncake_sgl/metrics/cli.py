@@ -18,8 +18,9 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from ..config import ConfigError, LmdbTierConfig, parse_size
+from ..config import LmdbTierConfig, parse_size
 from ..config_sources import our_file
+from ..errors import ConfigError
 from ..units import MAX_DURATION
 from .model import Snapshot, as_json, diff, rows
 from .persist import CounterFileError, find_counter_files, read_counters

@@ -7,7 +7,10 @@
 - ``conn``       one client connection and the holds it keeps (quarantined when it dies).
 - ``onesided``   the shared-memory / RDMA path: reservations and leases the client copies through.
 - ``refuse``     turning away connections over the limit, with a reason on the wire.
-- ``server``     ``PoolServer``: the accept loop and request handling over the above.
+- ``accept``     who is let in (connection limits) and an accept loop that outlives failures.
+- ``server``     ``PoolServer``: sockets, threads, the accept loop, each connection's handshake
+                 and its wait between requests.
+- ``requests``   one request of a connection: batch limits, the operation, the reply.
 - ``metrics``    the server's Prometheus ``/metrics``.
 - ``cli``        ``mooncake-sgl pool`` (serve, stats, health); ``__main__`` runs it as a module.
 - ``process``    ``PoolProcess``: a server in a subprocess, for tests and benchmarks.

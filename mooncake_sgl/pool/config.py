@@ -22,7 +22,8 @@ from typing import Union
 
 import msgspec
 
-from ..config import _Section, load_config_file, parse_config, parse_duration, parse_size
+from ..config import _Section, parse_duration, parse_size
+from ..config_text import load_config_file, parse_config
 from ..transfer import protocol as P
 from .allocator import ALIGN
 

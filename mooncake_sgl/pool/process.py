@@ -25,8 +25,9 @@ from typing import Any
 
 import msgspec
 
+from ..config_text import parse_config
 from ..procs import ServerProcess, pick_port
-from .config import PoolServerConfig, parse_config
+from .config import PoolServerConfig
 
 
 class PoolStartError(RuntimeError):

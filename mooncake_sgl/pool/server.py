@@ -9,13 +9,17 @@ in ``protocol`` (secret checked before any page moves, the tenant bound), then s
 order until the peer closes. A bad frame gets an ERROR reply naming the problem and closes only
 that connection. When a connection ends, its open reservations are aborted and its leases released.
 
+This module owns the server's sockets, threads and segments: it opens and closes every one, runs
+the handshake and the wait between requests, and keeps the stats. Who is let in is ``accept``'s;
+what one request does to the tenant's pages, and its reply, are ``requests``'s.
+
 Limits, so that no peer can pin the server:
 
 - before authentication: at most ``max_handshakes`` connections (a new one pushes out the oldest,
   and one over ``max_connections`` does too while any is unauthenticated), one deadline for the
   whole handshake, and a CLIENT_HELLO of at most ``protocol.HANDSHAKE_MAX_META`` bytes;
 - after it: ``idle_timeout`` between requests; ``request_timeout`` (plus the data's time at
-  ``MIN_RATE``) for a request to arrive and its reply to be taken; ``hold_timeout`` for a
+  ``requests.MIN_RATE``) for a request to arrive and its reply to be taken; ``hold_timeout`` for a
   reservation or lease, and at most ``max_hold_bytes`` held per client process (``conn``).
 
     server = PoolServer(PoolServerConfig(port=0)).start()   # in-process, returns at once
@@ -38,7 +42,6 @@ from ..memory import MemoryRoots, memory_headroom
 from ..tally import Tally
 from ..transfer import protocol as P
 from ..transfer.tcp import (
-    discard,
     kernel_timeouts,
     read_frame,
     recv_exact,
@@ -50,17 +53,13 @@ from ..transfer.tcp import (
 from .accept import AcceptFailures, Admission, fit_descriptor_limit
 from .config import PoolServerConfig
 from .conn import Conn, HoldLedger
-from .index import PRESENT, Entry
 from .metrics import MetricsHttp, PoolMetrics
 from .onesided import OneSided
 from .refuse import Refuser
+from .requests import MIN_RATE, Requests
 from .tenants import Tenant, authenticate, build_tenants
 
 log = logging.getLogger("mooncake_sgl.pool")
-
-# Slowest data rate a request's deadline allows for (16 MiB/s): a 1 GiB batch gets 64 s on top
-# of request_timeout. Arbitrary, far below any link the pool is meant for.
-MIN_RATE = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -106,6 +105,7 @@ class PoolServer:
         # With ``metrics_port``: the /metrics endpoint and its per-op latency histogram.
         self.metrics: PoolMetrics | None = None
         self.metrics_http: MetricsHttp | None = None
+        self._requests = Requests(config, self.counters, self.one_sided, self.rdma, self.stats)
 
     @property
     def capacity(self) -> int:
@@ -174,7 +174,7 @@ class PoolServer:
         if any(side is None for side in sides.values()):
             log.warning("RDMA requested but off: %s", rdma.unavailable_reason(self.config.rdma_device))
             return
-        self.rdma = sides
+        self.rdma.update(sides)  # in place: ``Requests`` holds this dict
         log.info("RDMA: %s", "; ".join(s.describe() for s in sides.values()))  # type: ignore[attr-defined]
 
     def stop(self) -> None:
@@ -358,7 +358,7 @@ class PoolServer:
                 header = P.parse_header(raw, max_meta=cfg.max_meta_bytes,
                                         max_data=cfg.max_frame_bytes)
                 meta = recv_exact(c.sock, header.meta_len, deadline)
-                self._dispatch(c, header, meta, deadline + header.data_len / MIN_RATE)
+                self._requests.handle(c, header, meta, deadline + header.data_len / MIN_RATE)
                 if self.metrics is not None:
                     self.metrics.observe_op(header.op, time.perf_counter() - started)
         except AuthError as e:
@@ -393,106 +393,6 @@ class PoolServer:
         c.sock.close()
         self.one_sided.drop_all(c, expired)
         self._admission.discard(c)
-
-    # -------------------------------------------------------------------------------- requests
-
-    def _check_batch(self, keys: list[bytes], sizes: list[int] | None = None) -> None:
-        if len(keys) > self.config.max_batch:
-            raise ProtocolError(f"batch of {len(keys)} keys exceeds max_batch={self.config.max_batch}")
-        long = next((i for i, k in enumerate(keys) if len(k) > P.MAX_KEY_BYTES), None)
-        if long is not None:
-            raise ProtocolError(f"key #{long} is {len(keys[long])} bytes long; keys are at most "
-                                f"{P.MAX_KEY_BYTES} bytes")
-        if sizes is not None:
-            if len(sizes) != len(keys):
-                raise ProtocolError(f"{len(keys)} keys but {len(sizes)} sizes")
-            bad = next((i for i, n in enumerate(sizes) if n < 0), None)
-            if bad is not None:
-                raise ProtocolError(f"page size {sizes[bad]} of key #{bad} is negative")
-
-    def _reply(self, c: Conn, op: int, msg: object, deadline: float,
-               data: list[memoryview] | None = None) -> None:
-        n = sum(v.nbytes for v in data) if data else 0
-        send_buffers(c.sock, [P.frame(op | P.REPLY_BIT, msg, n), *(data or [])],  # type: ignore[arg-type]
-                     deadline + n / MIN_RATE)
-        self.counters.add(bytes_out=n)
-
-    def _dispatch(self, c: Conn, header: P.Header, meta: bytearray, deadline: float) -> None:
-        op = header.op
-        msg = P.decode(meta, P.request_type(op))
-        assert c.tenant is not None
-        index, view, one = c.tenant.index, c.tenant.segment.view, self.one_sided
-        if header.data_len and op != P.Op.PUT:
-            raise ProtocolError(f"op {P.Op(op).name} carries no data, got {header.data_len} bytes")
-        if op == P.Op.PUT:
-            self._check_batch(msg.keys, msg.sizes)
-            if sum(msg.sizes) != header.data_len:
-                raise ProtocolError(f"PUT sizes add up to {sum(msg.sizes)} bytes but the frame carries "
-                                    f"{header.data_len}")
-            self._reply(c, op, P.Flags(self._put(c, msg.keys, msg.sizes, deadline)), deadline)
-        elif op == P.Op.GET:
-            self._check_batch(msg.keys, msg.sizes)
-            if sum(msg.sizes) > self.config.max_frame_bytes:
-                # The reply is a frame too; bounding it bounds how long its pages stay leased.
-                raise ProtocolError(f"GET of {sum(msg.sizes)} bytes exceeds the limit of "
-                                    f"{self.config.max_frame_bytes} bytes (max_frame_bytes)")
-            entries = index.lease(msg.keys, msg.sizes)
-            try:
-                self._reply(c, op, P.GetReply([e.size if e else -1 for e in entries]), deadline,
-                            [view[e.offset:e.offset + e.size] for e in entries if e is not None])
-            finally:
-                index.release(entries)
-        elif op == P.Op.EXISTS:
-            self._check_batch(msg.keys)
-            self._reply(c, op, P.Flags(index.contains(msg.keys)), deadline)
-        elif op == P.Op.REMOVE:
-            self._check_batch(msg.keys)
-            self._reply(c, op, P.Count(index.remove(msg.keys)), deadline)
-        elif op == P.Op.CLEAR:
-            self._reply(c, op, P.Count(index.clear()), deadline)
-        elif op == P.Op.STATS:
-            self._reply(c, op, P.Stats(self.stats(c.tenant.name)), deadline)
-        elif op == P.Op.RESERVE:
-            one.check(c, op, c.tickets, "reservations (RESERVE without COMMIT)")
-            self._check_batch(msg.keys, msg.sizes)
-            self._reply(c, op, one.reserve(c, msg.keys, msg.sizes), deadline)
-        elif op == P.Op.COMMIT:
-            one.check(c, op)
-            self._reply(c, op, P.Flags(one.commit(c, msg.ticket, msg.written)), deadline)
-        elif op == P.Op.LEASE:
-            one.check(c, op, c.leases, "leases (LEASE without RELEASE)")
-            self._check_batch(msg.keys, msg.sizes)
-            self._reply(c, op, one.lease(c, msg.keys, msg.sizes), deadline)
-        elif op == P.Op.RELEASE:
-            one.check(c, op)
-            one.release(c, msg.lease)
-        elif op == P.Op.RDMA_CONNECT:
-            side = self.rdma.get(c.tenant.name)
-            if side is None:
-                raise ProtocolError("this pool offers no RDMA (no device, or rdma_device: off)")
-            c.rdma, reply = side.connect(msg)  # type: ignore[attr-defined]
-            c.one_sided = True
-            self._reply(c, op, reply, deadline)
-        else:
-            raise ProtocolError(f"op {op} is not a request")
-
-    def _put(self, c: Conn, keys: list[bytes], sizes: list[int], deadline: float) -> bytes:
-        assert c.tenant is not None
-        index, view = c.tenant.index, c.tenant.segment.view
-        res = index.reserve(keys, sizes)
-        entries = [r for r in res if isinstance(r, Entry)]
-        try:
-            for r, size in zip(res, sizes):
-                if isinstance(r, Entry):
-                    recv_exact_into(c.sock, view[r.offset:r.offset + size], deadline)
-                else:
-                    discard(c.sock, size, deadline)
-        except BaseException:
-            index.abort(entries)  # a truncated PUT leaves nothing readable
-            raise
-        self.counters.add(bytes_in=sum(sizes))
-        index.commit(entries, [True] * len(entries))
-        return bytes(P.PUT_PRESENT if r is PRESENT else int(isinstance(r, Entry)) for r in res)
 
     # ------------------------------------------------------------------------------------- stats
 

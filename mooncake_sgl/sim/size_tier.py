@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Hashable, Iterator, Sequence
 
-from ..api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
+from ..api import PageKey, PageView, PutResult, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
 from ..store.staging import Staging
 
 
@@ -62,7 +62,8 @@ class SizeTier(Tier):
         stored = self._pages
         return [stored.get(k) == page_nbytes(p) for k, p in zip(keys, pages)]
 
-    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *,
+                 soft_pin: Sequence[bool] | None = None) -> PutResult:
         out = []
         with self._lock:
             stored = self._pages
@@ -77,7 +78,7 @@ class SizeTier(Tier):
                 stored[k] = n
                 self._used += n
                 out.append(True)
-        return out
+        return PutResult(out)
 
     def remove(self, keys: Sequence[PageKey]) -> int:
         removed = 0

@@ -7,7 +7,8 @@ Files, one class each, top to bottom (each calls only those below it):
 - ``promoter``      ``Promoter``: pages a read found in a slower tier, copied up.
 - ``placer``        ``Placer``: a write into one tier with room made first (two-phase eviction
                     with demotion, which is a write of the placer into a slower tier), headroom.
-- ``mover``         ``BackgroundMover``: the bounded background thread placement work runs on.
+- ``mover``         ``BackgroundMover``: the bounded background thread placement work runs on;
+                    ``Mover``: the interface the other parts take.
 - ``inline_mover``  ``InlineMover``: the same interface on the caller's thread (simulator).
 - ``residency``     ``Residency``: the one record of which managed tier holds which page (with
                     per-page holds in place of "protected" sets), the lookup buffer, every policy call.

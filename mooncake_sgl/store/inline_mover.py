@@ -1,4 +1,4 @@
-"""``InlineMover``: the mover's interface (``mover.BackgroundMover``) run on the calling thread.
+"""``InlineMover``: a ``mover.Mover`` that runs every task on the calling thread.
 
 Every task runs at once, on the caller: the trace simulator needs deterministic replays (Caffeine's
 simulator runs its product policy with a same-thread executor for the same reason), and it is the

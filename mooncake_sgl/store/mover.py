@@ -1,5 +1,5 @@
 """``BackgroundMover``: where the store's placement work (promotion, demotion, eviction) runs in the
-product.
+product. ``Mover`` is what the store's parts ask of it, so they take either mover.
 
 It is one daemon thread fed by a bounded queue, so placement I/O leaves SGLang's
 prefetch and backup threads:
@@ -13,7 +13,7 @@ prefetch and backup threads:
 - ``close`` stops taking tasks, lets the running one finish, cancels the queued ones (a waiting
   ``call`` gets its ``default``) and joins the thread.
 
-``inline_mover.InlineMover`` is the same interface on the calling thread (simulator, baselines).
+``inline_mover.InlineMover`` is the same ``Mover`` on the calling thread (simulator, baselines).
 
 A task that raises is logged and counted; it never kills the mover thread.
 """
@@ -26,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..tally import Tally
 from .stats import MoverStats
@@ -38,6 +38,26 @@ T = TypeVar("T")
 # Arbitrary: tasks waiting for the mover. A promotion task is one looked-up batch; 256 batches of
 # backlog means the mover is far behind and new promotions are better dropped than queued.
 QUEUE_TASKS = 256
+
+
+class Mover(Protocol):
+    """Where placement work runs: ``BackgroundMover`` (its own thread) or ``InlineMover`` (the
+    caller's). ``background`` tells a caller whether a task it hands over runs later."""
+
+    background: bool
+    counters: Tally[MoverStats]
+
+    def submit(self, fn: Callable[..., Any], *args: Any, urgent: bool = False) -> bool: ...
+
+    def call(self, fn: Callable[..., T], *args: Any, default: T, timeout: float) -> T: ...
+
+    def on_mover_thread(self) -> bool: ...
+
+    def yield_now(self) -> None: ...
+
+    def wait_idle(self, timeout: float = 30.0) -> bool: ...
+
+    def close(self) -> None: ...
 
 
 class BackgroundMover:

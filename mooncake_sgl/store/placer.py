@@ -19,13 +19,11 @@ for them never evicts them.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 from ..api import PageKey, PageView, page_nbytes
 from ..tally import Tally
-from .inline_mover import InlineMover
-from .mover import BackgroundMover
+from .mover import Mover
 from .residency import Residency
 from .staging import Staging
 from .stats import TierPlacementStats
@@ -53,7 +51,7 @@ class Placer:
         room_wait: seconds a request thread waits for the mover to make room.
     """
 
-    def __init__(self, calls: TierCalls, residency: Residency, mover: BackgroundMover | InlineMover,
+    def __init__(self, calls: TierCalls, residency: Residency, mover: Mover,
                  staging: Staging, room_wait: float = ROOM_WAIT) -> None:
         self._calls = calls
         self._residency = residency
@@ -87,15 +85,12 @@ class Placer:
                 self._largest_write[t] = max(self._largest_write[t], need)
                 # Short of room (a batch larger than the tier): the tier still takes what fits.
                 roomy = self._ensure_room(t, need)
-            batch_keys, batch_pages = [keys[i] for i in todo], [pages[i] for i in todo]
-            if tier.capabilities.soft_pin:
-                put = functools.partial(tier.put_from, soft_pin=residency.pinned(batch_keys))
-            else:
-                put = tier.put_from
-            res = calls.call(t, "put", put, batch_keys, batch_pages)
-            held = getattr(res, "present", None) or [False] * len(todo)  # api.PutResult
+            batch_keys = [keys[i] for i in todo]
+            # Working out the pins takes the policy's lock: only for a tier that acts on them.
+            pins = residency.pinned(batch_keys) if tier.capabilities.soft_pin else None
+            res = calls.put(t, batch_keys, [pages[i] for i in todo], pins)
             written, failed, was_held = [], [], []
-            for i, good, h in zip(todo, res, held):
+            for i, good, h in zip(todo, res, res.present):
                 (written if good else failed).append(i)
                 ok[i] = bool(good)
                 if good:

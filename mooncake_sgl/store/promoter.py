@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from ..api import PageKey, PageView
 from ..tally import Tally
-from .inline_mover import InlineMover
-from .mover import BackgroundMover
+from .mover import Mover
 from .placer import Placer
 from .residency import Residency
 from .staging import Staging
@@ -27,7 +26,7 @@ class Promoter:
     """
 
     def __init__(self, calls: TierCalls, residency: Residency, placer: Placer,
-                 mover: BackgroundMover | InlineMover, staging: Staging) -> None:
+                 mover: Mover, staging: Staging) -> None:
         self._calls = calls
         self._residency = residency
         self._placer = placer

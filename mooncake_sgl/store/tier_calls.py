@@ -13,12 +13,13 @@ The metrics hook ``observe_latency(tier, what, seconds)`` (``metrics.attach``, o
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..api import PageKey, Tier
+from ..api import PageKey, PageView, PutResult, Tier
 from ..failure_log import FailureLog
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,15 @@ class TierCalls:
 
     def contains(self, t: int, keys: Sequence[PageKey]) -> list[bool]:
         return self.call(t, "contains", self.tiers[t].contains, keys)
+
+    def put(self, t: int, keys: Sequence[PageKey], pages: Sequence[PageView],
+            soft_pin: Sequence[bool] | None = None) -> PutResult:
+        """``put_from`` into tier ``t``, its answer always a ``PutResult``. The hint goes only
+        where there is one: test doubles of a tier still take just ``(keys, pages)``."""
+        put = self.tiers[t].put_from
+        if soft_pin is None:
+            return PutResult.of(self.call(t, "put", put, keys, pages))
+        return PutResult.of(self.call(t, "put", functools.partial(put, soft_pin=soft_pin), keys, pages))
 
     def remove(self, t: int, keys: Sequence[PageKey]) -> int | None:
         """Pages removed, or ``None`` when the removal failed."""

@@ -39,7 +39,7 @@ from ..api import PageKey, PageView, PlacementPolicy, Tier, page_nbytes
 from ..policy.curve import TierCurves
 from ..tally import Tally
 from .inline_mover import InlineMover
-from .mover import BackgroundMover
+from .mover import BackgroundMover, Mover
 from .placer import ROOM_WAIT, Placer
 from .promoter import Promoter
 from .residency import DRAIN_AT, Residency
@@ -80,7 +80,7 @@ class TieredStore:
         bounded = [t.usage().capacity_bytes if m else None for t, m in zip(self.tiers, calls.managed)]
         kept = TierCurves(bounded, policy.name) if curves else None
         self._residency = Residency(policy, calls.managed, clock, kept)
-        self._mover = BackgroundMover() if mover == "background" else InlineMover()
+        self._mover: Mover = BackgroundMover() if mover == "background" else InlineMover()
         staging = staging or Staging()
         self._placer = Placer(calls, self._residency, self._mover, staging, room_wait)
         self._promoter = Promoter(calls, self._residency, self._placer, self._mover, staging)

@@ -28,18 +28,37 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
+from ..api import PageKey, PageView, PutResult, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
 from ..buffers import copy_batch
 from ..config import HostTierConfig
 from ..errors import TierClosed, TierError
 from ..memory import memory_headroom
+from ..tally import Tally
 
 logger = logging.getLogger(__name__)
 _NO_SLOT = -1
+
+
+@dataclass(frozen=True)
+class HostTierStats:
+    """The host (and HBM) tier's own counts (``stats()``, beside its slot gauges): pages unless
+    named bytes."""
+
+    get_hits: int = 0
+    get_misses: int = 0
+    get_size_mismatch: int = 0  # asked at another size than stored: a miss
+    put_pages: int = 0
+    put_existing: int = 0  # already there: acknowledged, not rewritten
+    put_full: int = 0  # refused: no free slot
+    put_too_large: int = 0  # refused: larger than a slot
+    bytes_read: int = 0
+    bytes_written: int = 0
+    removed: int = 0
 
 
 def _allocate_buffer(nbytes: int, pin: bool) -> tuple[object, np.ndarray]:
@@ -82,9 +101,7 @@ class HostTier(Tier):
         self._lock = threading.Lock()
         self._closed = False
         self._index: dict[PageKey, tuple[int, int]] = {}
-        self._counters = dict.fromkeys(
-            ("get_hits", "get_misses", "get_size_mismatch", "put_pages", "put_existing", "put_full",
-             "put_too_large", "bytes_read", "bytes_written", "removed"), 0)
+        self._counters = Tally(HostTierStats)
         # The buffer is allocated up front, so a capacity the machine cannot give fails at startup;
         # memory is only touched (faulted in) as slots are first written.
         self._tensor, self._buf = self._allocate(self._capacity)
@@ -171,39 +188,45 @@ class HostTier(Tier):
             raise ValueError(f"{len(keys)} keys but {len(pages)} destination pages")
         sizes = [page_nbytes(p) for p in pages]
         slots = [_NO_SLOT] * len(keys)
+        misses = mismatched = 0
         with self._lock:
             self._check_open()
             buf = self._buf
             for i, key in enumerate(keys):
                 entry = self._index.get(key)
                 if entry is None:
-                    self._counters["get_misses"] += 1
+                    misses += 1
                 elif entry[1] != sizes[i]:
-                    self._counters["get_size_mismatch"] += 1
+                    mismatched += 1
                 else:
                     slots[i] = entry[0]
                     self._readers[entry[0]] += 1
+        self._counters.add(get_misses=misses, get_size_mismatch=mismatched)
         try:
             self._read_slots(buf, [(slot, page) for slot, page in zip(slots, pages) if slot != _NO_SLOT])
         finally:
+            hits = nread = 0
             with self._lock:
                 for slot, n in zip(slots, sizes):
                     if slot == _NO_SLOT:
                         continue
-                    self._counters["get_hits"] += 1
-                    self._counters["bytes_read"] += n
+                    hits += 1
+                    nread += n
                     self._readers[slot] -= 1
                     if self._readers[slot] == 0 and self._doomed[slot]:
                         self._doomed[slot] = False
                         self._release(slot)
+            self._counters.add(get_hits=hits, bytes_read=nread)
         return [s != _NO_SLOT for s in slots]
 
-    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *,
+                 soft_pin: Sequence[bool] | None = None) -> PutResult:
         if len(keys) != len(pages):
             raise ValueError(f"{len(keys)} keys but {len(pages)} source pages")
         sizes = [page_nbytes(p) for p in pages]
         results = [False] * len(keys)
         reserved: list[tuple[int, int]] = []  # (position in batch, slot)
+        existing = too_large = full = 0
         with self._lock:
             self._check_open()
             if not self._slot_size and sizes:
@@ -211,22 +234,24 @@ class HostTier(Tier):
             pending: set[PageKey] = set()
             for i, key in enumerate(keys):
                 if key in self._index or key in pending:
-                    self._counters["put_existing"] += 1
+                    existing += 1
                     results[i] = True
                 elif sizes[i] > self._slot_size:
-                    self._counters["put_too_large"] += 1
+                    too_large += 1
                 elif self._nfree == 0:
-                    self._counters["put_full"] += 1
+                    full += 1
                 else:
                     self._nfree -= 1
                     reserved.append((i, int(self._free[self._nfree])))
                     pending.add(key)
             buf = self._buf
+        self._counters.add(put_existing=existing, put_too_large=too_large, put_full=full)
         committed = False
         try:
             self._write_slots(buf, [(slot, pages[i]) for i, slot in reserved])
             committed = True
         finally:
+            written = nwritten = 0
             with self._lock:
                 for i, slot in reserved:
                     key = keys[i]
@@ -236,10 +261,12 @@ class HostTier(Tier):
                         results[i] = committed and not self._closed
                         continue
                     self._index[key] = (slot, sizes[i])
-                    self._counters["put_pages"] += 1
-                    self._counters["bytes_written"] += sizes[i]
+                    written += 1
+                    nwritten += sizes[i]
                     results[i] = True
-        return results
+            self._counters.add(put_pages=written, bytes_written=nwritten)
+        # Pages already here are not reported present: the store goes by its own record of this tier.
+        return PutResult(results)
 
     def remove(self, keys: Sequence[PageKey]) -> int:
         removed = 0
@@ -255,7 +282,7 @@ class HostTier(Tier):
                     self._doomed[slot] = True
                 else:
                     self._release(slot)
-            self._counters["removed"] += removed
+        self._counters.add(removed=removed)
         return removed
 
     def usage(self) -> TierUsage:
@@ -286,8 +313,8 @@ class HostTier(Tier):
         return iter(snapshot)
 
     def stats(self) -> dict[str, float]:
+        out: dict[str, float] = self._counters.as_dict()
         with self._lock:
-            out: dict[str, float] = dict(self._counters)
             out["slot_size"] = self._slot_size
             out["slots"] = self._nslots
             out["slots_free"] = self._nfree

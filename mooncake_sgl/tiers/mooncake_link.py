@@ -23,10 +23,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from ..config import MooncakeStoreTierConfig
 from ..errors import TierClosed
+from ..tally import Tally
 from ..transfer.resolve import connect_within
 
 logger = logging.getLogger(__name__)
@@ -89,6 +91,15 @@ def answers(ep: tuple[str, int], timeout: float = 1.0) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class MasterLinkStats:
+    """A link's counts (in its tier's ``stats()``)."""
+
+    master_lost: int = 0  # times the link went down
+    reconnects: int = 0  # times it came back, by the client's own reconnect or a fresh setup
+    setups: int = 0  # client setups tried, the first included
+
+
 class MasterLink:
     """The client of one tier and its up/down state (see the module docstring).
 
@@ -117,7 +128,7 @@ class MasterLink:
         self._closed = False
         self._inflight = 0
         self._reachable_since: float | None = None
-        self._counts = dict.fromkeys(("master_lost", "reconnects", "setups"), 0)
+        self._counters = Tally(MasterLinkStats)
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
 
@@ -179,13 +190,13 @@ class MasterLink:
                 return
             self._up = False
             self._reachable_since = None
-            self._counts["master_lost"] += 1
+            self._counters.add(master_lost=1)
         logger.warning("%s: master %s unreachable (%s); answering misses until it is back",
                        self.name, self.config.master, why)
 
     def stats(self) -> dict[str, float]:
-        with self._lock:
-            return {**self._counts, "connected": float(self._up)}
+        with self._lock:  # the watcher counts a reconnect as it marks the link up
+            return {**self._counters.as_dict(), "connected": float(self._up)}
 
     def close(self) -> None:
         """Stop the watcher, wait for calls in flight, close the client. Idempotent."""
@@ -210,16 +221,12 @@ class MasterLink:
         if self._closed:
             raise TierClosed(f"tier {self.name} is closed")
 
-    def _count(self, name: str) -> None:
-        with self._lock:
-            self._counts[name] += 1
-
     def _connect(self) -> int:
         """A fresh client: setup (outside the lock: ~4.5 s against a dead master), then replay
         registrations and install it. Returns setup's code (0: connected)."""
         c = self.config
         client = self._ms.MooncakeDistributedStore()
-        self._count("setups")
+        self._counters.add(setups=1)
         # tenant_id only when asked for: Mooncake wheels before tenants take no such argument.
         tenant = {"tenant_id": c.tenant_id} if c.tenant_id != "default" else {}
         rc = client.setup(c.local_hostname, c.metadata_server, c.segment_size, _MOONCAKE_LOCAL_BUFFER,
@@ -273,7 +280,7 @@ class MasterLink:
                 with self._lock:
                     if not self._closed:
                         self._up = True
-                        self._counts["reconnects"] += 1
+                        self._counters.add(reconnects=1)
                 logger.warning("%s: master %s is back", self.name, self.config.master)
                 continue
             # An HA client follows the new leader by itself (~10 s); closing it after a fail-over
@@ -294,6 +301,6 @@ class MasterLink:
         if old is not None:
             old.close()
         if self._connect() == OK and self._up:
-            self._count("reconnects")
+            self._counters.add(reconnects=1)
             logger.warning("%s: reconnected to master %s with a fresh client", self.name,
                            self.config.master)

@@ -32,6 +32,7 @@ import threading
 import time
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ from ..api import PageKey, PageView, PutResult, Tier, TierCapabilities, TierKind
 from ..buffers import gather, scatter
 from ..config import MooncakeStoreTierConfig
 from ..errors import TierError
+from ..tally import Tally
 from .mooncake_link import OK, RPC_TIMEOUT_MS, MasterLink
 
 logger = logging.getLogger(__name__)
@@ -50,6 +52,28 @@ NO_SPACE, INVALID_PARAMS = -200, -600
 REPLICA_NOT_READY, NOT_FOUND, ALREADY_EXISTS, LEASE_EXPIRED = -703, -704, -705, -707
 _TOO_LARGE = -10_000  # ours: a page outside registered memory larger than the staging buffer
 _PROBE_KEY = KEY_PREFIX + "probe"
+
+
+@dataclass(frozen=True)
+class MooncakeStoreTierStats:
+    """The Mooncake Store tier's own counts (``stats()``, beside its link's): pages unless named
+    bytes."""
+
+    puts: int = 0  # written by this client
+    put_bytes: int = 0
+    put_already_present: int = 0  # the cluster held them already: acknowledged, not written
+    put_no_space_retries: int = 0  # retried after the master found no space
+    put_failed_no_space: int = 0  # still no space when the retry window closed
+    put_failed: int = 0  # any other error code
+    put_skipped_down: int = 0  # offered while the master was down
+    get_hits: int = 0
+    get_bytes: int = 0
+    get_misses: int = 0
+    get_failed: int = 0  # neither read nor a plain miss
+    get_skipped_down: int = 0  # asked while the master was down
+    zero_copy_pages: int = 0  # moved straight from or into registered memory
+    staged_pages: int = 0  # copied through the staging buffer
+    too_large: int = 0  # outside registered memory and larger than the staging buffer
 
 
 def _load_mooncake() -> Any:
@@ -110,11 +134,7 @@ class MooncakeStoreTier(Tier):
         self._staging_lock = threading.Lock()
         self._written_bytes = 0
         self._written_pages = 0
-        self._counts: dict[str, int] = dict.fromkeys((
-            "puts", "put_bytes", "put_already_present", "put_no_space_retries",
-            "put_failed_no_space", "put_failed",
-            "put_skipped_down", "get_hits", "get_bytes", "get_misses", "get_failed", "get_skipped_down",
-            "zero_copy_pages", "staged_pages", "too_large"), 0)
+        self._counters = Tally(MooncakeStoreTierStats)
         self._plain_cfg = self._replicate_config(pin=False)
         self._pin_cfg = self._replicate_config(pin=True)
         self._link = MasterLink(name, config, self._ms, self._replay_registrations, _PROBE_KEY)
@@ -144,7 +164,7 @@ class MooncakeStoreTier(Tier):
             return ok
         with self._link.session() as client:
             if client is None:
-                self._count("get_skipped_down", len(keys))
+                self._counters.add(get_skipped_down=len(keys))
                 return ok
             sizes = [page_nbytes(p) for p in pages]
             codes = self._transfer(client, "get", keys, pages, sizes, None)
@@ -158,15 +178,14 @@ class MooncakeStoreTier(Tier):
             for i, c in enumerate(codes):
                 ok[i] = c == sizes[i]
                 got += sizes[i] if ok[i] else 0
-            with self._lock:
-                self._counts["get_hits"] += sum(ok)
-                self._counts["get_bytes"] += got
-                self._counts["get_misses"] += sum(c in (NOT_FOUND, REPLICA_NOT_READY) for c in codes)
-                self._counts["get_failed"] += sum(
-                    not good and c not in (NOT_FOUND, REPLICA_NOT_READY) for good, c in zip(ok, codes))
+            self._counters.add(
+                get_hits=sum(ok), get_bytes=got,
+                get_misses=sum(c in (NOT_FOUND, REPLICA_NOT_READY) for c in codes),
+                get_failed=sum(not good and c not in (NOT_FOUND, REPLICA_NOT_READY)
+                               for good, c in zip(ok, codes)))
             return ok
 
-    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView],
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *,
                  soft_pin: Sequence[bool] | None = None) -> PutResult:
         """Store pages; ``soft_pin[i]`` writes page ``i`` soft-pinned for ``soft_pin_ttl`` (pages of
         pinned prefixes: the master evicts them last). Pin state is fixed when a page is first
@@ -179,17 +198,17 @@ class MooncakeStoreTier(Tier):
             return PutResult(ok, present)
         with self._link.session() as client:
             if client is None:
-                self._count("put_skipped_down", len(keys))
+                self._counters.add(put_skipped_down=len(keys))
                 return PutResult(ok, present)
             # SGLang hands back pages it backed up before: about half the puts of a serving run.
             codes = client.batch_is_exist(object_names(keys))
             self._link.check(codes)
             if not self._link.up:
-                self._count("put_skipped_down", len(keys))
+                self._counters.add(put_skipped_down=len(keys))
                 return PutResult(ok, present)
             for i, c in enumerate(codes):
                 ok[i] = present[i] = c == 1
-            self._count("put_already_present", sum(present))
+            self._counters.add(put_already_present=sum(present))
             pin = [bool(p) and self.config.soft_pin_ttl > 0 for p in soft_pin] if soft_pin \
                 else [False] * len(keys)
             for pinned, cfg in ((False, self._plain_cfg), (True, self._pin_cfg)):
@@ -247,9 +266,7 @@ class MooncakeStoreTier(Tier):
             self._ranges = sorted([*self._ranges, (ptr, ptr + nbytes)])
 
     def stats(self) -> dict[str, float]:
-        with self._lock:
-            counts = dict(self._counts)
-        return {**counts, **self._link.stats(),
+        return {**self._counters.as_dict(), **self._link.stats(),
                 "registered_bytes": float(sum(e - s for s, e in self._ranges))}
 
     def clear(self) -> None:
@@ -286,19 +303,18 @@ class MooncakeStoreTier(Tier):
                     ok[i] = present[i] = True
                 elif c == NO_SPACE:
                     full.append(i)
-            failed = sum(c not in (OK, ALREADY_EXISTS, NO_SPACE) for c in codes)
+            nwritten = sum(sizes[i] for i in written)
+            self._counters.add(puts=len(written), put_bytes=nwritten,
+                               put_already_present=sum(c == ALREADY_EXISTS for c in codes),
+                               put_failed=sum(c not in (OK, ALREADY_EXISTS, NO_SPACE) for c in codes))
             with self._lock:
-                self._counts["puts"] += len(written)
-                self._counts["put_already_present"] += sum(c == ALREADY_EXISTS for c in codes)
-                self._counts["put_bytes"] += sum(sizes[i] for i in written)
-                self._counts["put_failed"] += failed
                 self._written_pages += len(written)
-                self._written_bytes += sum(sizes[i] for i in written)
+                self._written_bytes += nwritten
             # Eviction runs in the master every 10 ms once a put found no space; give it time.
             if not full or not self._link.up or time.monotonic() + delay > deadline:
-                self._count("put_failed_no_space", len(full))
+                self._counters.add(put_failed_no_space=len(full))
                 return
-            self._count("put_no_space_retries", len(full))
+            self._counters.add(put_no_space_retries=len(full))
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
             idx = full
@@ -318,9 +334,9 @@ class MooncakeStoreTier(Tier):
             res = self._call(client, op, names, ptr_lists, seg_sizes, cfg)
             for (i, _), c in zip(direct, res):
                 codes[i] = c
-            self._count("zero_copy_pages", len(direct))
+            self._counters.add(zero_copy_pages=len(direct))
         if staged:
-            self._count("staged_pages", len(staged))
+            self._counters.add(staged_pages=len(staged))
             with self._staging_lock:
                 for i, c in self._staged(client, op, keys, pages, sizes, [i for i, _ in staged], cfg):
                     codes[i] = c
@@ -365,7 +381,7 @@ class MooncakeStoreTier(Tier):
         try:
             for i in idx:
                 if sizes[i] > cap:
-                    self._count("too_large", 1)
+                    self._counters.add(too_large=1)
                     yield i, _TOO_LARGE
                     continue
                 if used + sizes[i] > cap:
@@ -425,11 +441,6 @@ class MooncakeStoreTier(Tier):
             client.register_buffer(self._staging_ptr, self.config.buffer_size)
 
     # --------------------------------------------------------------------------------- helpers
-
-    def _count(self, name: str, n: int) -> None:
-        if n:
-            with self._lock:
-                self._counts[name] += n
 
     def _removed_sizes(self, removed: int) -> int:
         # Sizes of removed pages are unknown without an extra RPC; assume the mean written size.

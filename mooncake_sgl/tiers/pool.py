@@ -154,7 +154,8 @@ class PoolTier(Tier):
         self._counters.add(gets=len(keys), get_hits=sum(out))
         return out
 
-    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> PutResult:
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *,
+                 soft_pin: Sequence[bool] | None = None) -> PutResult:
         def put(c: PoolClient, ps: list[int]) -> list[tuple[bool, bool]]:
             res = c.put_batch([keys[p] for p in ps], [pages[p] for p in ps])
             return list(zip(res, res.present))

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from mooncake_sgl.cli import main as cli_main
-from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, StoreConfig, dump_config
+from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, StoreConfig
+from mooncake_sgl.config_text import dump_config
 from mooncake_sgl.metrics.persist import CounterPersister, counter_file_name, read_counter_file
 from mooncake_sgl.metrics.source import snapshot_of
 from mooncake_sgl.store import build_store
@@ -59,7 +60,7 @@ def test_stats_config_reads_the_counters_after_the_store_stopped(tmp_path: Path)
     from mooncake_sgl.metrics.attach import observe_store
 
     cfg_path = config_file(tmp_path)
-    from mooncake_sgl.config import load_config_file
+    from mooncake_sgl.config_text import load_config_file
 
     store = build_store(load_config_file(str(cfg_path)), rank_suffix=RANK_DIR)
     watch = observe_store(store, storage_config=None, enabled=False, reports_local_usage=True)

@@ -290,7 +290,7 @@ def test_policy_config_validates_heat_fields():
 def test_half_life_for_the_count_min_sketch_is_an_error_naming_the_key(tmp_path):
     # The count-min sketch ages by access count and has no half-life: a config setting one must
     # hear so instead of believing it tuned something.
-    from mooncake_sgl.config import load_config_file
+    from mooncake_sgl.config_text import load_config_file
     from mooncake_sgl.errors import ConfigError
 
     path = tmp_path / "tiers.yaml"
@@ -301,7 +301,7 @@ def test_half_life_for_the_count_min_sketch_is_an_error_naming_the_key(tmp_path)
 
 
 def test_yaml_selects_and_tunes_the_policy(tmp_path):
-    from mooncake_sgl.config import load_config_file
+    from mooncake_sgl.config_text import load_config_file
 
     path = tmp_path / "tiers.yaml"
     path.write_text("policy:\n  name: heat\n  sketch: decay\n  half_life: 2m\n  admission_min_reuse: 1.0\n"

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from mooncake_sgl.api import Tier, TierKind
-from mooncake_sgl.config import HbmTierConfig, StoreConfig, parse_config
+from mooncake_sgl.config import HbmTierConfig, StoreConfig
+from mooncake_sgl.config_text import parse_config
 from mooncake_sgl.errors import TierError
 from mooncake_sgl.tiers import build_tier
 from mooncake_sgl.tiers.hbm import HbmTier

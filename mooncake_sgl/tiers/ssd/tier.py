@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import lmdb
 
-from ...api import PageKey, PageView, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
+from ...api import PageKey, PageView, PutResult, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
 from ...config import LmdbTierConfig, default_cache_dir
 from ...errors import TierClosed, TierError, TierFull
 from ...tally import Tally
@@ -68,7 +68,7 @@ class LmdbTier(Tier):
 
     name = "lmdb"
     kind = TierKind.SSD
-    capabilities = TierCapabilities(persistent=True)
+    capabilities = TierCapabilities(persistent=True, local_files=True)
 
     def __init__(self, config: LmdbTierConfig) -> None:
         self._config = config
@@ -204,7 +204,8 @@ class LmdbTier(Tier):
         except TierFull as e:  # they stay misses: every read of them fails the same check
             logger.warning("%s", e)
 
-    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *,
+                 soft_pin: Sequence[bool] | None = None) -> PutResult:
         if len(keys) != len(pages):
             raise ValueError(f"{len(keys)} keys but {len(pages)} source pages")
         results = [False] * len(keys)
@@ -236,7 +237,8 @@ class LmdbTier(Tier):
                             bytes_written=sum(page_nbytes(pages[i]) for i in written))
                 break
         self._counters.add(put_full=len(todo) - sum(results[i] for i in todo))
-        return results
+        # Pages already here are not reported present: the store goes by its own record of this tier.
+        return PutResult(results)
 
     def _write_txn(self, keys: Sequence[PageKey], pages: Sequence[PageView], todo: list[int]
                    ) -> tuple[list[int], list[int], int] | int:
