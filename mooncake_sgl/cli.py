@@ -18,8 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from . import builtin_config as bc
-from .config import ConfigError, StoreConfig, dump_config
+from .builtin_translate import describe_tiers, translate
+from .config import StoreConfig
 from .config_sources import ResolvedConfig, our_file, resolve_config
+from .config_text import dump_config
+from .errors import ConfigError
 
 
 def _builtin_json(path: Path) -> bool:
@@ -66,7 +69,7 @@ def _resolve(args: argparse.Namespace) -> ResolvedConfig:
     if args.file:
         path = Path(args.file)
         if _builtin_json(path):
-            translation = bc.translate(bc.read_file(path), ranks)
+            translation = translate(bc.read_file(path), ranks)
             return ResolvedConfig(translation.config,
                                   f"SGLang's built-in Mooncake config in {path}", translation.notes,
                                   translation.check_server_url)
@@ -100,7 +103,7 @@ def _config(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.action == "check":
-        print(f"ok: {args.file or args.extra_config}: {bc.describe_tiers(resolved.config)}")
+        print(f"ok: {args.file or args.extra_config}: {describe_tiers(resolved.config)}")
         warning = decode_offload_warning(args.file, args.extra_config) if args.decode_offload else None
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
@@ -122,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         from .pool.cli import main as pool_main
 
         return pool_main(argv[1:])
+    if argv[:1] == ["doctor"]:
+        from .doctor.cli import main as doctor_main
+
+        return doctor_main(argv[1:])
     if argv[:1] == ["stats"]:
         from .metrics.cli import main as stats_main
 
@@ -147,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                               "global_segment_size over tp x pp ranks; device_name may map NICs by rank)")
     sub.add_parser("pool", help="the pooled DRAM server; see `mooncake-sgl pool --help`")
     sub.add_parser("stats", help="our counters from a /metrics URL or an LMDB tier; see `stats --help`")
+    sub.add_parser("doctor", help="why storage hits did not happen, from live servers; see "
+                                  "`doctor --help`")
     args = parser.parse_args(argv)
     if args.command == "config":
         if args.action == "check" and not (args.file or args.extra_config):

@@ -291,9 +291,13 @@ class MooncakeSglStorage(HiCacheStorage):
 
     def _post_namespace(self) -> None:
         """This instance's namespace on the shared tiers' board (``namespace_board``)."""
-        if self._board is not None and self._ns is not None and self._kv is not None:
-            self._board.post(namespace_board.record_for(self._ns, max(1, len(self._kv.head_groups)),
-                                                        namespace_board.sglang_role()))
+        if self._board is None or self._ns is None or self._kv is None:
+            return
+        record = namespace_board.record_for(self._ns, max(1, len(self._kv.head_groups)),
+                                            namespace_board.sglang_role())
+        self._board.post(record)
+        if self._watch is not None and self._watch.exporter is not None:
+            self._watch.exporter.namespace(namespace_board.info_fields(record, self._store_config.tiers))
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         """Bind a hybrid model's host pool (every ``HostPoolGroup`` entry, KV included).

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from ..api import Tier
+from ..config import MooncakeStoreTierConfig, PoolTierConfig
 from ..keys import KeyNamespace, board_key
 
 logger = logging.getLogger(__name__)
@@ -121,6 +122,24 @@ def record_for(ns: KeyNamespace, head_split: int, role: str) -> NamespaceRecord:
         pp_size=ns.pp_size, cp_size=ns.cp_size,
         tag=hashlib.blake2b(ns.tag.encode(), digest_size=8).hexdigest() if ns.tag else "",
         host=socket.gethostname(), seen=time.time())
+
+
+def info_fields(record: NamespaceRecord, tier_configs: Sequence[Any]) -> dict[str, Any]:
+    """``record`` and where it is shared, as the ``/metrics`` namespace series shows them
+    (``metrics.model.NAMESPACE_LABELS``)."""
+    return {**asdict(record), "shared": shared_places(tier_configs)}
+
+
+def shared_places(tier_configs: Sequence[Any]) -> str:
+    """Where the shared tiers among ``tier_configs`` live, one comparable string: instances whose
+    strings overlap key into the same pool or master (``pool:HOST:PORT``, ``mooncake_store:MASTER``)."""
+    places = []
+    for c in tier_configs:
+        if isinstance(c, PoolTierConfig):
+            places += [f"pool:{e}" for e in c.endpoints]
+        elif isinstance(c, MooncakeStoreTierConfig):
+            places.append(f"mooncake_store:{c.master}")
+    return ",".join(sorted(places))
 
 
 def sglang_role() -> str:

@@ -34,6 +34,8 @@ from .model import (
     GAUGES,
     LATENCY,
     LATENCY_BUCKETS,
+    NAMESPACE_INFO,
+    NAMESPACE_LABELS,
     POLICY_COUNTERS,
     POLICY_GAUGES,
     RANK_LABELS,
@@ -80,6 +82,9 @@ class _Families:
                                           registry=registry) for f, name in CURVE_COUNTERS.items()}
         self.curve_gauges = {f: Gauge(name, _help(f"curve {f}"), (*_LABELS, "size"), registry=registry,
                                       multiprocess_mode="mostrecent") for f, name in CURVE_GAUGES.items()}
+        self.namespace = Gauge(NAMESPACE_INFO, "mooncake_sgl key namespace of this rank (1: current)",
+                               (*RANK_LABELS, *NAMESPACE_LABELS), registry=registry,
+                               multiprocess_mode="mostrecent")
 
 
 def _help(field: str) -> str:
@@ -134,6 +139,19 @@ class StoreExporter:
         self._latency_children: dict[tuple[str, str], Any] = {}
         self._timings: dict[tuple[str, str], list[float]] = {}  # observed since the last sync
         self._timings_lock = threading.Lock()
+        self._namespace: dict[str, str] | None = None
+
+    def namespace(self, fields: Mapping[str, object]) -> None:
+        """This rank's namespace now (``NAMESPACE_LABELS``); the one before drops to 0 (multiprocess
+        files cannot remove a series)."""
+        labels = {k: str(fields.get(k, "")) for k in NAMESPACE_LABELS}
+        with self._lock:
+            if self._namespace == labels:
+                return
+            if self._namespace is not None:
+                self._fam.namespace.labels(**self._labels, **self._namespace).set(0)
+            self._fam.namespace.labels(**self._labels, **labels).set(1)
+            self._namespace = labels
 
     def start(self, interval_s: float = DEFAULT_INTERVAL_S) -> StoreExporter:
         self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True,

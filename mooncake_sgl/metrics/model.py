@@ -94,6 +94,13 @@ CURVE_COUNTERS: dict[str, str] = {
 }
 CURVE_GAUGES: dict[str, str] = {"capacity_bytes": "mooncake_sgl_tier_curve_capacity_bytes"}
 CURVE_FIELDS = (*CURVE_COUNTERS, *CURVE_GAUGES)
+# This rank's key namespace (``hicache.namespace_board.NamespaceRecord``'s fields, no secrets) and the
+# shared tiers it keys into (``shared``: ``pool:HOST:PORT,...`` / ``mooncake_store:MASTER``), as a
+# gauge at 1; the previous namespace's series drops to 0 after a weight update. One series per rank:
+# ``mooncake-sgl doctor`` reads it to tell which instances on one shared tier cannot meet.
+NAMESPACE_INFO = "mooncake_sgl_namespace_info"
+NAMESPACE_LABELS = ("role", "model", "weights", "dtype", "layout", "page_size", "key_tp", "pp_size",
+                    "cp_size", "tag", "shared")
 # (rank, tier, size label): one point of one rank's curve.
 CurveKey = tuple[str, str, str]
 

@@ -131,6 +131,16 @@ def _families(text: str):  # noqa: ANN202 (prometheus_client's own iterator type
     return text_string_to_metric_families(text)
 
 
+def series(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Every sample in Prometheus text: sample name -> (labels, value) each (any series, SGLang's
+    included, for readers such as ``doctor`` that look past our own)."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in _families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+    return out
+
+
 def parse(text: str, taken_at: float | None = None) -> Snapshot:
     """Our per-tier series in Prometheus text, one sample per (rank, tier)."""
     vals: dict[tuple[str, str], dict[str, float]] = {}

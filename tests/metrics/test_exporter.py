@@ -281,3 +281,20 @@ def test_capacity_curves_reach_metrics_and_the_stats_table(tmp_path: Path) -> No
     assert as_json(snap)["curves"]["host"][3]["hit_ratio"] == 8 / 16
     table = curve_table(snap)
     assert "capacity curves" in table and "50.0%" in table and "8x" in table
+
+
+def test_the_namespace_series_shows_the_current_namespace_at_1_and_the_one_before_at_0(store) -> None:
+    from mooncake_sgl.doctor.evidence import Look, ServerEvidence
+    from mooncake_sgl.metrics.scrape import parse, series
+
+    registry = CollectorRegistry()
+    exporter = StoreExporter(store.stats, RANK, registry=registry)
+    old = dict(role="colocated", model="m", weights="aaaa", dtype="bf16", layout="page_first", page_size=64,
+               key_tp="1", pp_size=1, cp_size=1, tag="", shared="pool:127.0.0.1:7480")
+    exporter.namespace(old)
+    exporter.namespace({**old, "weights": "bbbb"})  # a weight update
+    text = scrape_registry(registry)
+    ev = ServerEvidence("http://x:1", {}, None, Look(0.0, series(text), parse(text)))
+    [now] = ev.namespaces()
+    assert now["weights"] == "bbbb" and now["page_size"] == "64" and now["shared"] == "pool:127.0.0.1:7480"
+    assert 'weights="aaaa"' in text  # kept at 0: multiprocess files cannot drop a series
