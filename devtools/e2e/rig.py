@@ -102,7 +102,7 @@ def build_rig(shape: KvShape, host_pool_pages: int, extra_config: dict[str, Any]
     from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
-    from mooncake_sgl.hicache.backend import load_page_hash
+    from mooncake_sgl.hicache.page_hash import load_page_hash
 
     backend_class = ensure_backend_registered()
     load_page_hash()  # a missing toolchain fails here, with what to install, not as a warning

@@ -1,37 +1,30 @@
 """``MooncakeSglStorage``: SGLang's ``HiCacheStorage`` over our ``TieredStore``.
 
-A thin, honest adapter: page hashes become ``PageKey``s in this process's namespace (one function,
-the same in exists, get and set), host slot indices become ``PageView``s over the host pool, and
-every failure becomes a miss. No tier logic lives here.
+A thin, honest adapter: page hashes become ``PageKey``s in this process's namespace, host slots (or
+the legacy path's flat pages) become ``PageView``s, and every page of every API moves through one
+path, ``page_objects.move``. No tier logic lives here.
 
 Why subclass ``HiCacheStorage`` and not SGLang's built-in ``MooncakeStore``: the built-in's
 ``__init__`` needs the real ``mooncake`` package and a master, and its keys and IO are its own; we
 take over the name ``mooncake`` (see ``plugin.py``) and handle what the name switches on there.
 
-Hybrid models (the v2 API: ``register_mem_host_pool_v2``, ``batch_*_v2``): every sidecar pool is
-stored as objects of its page's chain in the same tiers, keyed in a namespace derived from the KV
-one; ``sidecars.py`` holds the rules (parts, replication across TP ranks, restorable prefixes) and
-the consistency rule between KV and sidecars.
+Hybrid models (the v2 API): every sidecar pool is stored as objects in the same tiers, keyed in a
+namespace derived from the KV one; ``sidecars.py`` holds the rules (replication across TP ranks,
+restorable prefixes) and the consistency rule between KV and sidecars.
 
 Threading: SGLang calls from its prefetch, prefetch-IO, backup and scheduler threads at once. The
-store is thread-safe; the state here is the metrics lists (under a lock), the pool binding, set at
-attach before IO starts, and the sidecar pool objects, built once per pool under ``_pools_lock``.
+store is thread-safe; the state here is the pool binding, set at attach before IO starts, and the
+sidecar pool objects, built once per pool under ``_pools_lock``.
 
-Error boundary: a tier's failure is already a miss inside the store (``store.tier_calls``); as a
-last resort for what the store itself raises, every public method catches ``Exception`` and answers
-a miss (``False``, ``0``, ``[False] * n``, or ``None`` for one legacy page), logging through the
-same ``failure_log.FailureLog`` (one line per method per interval). A ``None`` where a list is
-expected would kill SGLang's storage thread.
+Error boundary: a tier's failure is already a miss inside the store (``store.tier_calls``); what
+the store itself raises becomes a miss of the method's own shape at ``boundary``.
 """
 
 from __future__ import annotations
 
-import abc
-import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,96 +38,33 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from ..api import PageKey
 from ..builtin_config import wait_for_store_server
-from ..config import tier_kind
 from ..config_sources import resolve_config
 from ..failure_log import FailureLog
-from ..keys import KV_POOL, KeyNamespace, page_key
+from ..keys import KV_POOL, KeyNamespace
 from ..metrics.attach import StoreWatch, observe_store
 from ..store import TieredStore, build_store
-from ..tiers.mooncake_store import object_name
-from . import fingerprint, layout, namespace_board, sidecars, staging_room, weight_updates
-
-try:
-    from sglang.srt.observability.metrics_collector import StorageMetrics
-except ImportError:  # sglang <= 0.5.5
-    from sglang.srt.metrics.collector import StorageMetrics  # type: ignore[no-redef]
+from . import (
+    fingerprint,
+    l3_layout,
+    layout,
+    namespace_board,
+    page_objects,
+    sidecars,
+    staging_room,
+    weight_updates,
+)
+from .boundary import (
+    WeightsChanging,
+    all_false,
+    boundary,
+    each_pool_false,
+    no_restorable_prefix,
+    none_each,
+)
+from .call_metrics import CallMetrics, StorageMetrics
+from .page_hash import load_page_hash
 
 logger = logging.getLogger(__name__)
-
-def _count(keys: Any) -> int:
-    try:
-        return len(keys)
-    except Exception:
-        return 0
-
-
-class WeightsChanging(RuntimeError):
-    """The weights are being replaced: every call is a miss, and not a failure to log."""
-
-
-def _boundary(miss: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Turn any exception of the wrapped method into ``miss(*args)`` plus a rate-limited log line."""
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def guarded(self: MooncakeSglStorage, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return fn(self, *args, **kwargs)
-            except WeightsChanging:
-                return miss(*args, **kwargs)
-            except Exception as e:
-                self._errors.report(fn.__name__, e)
-                return miss(*args, **kwargs)
-        return guarded
-    return wrap
-
-
-def _all_false(keys: Any, *_: Any, **__: Any) -> list[bool]:
-    return [False] * _count(keys)
-
-
-def _none_each(keys: Any, *_: Any, **__: Any) -> list[None]:
-    return [None] * _count(keys)
-
-
-def _no_restorable_prefix(*_: Any, **__: Any) -> PoolTransferResult:
-    return PoolTransferResult(0, {}, [])
-
-
-def _each_pool_false(transfers: Any, *_: Any, **__: Any) -> dict[Any, list[bool]]:
-    try:
-        return {t.name: [False] * _count(t.keys or ()) for t in transfers}
-    except Exception:
-        return {}
-
-
-def _normalise(results: Any, n: int) -> list[bool]:
-    # Exactly one bool per key whatever a tier answered.
-    out = [bool(r) for r in (results or [])][:n]
-    return out + [False] * (n - len(out))
-
-
-def load_page_hash() -> float:
-    """Build or load SGLang's native page-hash extension now; returns the seconds it took.
-
-    Why at attach: SGLang builds it (g++, seconds; longer on a loaded machine) at the first call, and
-    that call is the storage lookup of the first request with a whole page, in the prefetch thread.
-    The scheduler does not wait for that lookup, so on a machine or container without the build
-    cache a fresh server's first request read nothing from storage however much was stored
-    (measured: 0 of 1,024 tokens, against all 1,024 once the extension was built). Called from the
-    backend's constructor, the server is not ready until the hash is.
-
-    Raises: ``RuntimeError`` naming the toolchain the build needs when it fails.
-    """
-    started = time.monotonic()
-    try:
-        from sglang.srt.mem_cache.utils import get_hash_str
-
-        get_hash_str([0])
-    except Exception as e:
-        raise RuntimeError(f"SGLang's page hashing could not load its C++ extension ({e}: {e.__cause__}). "
-                           "It is compiled on first use and needs g++, ninja and the OpenSSL headers "
-                           "(Debian: apt-get install g++ ninja-build libssl-dev)") from e
-    return time.monotonic() - started
 
 
 class MooncakeSglStorage(HiCacheStorage):
@@ -159,17 +89,13 @@ class MooncakeSglStorage(HiCacheStorage):
         self._store_config = resolved.config
         self._writer = layout.is_storage_writer(storage_config)
         self._metrics_on = bool(getattr(storage_config, "enable_storage_metrics", False))
-        self._metrics_lock = threading.Lock()
-        self._prefetch_pgs: list[int] = []
-        self._backup_pgs: list[int] = []
-        self._prefetch_bw: list[float] = []
-        self._backup_bw: list[float] = []
+        self._calls = CallMetrics(self._metrics_on)
         self._geometry: layout.PoolGeometry | None = None
         self._ns: KeyNamespace | None = None
-        self._kv: sidecars.PoolObjects | None = None
+        self._kv: page_objects.PoolObjects | None = None
         self._pools_lock = threading.Lock()
         self._host_pools: dict[str, Any] = {}  # sidecar host pools by PoolName value
-        self._sidecars: dict[str, sidecars.PoolObjects] = {}
+        self._sidecars: dict[str, page_objects.PoolObjects] = {}
         self.mem_pool_host = None
         self._closed = False
         self._session_ids_seen = False
@@ -239,17 +165,17 @@ class MooncakeSglStorage(HiCacheStorage):
         staging_room.check(mem_pool_host, namespace_board.sglang_role(),
                            getattr(self.storage_config, "extra_config", None))
 
-    def _kv_binding(self, mem_pool_host: Any) -> tuple[KeyNamespace, Any, sidecars.PoolObjects]:
+    def _kv_binding(self, mem_pool_host: Any) -> tuple[KeyNamespace, Any, page_objects.PoolObjects]:
         """The KV namespace, pool geometry and page objects of ``mem_pool_host`` under the weights
         this backend keys by now."""
         # DeepSeek V4's anchor only hands out indices (no buffer); its sidecars carry the bytes.
         logical = getattr(mem_pool_host, "kv_buffer", None) is None
-        geometry = (sidecars.logical_geometry(mem_pool_host) if logical
+        geometry = (page_objects.logical_geometry(mem_pool_host) if logical
                     else layout.pool_geometry(mem_pool_host))
         ns = layout.key_namespace(self.storage_config, geometry, self._store_config.namespace_tag,
                                   self._weights.digest)
         split = 1 if logical else layout.head_split(self.storage_config, mem_pool_host)
-        return ns, geometry, sidecars.kv_objects(mem_pool_host, geometry, ns, split)
+        return ns, geometry, page_objects.kv_objects(mem_pool_host, geometry, ns, split)
 
     # ------------------------------------------------------------------ weight updates
     # Called by ``weight_updates``' hooks on SGLang's scheduler thread; see that module for why.
@@ -329,7 +255,7 @@ class MooncakeSglStorage(HiCacheStorage):
         for t in buffers:
             self._store.register_memory(t.data_ptr(), t.numel() * t.element_size())
 
-    def _objects(self, name: Any) -> sidecars.PoolObjects:
+    def _objects(self, name: Any) -> page_objects.PoolObjects:
         """The stored-object view of a registered pool.
 
         Raises: ``RuntimeError`` before the KV pool is registered, ``KeyError`` naming an
@@ -353,17 +279,15 @@ class MooncakeSglStorage(HiCacheStorage):
             return objects
 
     # ------------------------------------------------------------------ keys
+    # A KV page is one object, or one per head group (split heads): ``PoolObjects`` keys and views.
 
-    # A KV page is one object, or one per head group (split heads): ``PoolObjects`` keys, views
-    # and counts them; the methods below turn objects back into pages.
-
-    def _kv_objects(self) -> sidecars.PoolObjects:
+    def _kv_objects(self) -> page_objects.PoolObjects:
         if self._kv is None:
             raise RuntimeError("no host pool registered yet (register_mem_pool_host)")
         return self._kv
 
     def _parent(self, extra_info: Any) -> PageKey | None:
-        return sidecars.part_key(self._kv_objects(), layout.parent_hash(extra_info))
+        return page_objects.part_key(self._kv_objects(), layout.parent_hash(extra_info))
 
     def _live(self) -> None:
         if self._closed:
@@ -375,12 +299,9 @@ class MooncakeSglStorage(HiCacheStorage):
         if self._board is not None:
             self._board.in_use()
 
-    def _logical_kv(self) -> bool:
-        return self._kv is not None and self._kv.logical
-
     # ------------------------------------------------------------------ zero-copy path
 
-    @_boundary(_all_false)
+    @boundary(all_false)
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> list[bool]:
         """Read pages into the host slots ``host_indices`` (``page_size`` slots per key).
@@ -389,16 +310,13 @@ class MooncakeSglStorage(HiCacheStorage):
         ``False`` pages may be partly written.
         """
         self._live()
-        if self._logical_kv():
-            return [True] * len(keys)  # no KV bytes; the v2 sidecars carry the page
         start = time.perf_counter()
         kv = self._kv_objects()
-        found = self._store.get_into(kv.keys(keys), kv.views(host_indices, len(keys)))
-        ok = _normalise(kv.present_pages(_normalise(found, len(keys) * kv.parts)), len(keys))
-        self._record(self._prefetch_pgs, self._prefetch_bw, sum(ok), start)
+        ok = page_objects.move(self._store, kv, keys, kv.pages(host_indices, len(keys)), None, write=False)
+        self._calls.record("prefetch", 0 if kv.logical else sum(ok), self._geometry.page_nbytes, start)
         return ok
 
-    @_boundary(_all_false)
+    @boundary(all_false)
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> list[bool]:
         """Store the pages in host slots ``host_indices``; ``True`` once readable (or already there).
@@ -407,19 +325,18 @@ class MooncakeSglStorage(HiCacheStorage):
         stores the identical page and every rank reads it.
         """
         self._live()
-        if not self._writer or self._logical_kv():
+        if not self._writer:
             return [True] * len(keys)
         start = time.perf_counter()
         kv = self._kv_objects()
-        stored = self._store.put_from(kv.keys(keys), kv.views(host_indices, len(keys)),
-                                      self._parent(extra_info))
-        ok = _normalise(kv.present_pages(_normalise(stored, len(keys) * kv.parts)), len(keys))
-        self._record(self._backup_pgs, self._backup_bw, sum(ok), start)
+        ok = page_objects.move(self._store, kv, keys, kv.pages(host_indices, len(keys)),
+                               layout.parent_hash(extra_info), write=True)
+        self._calls.record("backup", 0 if kv.logical else sum(ok), self._geometry.page_nbytes, start)
         return ok
 
     # ------------------------------------------------------------------ existence
 
-    @_boundary(lambda *a, **k: 0)
+    @boundary(lambda *a, **k: 0)
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         """Length of the leading run of ``keys`` readable in some tier (prefix semantics)."""
         self._live()
@@ -428,7 +345,7 @@ class MooncakeSglStorage(HiCacheStorage):
         kv = self._kv_objects()
         return int(self._store.exists_prefix(kv.keys(keys), self._parent(extra_info))) // kv.parts
 
-    @_boundary(lambda *a, **k: False)
+    @boundary(lambda *a, **k: False)
     def exists(self, key: str) -> bool:
         self._live()
         found = self._store.contains(self._kv_objects().keys([key]))
@@ -436,7 +353,7 @@ class MooncakeSglStorage(HiCacheStorage):
 
     # ------------------------------------------------------------------ hybrid pools (v2)
 
-    @_boundary(_no_restorable_prefix)
+    @boundary(no_restorable_prefix)
     def batch_exists_v2(self, keys: list[str], pool_transfers: list[PoolTransfer] | None = None,
                         extra_info: Any = None) -> PoolTransferResult:
         """Which prefixes of ``keys`` can be restored with every pool they need.
@@ -452,7 +369,7 @@ class MooncakeSglStorage(HiCacheStorage):
         kv = self._objects(KV_POOL)
         prior = layout.parent_hash(extra_info)
         kv_pages = len(keys) if kv.logical else int(
-            self._store.exists_prefix(kv.keys(keys), sidecars.part_key(kv, prior))) // kv.parts
+            self._store.exists_prefix(kv.keys(keys), page_objects.part_key(kv, prior))) // kv.parts
         looked_up = [(self._objects(t.name), t) for t in pool_transfers or ()] if kv_pages else []
         evidence = [sidecars.evidence(self._store, objects, t, keys, kv_pages, prior)
                     for objects, t in looked_up]
@@ -460,39 +377,21 @@ class MooncakeSglStorage(HiCacheStorage):
         sidecars.heat_trailing(self._store, looked_up, evidence, keys, result.kv_hit_pages)
         return result
 
-    @_boundary(_each_pool_false)
+    @boundary(each_pool_false)
     def batch_get_v2(self, transfers: list[PoolTransfer], extra_info: Any = None
                      ) -> dict[Any, list[bool]]:
         """Read each transfer's pages into its pool's host slots; per pool, one bool per page."""
         self._live()
         return {t.name: self._pool_io(t, extra_info, write=False) for t in transfers}
 
-    @_boundary(_each_pool_false)
+    @boundary(each_pool_false)
     def batch_set_v2(self, transfers: list[PoolTransfer], extra_info: Any = None
                      ) -> dict[Any, list[bool]]:
         """Store each transfer's pages from its pool's host slots; ``True`` once readable."""
         self._live()
-        self._refuse_session_id(extra_info)
+        if not self._session_ids_seen:
+            self._session_ids_seen = sidecars.refuse_session_id(extra_info)
         return {t.name: self._pool_io(t, extra_info, write=True) for t in transfers}
-
-    def _refuse_session_id(self, extra_info: Any) -> None:
-        """Say once that a session id given with stored pages goes nowhere, and why.
-
-        In SGLang 0.5.23 only the unified-cache external linker passes one
-        (``--enable-unified-cache-external-linker``), and it builds SGLang's own ``MooncakeStore``,
-        never a ``--hicache-storage-backend``; that backend hands it to Mooncake as
-        ``ReplicateConfig.session_ids`` so that Mooncake's stored-KV events name the session. We
-        write our own objects and emit no stored-KV events, and the installed Mooncake client's
-        ``ReplicateConfig`` may not have the field at all. The pages are stored as usual.
-        """
-        session = (getattr(extra_info, "extra_info", None) or {}).get("session_id")
-        if session is None or self._session_ids_seen:
-            return
-        self._session_ids_seen = True
-        logger.warning("mooncake_sgl: refused: the session id %r given with stored pages is not "
-                       "published: this backend emits no stored-KV events (the pages are stored; "
-                       "SGLang's HiCache controller never passes one, only its unified-cache "
-                       "external linker, which uses SGLang's own MooncakeStore)", session)
 
     def _pool_io(self, transfer: PoolTransfer, extra_info: Any, write: bool) -> list[bool]:
         # One pool's failure is that pool's miss; the other pools of the call still move.
@@ -500,8 +399,10 @@ class MooncakeSglStorage(HiCacheStorage):
         if not hashes:
             return []
         try:
-            return sidecars.move(self._store, self._objects(transfer.name), hashes,
-                                 transfer.host_indices, layout.parent_hash(extra_info), write)
+            objects = self._objects(transfer.name)
+            return page_objects.move(self._store, objects, hashes,
+                                     objects.pages(transfer.host_indices, len(hashes)),
+                                     layout.parent_hash(extra_info), write)
         except Exception as e:
             self._errors.report(f"batch_{'set' if write else 'get'}_v2[{transfer.name}]", e)
             return [False] * len(hashes)
@@ -511,7 +412,7 @@ class MooncakeSglStorage(HiCacheStorage):
     # (``get_data_page(flat=True)``); ``layout.flat_page_view`` orders them like zero-copy pages, so
     # the same key holds the same bytes on both paths.
 
-    @_boundary(lambda *a, **k: None)
+    @boundary(lambda *a, **k: None)
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
         """Read one page into ``target_location`` (a flat page; allocated when not given).
 
@@ -519,7 +420,7 @@ class MooncakeSglStorage(HiCacheStorage):
         """
         return self.batch_get([key], [target_location] if target_location is not None else None)[0]
 
-    @_boundary(_none_each)
+    @boundary(none_each)
     def batch_get(self, keys: list[str], target_locations: Any = None,
                   target_sizes: Any = None) -> list[torch.Tensor | None]:
         """Per key: the filled flat page tensor, or ``None`` on a miss."""
@@ -527,19 +428,17 @@ class MooncakeSglStorage(HiCacheStorage):
         if target_locations is None:
             target_locations = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
         # Filled in place, so they must already be contiguous CPU pages (flat_page_view checks).
-        kv = self._kv_objects()
-        objects = kv.objects_of([layout.flat_page_view(self._geometry, t) for t in target_locations])
-        found = self._store.get_into(kv.keys(keys), objects)
-        ok = _normalise(kv.present_pages(_normalise(found, len(keys) * kv.parts)), len(keys))
+        pages = [layout.flat_page_view(self._geometry, t) for t in target_locations]
+        ok = page_objects.move(self._store, self._kv_objects(), keys, pages, None, write=False)
         return [t if good else None for t, good in zip(target_locations, ok, strict=True)]
 
-    @_boundary(lambda *a, **k: False)
+    @boundary(lambda *a, **k: False)
     def set(self, key: str, value: Any = None, target_location: Any = None,
             target_sizes: Any = None) -> bool:
         """Store one flat page tensor under ``key``."""
         return self.batch_set([key], [value])
 
-    @_boundary(lambda *a, **k: False)
+    @boundary(lambda *a, **k: False)
     def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
                   target_sizes: Any = None) -> bool:
         """Store flat page tensors; ``True`` only if every page is readable afterwards."""
@@ -547,19 +446,18 @@ class MooncakeSglStorage(HiCacheStorage):
         if not self._writer:
             return True
         src = [v.detach().to("cpu").contiguous() for v in values]  # keeps the copies alive
-        kv = self._kv_objects()
-        objects = kv.objects_of([layout.flat_page_view(self._geometry, t) for t in src])
-        return all(_normalise(self._store.put_from(kv.keys(keys), objects), len(keys) * kv.parts))
+        pages = [layout.flat_page_view(self._geometry, t) for t in src]
+        return all(page_objects.move(self._store, self._kv_objects(), keys, pages, None, write=True))
 
     # ------------------------------------------------------------------ lifecycle, metrics
 
-    @_boundary(lambda *a, **k: None)
+    @boundary(lambda *a, **k: None)
     def clear(self) -> None:
         """Drop every page of every tier (``POST /hicache/storage-backend/clear``)."""
         self._live()
         self._store.clear()
 
-    @_boundary(lambda *a, **k: None)
+    @boundary(lambda *a, **k: None)
     def close(self) -> None:
         """Close the tiers; idempotent. Later calls answer misses."""
         if self._closed:
@@ -573,17 +471,8 @@ class MooncakeSglStorage(HiCacheStorage):
     def describe_l3_object_layout(self, *, sidecar_pool_specs: Any = (),
                                   swa_trailing_pages: int | None = None,
                                   page_size: int | None = None) -> dict[str, Any]:
-        """Our answer to ``GET /get_hicache_l3_cache_layout`` (and the scheduler's startup info).
-
-        Always ``enabled: false``: external KV routers compute the built-in backend's object keys
-        (``{key_prefix}_{page_hash}{suffix}``) and look them up in Mooncake; ours are a namespace
-        digest and the raw page hash, which that formula cannot produce, so an ``enabled`` reply
-        would send routers after keys that never exist. ``hicache_object_layout.mooncake_sgl``
-        says what our keys are instead (formats, namespace, page bytes, tiers), identical on every
-        rank because SGLang merges the ranks' replies and refuses ones that differ.
-
-        Never raises: the scheduler calls it while starting up.
-        """
+        """Our answer to ``GET /get_hicache_l3_cache_layout`` (``l3_layout``: always disabled, with
+        what our keys are instead). Never raises: the scheduler calls it while starting up."""
         try:
             if self._closed:
                 return disabled_l3_layout("the mooncake_sgl backend is closed", backend="mooncake",
@@ -591,117 +480,20 @@ class MooncakeSglStorage(HiCacheStorage):
             if self._ns is None or self._geometry is None or self._store is None:
                 return disabled_l3_layout("no host pool registered yet (register_mem_pool_host)",
                                           backend="mooncake", page_size=page_size)
-            return self._l3_layout(page_size)
+            return l3_layout.describe(self._ns, self._geometry, self._store, self._store_config.tiers,
+                                      list(self._host_pools), page_size)
         except Exception as e:
             return disabled_l3_layout(f"mooncake_sgl could not describe its layout: "
                                       f"{type(e).__name__}: {e}", backend="mooncake", page_size=page_size)
 
-    def _l3_layout(self, page_size: int | None) -> dict[str, Any]:
-        ns, geometry = self._ns, self._geometry
-        ours = {
-            "namespace": _rank_template(ns),
-            "namespace_digest": f"BLAKE2b-{8 * len(ns.digest)} of the namespace, this rank's "
-                                "{tp_rank}, {pp_rank}, {cp_rank} filled in",
-            "page_key": "namespace_digest bytes, b'h', the page hash's 32 bytes (its 64 hex digits)",
-            "object_key": {"pool": "page_key", "lmdb": "page_key",
-                           "mooncake_store": _object_key_template(ns)},
-            "page_bytes": geometry.page_nbytes,
-            "page_segments": list(geometry.segment_sizes),
-            "tiers": [{"kind": tier_kind(cfg), "name": name, "shared": tier.capabilities.shared}
-                      for cfg, name, tier in zip(self._store_config.tiers, self._store.names,
-                                                 self._store.tiers, strict=True)],
-            "sidecar_pools": sorted(self._host_pools),
-        }
-        return {
-            "enabled": False,
-            "backend": "mooncake",
-            "page_size": page_size,
-            "reason": "mooncake_sgl object keys are a namespace digest and the page hash, not the "
-                      "built-in backend's '{key_prefix}_{page_hash}{suffix}' that external routers "
-                      "compute; see hicache_object_layout.mooncake_sgl",
-            "hicache_object_layout": {"pools": [], "is_mla_backend": ns.rank_replicated,
-                                      "pp_rank": ns.pp_rank, "pp_size": ns.pp_size,
-                                      "mooncake_sgl": ours},
-        }
-
-    def _record(self, pgs: list[int], bws: list[float], pages: int, start: float) -> None:
-        if not self._metrics_on or pages <= 0:
-            return
-        elapsed = max(time.perf_counter() - start, 1e-9)
-        gbps = pages * self._geometry.page_nbytes / elapsed / 1e9
-        with self._metrics_lock:
-            pgs.append(pages)
-            bws.append(gbps)
-
-    @_boundary(lambda *a, **k: StorageMetrics())
+    @boundary(lambda *a, **k: StorageMetrics())
     def get_stats(self) -> StorageMetrics:
         """Pages and GB/s per prefetch and backup call since the previous call (then reset)."""
-        metrics = StorageMetrics()
-        with self._metrics_lock:
-            metrics.prefetch_pgs.extend(self._prefetch_pgs)
-            metrics.backup_pgs.extend(self._backup_pgs)
-            metrics.prefetch_bandwidth.extend(self._prefetch_bw)
-            metrics.backup_bandwidth.extend(self._backup_bw)
-            for lst in (self._prefetch_pgs, self._backup_pgs, self._prefetch_bw, self._backup_bw):
-                lst.clear()
-        return metrics
+        return self._calls.drain()
 
     def store_stats(self) -> dict[str, object]:
         """The tiered store's own counters (for ``mooncake-sgl stats`` and tests)."""
         return self._store.stats() if self._store is not None else {}
 
 
-def _rank_template(ns: KeyNamespace) -> str:
-    """``ns.describe()`` with this process's TP/PP/CP ranks as ``{tp_rank}``-style placeholders.
-
-    Raises: ``ValueError`` if the namespace string no longer shows a rank where expected (the
-    template would not fill back to this rank's namespace).
-    """
-    text, ranks = ns.describe(), {}
-    for axis, rank, size in (("tp", ns.tp_rank, ns.tp_size), ("pp", ns.pp_rank, ns.pp_size),
-                             ("cp", ns.cp_rank, ns.cp_size)):
-        if axis == "tp" and ns.rank_replicated:
-            continue  # MLA: one namespace for every TP rank
-        token = f"|{axis}{rank}/{size}|" if axis != "cp" else f"|{axis}{rank}/{size}"
-        if token not in text:
-            raise ValueError(f"namespace {text!r} shows no {token!r}")
-        text = text.replace(token, token.replace(f"{axis}{rank}/", f"{axis}{{{axis}_rank}}/"), 1)
-        ranks[f"{{{axis}_rank}}"] = str(rank)
-    filled = text
-    for placeholder, rank in ranks.items():
-        filled = filled.replace(placeholder, rank, 1)
-    if filled != ns.describe():
-        raise ValueError(f"namespace template {text!r} does not fill back to {ns.describe()!r}")
-    return text
-
-
-def _object_key_template(ns: KeyNamespace) -> str:
-    """The Mooncake Store object key of a page, from the functions that build it."""
-    probe = "f" * 64
-    name = object_name(page_key(ns, probe))
-    digest = ns.digest.hex()
-    if digest not in name or not name.endswith(probe):
-        raise ValueError(f"Mooncake object key {name!r} is not built from the namespace digest "
-                         "and the page hash")
-    return name[:-len(probe)].replace(digest, "{namespace_digest}", 1) + "{page_hash}"
-
-
-def _serve_layout_queries() -> None:
-    """Let SGLang's scheduler ask us for our L3 layout.
-
-    ``Scheduler._hicache_l3_layout`` (its startup info and ``GET /get_hicache_l3_cache_layout``)
-    calls ``describe_l3_object_layout`` only on instances of the built-in ``MooncakeStore``; any
-    other backend under the name ``mooncake`` is answered "Mooncake storage is not attached",
-    which is false. A virtual subclass (``ABCMeta.register``) passes that check without
-    inheriting any of the built-in's code; nothing else in sglang 0.5.23 tests for the class.
-    """
-    try:
-        from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
-    except Exception as e:  # another sglang: its scheduler then answers for us
-        logger.info("mooncake_sgl: SGLang's MooncakeStore is not importable (%s); "
-                    "/get_hicache_l3_cache_layout will not reach this backend", e)
-        return
-    abc.ABCMeta.register(MooncakeStore, MooncakeSglStorage)
-
-
-_serve_layout_queries()
+l3_layout.serve_layout_queries(MooncakeSglStorage)

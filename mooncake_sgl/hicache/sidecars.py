@@ -26,11 +26,11 @@ a page and its sidecars alike and they age together.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from sglang.srt.mem_cache.hicache_storage import (
     PoolHitPolicy,
     PoolName,
@@ -38,101 +38,14 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransferResult,
 )
 
-from ..api import PageKey, PageView
-from ..keys import KV_POOL, KeyNamespace, page_key
 from . import layout
+from .page_objects import PoolObjects, part_key
+
+logger = logging.getLogger(__name__)
 
 # Sidecars that SGLang shards by TP rank even when the model's KV is replicated (MLA): Kimi-K3's
 # Mamba/KDA state. SGLang's own backend keys these per rank too.
 _TP_SHARDED_POOLS = frozenset({PoolName.MAMBA.value})
-
-
-@dataclass(frozen=True)
-class PoolObjects:
-    """One registered host pool as stored objects: keys, views and parts of its pages."""
-
-    name: str  # the ``PoolName`` value
-    pool: Any
-    geometry: layout.PoolGeometry
-    namespace: KeyNamespace
-    chunk: int  # bytes per stored part; 0 = the page is one object (the KV pool itself)
-    # Split heads (KV only): one namespace per head group of a page, each group its own object
-    # (``layout.head_group_views``); empty when the page is stored whole.
-    head_groups: tuple[KeyNamespace, ...] = ()
-
-    @property
-    def parts(self) -> int:
-        """Stored objects per page."""
-        if self.head_groups:
-            return len(self.head_groups)
-        if not self.chunk:
-            return 1
-        return max(1, -(-self.geometry.page_nbytes // self.chunk))
-
-    @property
-    def object_nbytes(self) -> int:
-        """Bytes of the largest stored object of a page (what a host slot must hold)."""
-        if self.head_groups:
-            return self.geometry.page_nbytes // len(self.head_groups)
-        return min(self.chunk, self.geometry.page_nbytes) if self.chunk else self.geometry.page_nbytes
-
-    @property
-    def logical(self) -> bool:
-        """A pool that only hands out indices (DeepSeek V4's KV anchor): no bytes to move."""
-        return not self.geometry.segment_sizes
-
-    def keys(self, hashes: Sequence[str]) -> list[PageKey]:
-        """Keys of every stored object of ``hashes``' pages, page by page, parts in order."""
-        if self.head_groups:
-            return [page_key(ns, h) for h in hashes for ns in self.head_groups]
-        if not self.chunk:
-            return [page_key(self.namespace, h) for h in hashes]
-        n = self.parts
-        return [page_key(self.namespace, h, part) for h in hashes for part in range(n)]
-
-    def views(self, host_indices: torch.Tensor, npages: int) -> list[PageView]:
-        """Views of every stored object of the pages at ``host_indices``, in ``keys`` order.
-
-        Raises:
-            ValueError: indices outside the pool or not ``npages`` whole pages.
-        """
-        return self.objects_of(layout.page_views(self.pool, self.geometry, host_indices, npages))
-
-    def objects_of(self, pages: Sequence[PageView]) -> list[PageView]:
-        """Whole pages (zero-copy or flat views) → the views of their stored objects, in ``keys``
-        order."""
-        if self.head_groups:
-            split = len(self.head_groups)
-            return [group for page in pages for group in layout.head_group_views(page, split)]
-        if not self.chunk:
-            return list(pages)
-        return [part for page in pages for part in chunk_page(page, self.chunk)]
-
-    def present_pages(self, found: Sequence[bool]) -> list[bool]:
-        """Per page: are all its parts among ``found`` (one bool per object, ``keys`` order)."""
-        n = self.parts
-        return [all(found[i * n:(i + 1) * n]) for i in range(len(found) // n)]
-
-
-def chunk_page(page: PageView, chunk: int) -> list[PageView]:
-    """Cut a page's segments into consecutive parts of ``chunk`` bytes (the last may be shorter).
-    The parts alias the page's memory."""
-    parts: list[PageView] = []
-    current: list[memoryview] = []
-    room = chunk
-    for seg in page:
-        off = 0
-        while off < seg.nbytes:
-            take = min(room, seg.nbytes - off)
-            current.append(seg[off:off + take])
-            off += take
-            room -= take
-            if not room:
-                parts.append(current)
-                current, room = [], chunk
-    if current:
-        parts.append(current)
-    return parts
 
 
 def is_rank_replicated(cfg: Any, name: str, pool: Any) -> bool:
@@ -145,25 +58,6 @@ def is_rank_replicated(cfg: Any, name: str, pool: Any) -> bool:
     if not layout.is_rank_replicated(cfg) or name in _TP_SHARDED_POOLS:
         return False
     return not hasattr(pool, "v_buffer")
-
-
-def kv_objects(pool: Any, geometry: layout.PoolGeometry, namespace: KeyNamespace, split: int = 1
-               ) -> PoolObjects:
-    """The KV pool's objects: whole pages, or ``split`` head groups per page (split heads).
-
-    Raises:
-        ValueError: ``split`` > 1 for a rank-replicated namespace.
-    """
-    groups = namespace.head_groups(split) if split > 1 else ()
-    return PoolObjects(name=KV_POOL, pool=pool, geometry=geometry, namespace=namespace, chunk=0,
-                       head_groups=groups)
-
-
-def logical_geometry(pool: Any) -> layout.PoolGeometry:
-    """Geometry of a pool with no buffer (``kv_buffer is None``): indices only, no segments."""
-    return layout.PoolGeometry(page_size=layout.pool_page_size(pool),
-                               layout=str(getattr(pool, "layout", "")), dtype="none",
-                               segment_sizes=(), flat_order=())
 
 
 def sidecar_objects(cfg: Any, kv: PoolObjects, name: str, pool: Any) -> PoolObjects:
@@ -252,14 +146,29 @@ def resolve(kv_pages: int, pools: Sequence[PoolEvidence]) -> PoolTransferResult:
     return PoolTransferResult(ordered[-1] if ordered else 0, hit_count, ordered)
 
 
+def refuse_session_id(extra_info: Any) -> bool:
+    """Say that a session id given with stored pages goes nowhere, and why; ``True`` once said.
+
+    In SGLang 0.5.23 only the unified-cache external linker passes one
+    (``--enable-unified-cache-external-linker``), and it builds SGLang's own ``MooncakeStore``,
+    never a ``--hicache-storage-backend``; that backend hands it to Mooncake as
+    ``ReplicateConfig.session_ids`` so that Mooncake's stored-KV events name the session. We
+    write our own objects and emit no stored-KV events, and the installed Mooncake client's
+    ``ReplicateConfig`` may not have the field at all. The pages are stored as usual.
+    """
+    session = (getattr(extra_info, "extra_info", None) or {}).get("session_id")
+    if session is None:
+        return False
+    logger.warning("mooncake_sgl: refused: the session id %r given with stored pages is not "
+                   "published: this backend emits no stored-KV events (the pages are stored; "
+                   "SGLang's HiCache controller never passes one, only its unified-cache "
+                   "external linker, which uses SGLang's own MooncakeStore)", session)
+    return True
+
+
 # ---------------------------------------------------------------------------------- store calls
 # ``store`` is the backend's ``TieredStore``; these raise on a broken call and the backend turns
 # that into the pool's miss.
-
-def part_key(objects: PoolObjects, prior: str | None) -> PageKey | None:
-    """The last stored object of the page before a chain (the policy's parent), if any."""
-    return objects.keys([prior])[-1] if prior is not None and not objects.logical else None
-
 
 def evidence(store: Any, objects: PoolObjects, transfer: PoolTransfer, keys: Sequence[str],
              kv_pages: int, prior: str | None) -> PoolEvidence:
@@ -289,19 +198,3 @@ def heat_trailing(store: Any, looked_up: Sequence[tuple[PoolObjects, PoolTransfe
             store.exists_prefix(objects.keys(keys[max(0, hit - ev.window):hit]))
 
 
-def move(store: Any, objects: PoolObjects, hashes: list[str], host_indices: Any, prior: str | None,
-         write: bool) -> list[bool]:
-    """Store (``write``) or load one pool's pages at ``host_indices``; one bool per page.
-
-    Raises: ``ValueError`` for indices outside the pool or not one page per hash.
-    """
-    if objects.logical:
-        return [True] * len(hashes)
-    keys = objects.keys(hashes)
-    views = objects.views(host_indices, len(hashes))
-    if write:
-        ok = store.put_from(keys, views, part_key(objects, prior))
-    else:
-        ok = store.get_into(keys, views)
-    ok = [bool(x) for x in (ok or [])][:len(keys)]
-    return objects.present_pages(ok + [False] * (len(keys) - len(ok)))

@@ -20,7 +20,7 @@ from sglang.srt.mem_cache.memory_pool_host import LogicalHostPool
 from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
 from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
 
-from mooncake_sgl.hicache import sidecars
+from mooncake_sgl.hicache import page_objects, sidecars
 from mooncake_sgl.hicache.backend import MooncakeSglStorage
 
 from . import hybrid, pools
@@ -71,7 +71,7 @@ def test_parts_cover_a_page_exactly_in_order() -> None:
     data = bytearray(range(256)) * 40  # 10240 bytes in three segments
     base = memoryview(data)
     page = [base[:3000], base[3000:3001], base[3001:]]
-    parts = sidecars.chunk_page(page, 4096)
+    parts = page_objects.chunk_page(page, 4096)
     assert [sum(s.nbytes for s in p) for p in parts] == [4096, 4096, 2048]
     assert b"".join(bytes(s) for p in parts for s in p) == bytes(data)
 
