@@ -13,6 +13,8 @@ Primitives, one line each:
 - ``PutResult``      what ``put_from`` returns: per page ok, and which pages the tier already held.
 - ``PlacementPolicy`` pure, event-fed object deciding admission, victims, promotion and demotion;
                      never moves bytes, reads no clock, takes no tier lock.
+- ``ResidencyView``  the record of which page is in which tier, as a policy reads it (sizes and
+                     membership); the policy keeps ordering state only.
 - ``ExpertStanding`` one expert of an adaptive policy's tier: leading or not, its shadow's hit ratio.
 - ``STATS_SHAPE``    the nesting of ``TieredStore.stats()`` (one namespace per source of counts).
 
@@ -23,9 +25,10 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from typing import Protocol
 
 PageKey = bytes
 PageView = Sequence[memoryview]
@@ -226,6 +229,21 @@ class Tier(ABC):
         """Release resources; idempotent. Later calls raise ``errors.TierClosed``."""
 
 
+class ResidencyView(Protocol):
+    """The record of residency as a policy reads it: per tier, the pages the policy ranks there and
+    their footprints. ``store.residency.Residency`` keeps it for the store (pages being evicted are
+    not in it: their policy forgot them), ``sim.ledger.Ledger`` without a store. Live and read-only:
+    a policy reads sizes and membership here and never keeps a map of its own beside it, so what it
+    ranks and what the store holds cannot drift apart."""
+
+    def pages(self, tier: int) -> Mapping[PageKey, int]:
+        """Pages of ``tier`` and their footprints (empty for a tier the store does not track); the
+        same live mapping on every call."""
+
+    def used(self, tier: int) -> int:
+        """Sum of the footprints in ``pages(tier)``."""
+
+
 class PlacementPolicy(ABC):
     """Where pages should live. Pure: fed events by the store (or by the trace simulator), it never
     moves bytes, reads no clock (time arrives through ``tick``) and takes no tier lock. The store
@@ -234,11 +252,14 @@ class PlacementPolicy(ABC):
     Lookups reach the policy in batches: the store buffers them and replays them, with their own
     ``tick`` times and in arrival order, before any decision (``admit``, ``victims``,
     ``promotion_target``); under a flood of lookups the oldest buffered ones may be dropped.
-    Inserts and removals arrive when they are committed, so the policy's view of a tier is the
-    store's record (``store.residency``); the policy keeps the ordering state its decisions need.
-    ``victims`` starts an eviction and forgets the victims at once, in every policy: the store
-    never reports ``on_remove`` for them, and hands back those it could not remove through
-    ``on_evict_aborted``.
+    Residency is the store's record, which the policy reads through the ``ResidencyView`` it is
+    bound to (``bind``); the policy keeps the ordering state its decisions need and nothing else.
+    Events keep the two in step: ``on_insert`` names pages once the record holds them (each page
+    new to the tier, once), ``on_remove`` names pages the record still holds and drops right after,
+    so a policy reads the size of every page it ranks from the record.
+    ``victims`` starts an eviction and forgets the victims at once, in every policy: they leave the
+    view as the call returns, the store never reports ``on_remove`` for them, and hands back those it
+    could not remove through ``on_evict_aborted``.
 
     ``name`` is the policy's name as the config's ``policy.name`` spells it (``lru``, ``heat``,
     ``adaptive``; the simulator's references ``arc``, ``lirs``, ``lfuda``): metrics label by it.
@@ -248,6 +269,15 @@ class PlacementPolicy(ABC):
     """
 
     name: str
+    residency: ResidencyView  # set by ``bind``
+
+    def bind(self, residency: ResidencyView) -> None:
+        """Hand the policy the record it reads. ``Residency`` binds its policy when the store is
+        built, ``sim.ledger.Ledger`` without a store. Once: ordering state describes one record."""
+        bound = getattr(self, "residency", None)
+        if bound is not None and bound is not residency:
+            raise ValueError(f"{type(self).__name__} is bound to another residency record already")
+        self.residency = residency
 
     @abstractmethod
     def on_lookup(self, keys: Sequence[PageKey], tiers: Sequence[int | None],
@@ -258,11 +288,12 @@ class PlacementPolicy(ABC):
     @abstractmethod
     def on_insert(self, keys: Sequence[PageKey], tier: int, nbytes: Sequence[int],
                   parent: PageKey | None = None) -> None:
-        """Pages of a chain became readable in ``tier``."""
+        """Pages of a chain became readable in ``tier``, each new there (the record holds them)."""
 
     @abstractmethod
     def on_remove(self, keys: Sequence[PageKey], tier: int) -> None:
-        """Pages left ``tier`` (evicted, removed, found corrupt)."""
+        """Pages left ``tier`` outside an eviction (removed, found corrupt); the record holds them
+        until this returns."""
 
     @abstractmethod
     def admit(self, keys: Sequence[PageKey], tier: int) -> list[bool]:
@@ -272,7 +303,8 @@ class PlacementPolicy(ABC):
     def victims(self, tier: int, nbytes: int, protected: AbstractSet[PageKey] = frozenset()
                 ) -> list[PageKey] | None:
         """Pages of ``tier`` to evict to free at least ``nbytes``, never one in ``protected`` (the
-        pages the store holds for a move in flight). The returned pages are forgotten at once (a
+        pages the store holds for a move in flight) and never one the record lacks there (their
+        sizes are read from it). The returned pages are forgotten at once (a
         later ``victims`` never names them again). ``None`` if that much cannot be freed; then no
         state changes."""
 
@@ -285,13 +317,15 @@ class PlacementPolicy(ABC):
         """Slower tier to move a victim of ``from_tier`` into, or ``None`` to drop it."""
 
     def on_evict_aborted(self, keys: Sequence[PageKey], tier: int, nbytes: Sequence[int]) -> None:
-        """Victims returned by ``victims`` that stay in ``tier`` after all (their removal failed):
-        they must be evictable again later. Default: treat them as inserted again."""
+        """Victims returned by ``victims`` that stay in ``tier`` after all (their removal failed; the
+        record holds them again): they must be evictable again later. Default: treat them as
+        inserted again."""
         self.on_insert(keys, tier, nbytes)
 
     def residents(self, tier: int) -> set[PageKey] | None:
-        """The pages this policy believes are in ``tier``, for consistency checks (tests, the
-        simulator); ``None`` when the policy does not track them. Not used for decisions."""
+        """The pages this policy's ordering state ranks in ``tier``, for consistency checks (tests,
+        the simulator): the record's pages, when the events kept the two in step. ``None`` when the
+        policy ranks nothing there. Not used for decisions."""
         return None
 
     def is_pinned(self, key: PageKey) -> bool:

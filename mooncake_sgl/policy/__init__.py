@@ -5,7 +5,12 @@
                       filters for slower tiers, pins with TTL.
 - ``adaptive.AdaptivePolicy`` the default: per tier, evicts as the best of LRU/ARC/LIRS/LFU-DA on
                       sampled shadow caches (``experts``, ``shadow``).
+- ``rules``           the write-through rules (admit everywhere, promote to 0, demote one down), once.
+- ``chained``         heat's and adaptive's shared base: chain links, pins, the ``on_insert`` prologue.
 - ``sketch``          the bounded frequency estimators heat is built on.
+
+Every policy keeps ordering state only; sizes and membership are read from the record of residency
+it is bound to (``api.ResidencyView``).
 """
 
 from __future__ import annotations

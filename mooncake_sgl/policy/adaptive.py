@@ -35,20 +35,23 @@ to every tier (write-through), a page found in a slower tier is promoted to tier
 tier moves one tier down. Pinned prefixes (``policy.pins``) are never victims until ``ttl`` after their
 last lookup.
 
-Pure, like every policy here: events in, decisions out, no clock (``tick``), no I/O. Chain links live
-in ``chains.ChainLinks`` and pins in ``pins.Pins``, shared with the heat policy.
+Pure, like every policy here: events in, decisions out, no clock (``tick``), no I/O. Pages' sizes,
+and which tier holds a page, are the record's (``api.ResidencyView``): the experts keep order only.
+The write-through rules are ``rules.WriteThrough``'s; chain links, pins and the ``on_insert``
+prologue are ``chained.ChainedPolicy``'s, shared with the heat policy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
-from ..api import ExpertStanding, PageKey, PlacementPolicy
+from ..api import ExpertStanding, PageKey
 from ..config import PolicyConfig
+from .chained import ChainedPolicy, TierState
 from .chains import ChainLinks
 from .experts import EXPERTS, Expert, LruExpert
-from .pins import Pins
+from .rules import WriteThrough
 from .shadow import Tournament, key_hash, sample_rate
 
 # Chain links of looked-up pages not yet resident, kept until their write arrives, and lookups kept
@@ -58,26 +61,23 @@ PENDING_LINKS = 1 << 14
 FIRST_LEADER = next(i for i, e in enumerate(EXPERTS) if e is LruExpert)
 
 
-class _Tier:
-    """One bounded tier: its resident pages, their experts, their shadows."""
+class _Tier(TierState):
+    """One bounded tier: the experts ranking its resident pages, their shadows."""
 
-    __slots__ = ("capacity", "size", "used", "experts", "tournament", "kids", "evictions")
+    __slots__ = ("experts", "tournament")
 
     def __init__(self, capacity: int | None):
-        self.capacity = capacity
-        self.size: dict[PageKey, int] = {}  # resident pages and their bytes
-        self.used = 0
+        super().__init__(capacity)
         self.experts: list[Expert] = []  # built once the page size is known
         self.tournament: Tournament | None = None
-        self.kids: dict[PageKey, int] = {}  # resident children in this tier, by parent
-        self.evictions = 0
 
-    def start(self, page_bytes: int) -> None:
+    def start(self, page_bytes: int, real: Container[PageKey]) -> None:
+        """Size the experts and shadows; ``real``: the tier's resident pages (the record's)."""
         pages = max(1, self.capacity // page_bytes)
         rate = sample_rate(pages)
         self.experts = [cls(pages) for cls in EXPERTS]
         self.tournament = Tournament([cls(max(1, round(pages * rate))) for cls in EXPERTS], rate,
-                                     FIRST_LEADER, self.size)
+                                     FIRST_LEADER, real)
 
     @property
     def leader(self) -> Expert:
@@ -109,7 +109,7 @@ def _eviction_order(state: _Tier) -> Iterator[PageKey]:
     yield from state.leader.candidates()
 
 
-class AdaptivePolicy(PlacementPolicy):
+class AdaptivePolicy(WriteThrough, ChainedPolicy):
     """Shadow-rated choice among LRU, ARC, LIRS and LFU-DA, per tier, over ``len(capacities)`` tiers.
 
     Args:
@@ -119,40 +119,25 @@ class AdaptivePolicy(PlacementPolicy):
     """
 
     name = "adaptive"
+    _tiers: list[_Tier]
 
     def __init__(self, capacities: Sequence[int | None], config: PolicyConfig | None = None):
-        if not capacities:
-            raise ValueError("AdaptivePolicy needs at least one tier")
         self.config = config = config or PolicyConfig()
-        self._tiers = [_Tier(c) for c in capacities]
-        self._page_bytes = 0  # learnt from the first insert; sizes experts and shadows in pages
-        self._where: dict[PageKey, int] = {}  # bitmask of tracked tiers holding a page
-        self._links = _Links()
+        ChainedPolicy.__init__(self, [_Tier(c) for c in capacities], config.pins, _Links())
+        WriteThrough.__init__(self, len(capacities))
         # Lookups before the first write (the page size, hence the shadows' size, is not known yet):
         # the shadows replay them once built, so they see the stream from its first request.
         self._early: list[Sequence[PageKey]] = []
-        self._pins = Pins(config.pins)
-        self._now = 0.0
 
     # ------------------------------------------------------------------ events
-
-    def tick(self, now: float) -> None:
-        if now <= self._now:
-            return
-        self._now = now
-        self._pins.tick(now)
-
-    def is_pinned(self, key: PageKey) -> bool:
-        return self._pins.is_pinned(key)
 
     def on_lookup(self, keys: Sequence[PageKey], tiers: Sequence[int | None],
                   parent: PageKey | None = None) -> None:
         run = next((i for i, t in enumerate(tiers) if t is None), len(tiers))
         self._learn_links(keys, parent)
         for i in range(run - 1, -1, -1):  # tail first, so a chain's head ends most recent
-            tier = self._tiers[tiers[i]]
-            if keys[i] in tier.size:
-                for expert in tier.experts:
+            if keys[i] in self.residency.pages(tiers[i]):
+                for expert in self._tiers[tiers[i]].experts:
                     expert.hit(keys[i])
         if not self._page_bytes:
             if sum(map(len, self._early)) + len(keys) <= PENDING_LINKS:
@@ -161,84 +146,63 @@ class AdaptivePolicy(PlacementPolicy):
             self._observe(keys)
         self._pins.on_lookup(keys, parent)
 
-    def on_insert(self, keys: Sequence[PageKey], tier: int, nbytes: Sequence[int],
-                  parent: PageKey | None = None) -> None:
-        if not keys:
-            return
-        if not self._page_bytes:
-            self._page_bytes = max(1, max(nbytes))
-            for t in self._tiers:
-                if t.capacity is not None:
-                    t.start(self._page_bytes)
-            for early in self._early:
-                self._observe(early)
-            self._early.clear()
-        state = self._tiers[tier]
-        if state.capacity is None:
-            # A self-evicting tier drops pages without telling anyone: tracking them would grow
-            # without bound, and no victims are ever asked of it.
-            return
-        bit = 1 << tier
-        for key, n in zip(reversed(keys), reversed(nbytes)):  # tail first: tails leave first
-            if key in state.size:
-                continue
-            state.size[key] = n
-            state.used += n
-            for expert in state.experts:
-                expert.add(key)
-            if state.tournament.is_sampled(key):
-                state.tournament.real_added(key)
-            where = self._where.get(key, 0)
-            if not where:
-                self._links.adopt(key)
-            self._where[key] = where | bit
-            p = self._links.parent_of(key)
-            if p is not None:
-                state.kids[p] = state.kids.get(p, 0) + 1
+    def _sized(self) -> None:
+        for t, state in enumerate(self._tiers):
+            if state.capacity is not None:
+                state.start(self._page_bytes, self.residency.pages(t))
+        for early in self._early:
+            self._observe(early)
+        self._early.clear()
+
+    def _place(self, state: _Tier, tier: int, key: PageKey, nbytes: int) -> None:
+        for expert in state.experts:
+            expert.add(key)
+        if state.tournament.is_sampled(key):
+            state.tournament.real_added(key)
 
     def on_remove(self, keys: Sequence[PageKey], tier: int) -> None:
-        state = self._tiers[tier]
+        state, sizes = self._tiers[tier], self.residency.pages(tier)
+        if state.capacity is None:
+            return
         for key in keys:
-            if key in state.size:
-                self._leave(state, key, 1 << tier)
+            if key in sizes:
+                self._leave(state, tier, key)
 
     def residents(self, tier: int) -> set[PageKey] | None:
         state = self._tiers[tier]
-        return None if state.capacity is None else set(state.size)
+        if state.capacity is None:
+            return None
+        if not state.experts:
+            return set()
+        it = state.experts[FIRST_LEADER].candidates()
+        try:
+            return set(it)
+        finally:
+            it.close()
 
     # ------------------------------------------------------------------ decisions
-
-    def admit(self, keys: Sequence[PageKey], tier: int) -> list[bool]:
-        return [True] * len(keys)
-
-    def promotion_target(self, key: PageKey, found_tier: int) -> int | None:
-        return 0 if found_tier > 0 else None
-
-    def demotion_target(self, key: PageKey, from_tier: int) -> int | None:
-        return from_tier + 1 if from_tier + 1 < len(self._tiers) else None
 
     def victims(self, tier: int, nbytes: int, protected: AbstractSet[PageKey] = frozenset()
                 ) -> list[PageKey] | None:
         state = self._tiers[tier]
         if nbytes <= 0:
             return []
-        if state.capacity is None or not state.experts or self._evictable(state, protected) < nbytes:
+        if state.capacity is None or not state.experts or self._evictable(tier, protected) < nbytes:
             return None
+        sizes = self.residency.pages(tier)
         chosen: dict[PageKey, None] = {}
-        freed = self._pick(state, nbytes, protected, chosen, leaves_only=True)
+        freed = self._pick(state, sizes, nbytes, protected, chosen, leaves_only=True)
         if freed < nbytes:  # only parents of resident children are left: take them too
-            self._pick(state, nbytes - freed, protected, chosen, leaves_only=False)
-        bit = 1 << tier
+            self._pick(state, sizes, nbytes - freed, protected, chosen, leaves_only=False)
         for key in chosen:
-            self._leave(state, key, bit)
+            self._leave(state, tier, key)
         state.evictions += len(chosen)
         return list(chosen)
 
     def stats(self) -> dict[str, float]:
-        out: dict[str, float] = {"tracked_pages": float(len(self._where)),
-                                 "pinned_pages": float(len(self._pins))}
+        out = super().stats()
         for i, t in enumerate(self._tiers):
-            out[f"tier{i}_pages"] = float(len(t.size))
+            out[f"tier{i}_pages"] = float(len(self.residency.pages(i)))
             if t.tournament is None:
                 continue
             tour = t.tournament
@@ -275,10 +239,10 @@ class AdaptivePolicy(PlacementPolicy):
             if tier.tournament is not None:
                 tier.tournament.observe(tier.tournament.sampled(keys, hashes))
 
-    def _pick(self, state: _Tier, nbytes: int, protected: AbstractSet[PageKey],
-              chosen: dict[PageKey, None], leaves_only: bool) -> int:
+    def _pick(self, state: _Tier, sizes: Mapping[PageKey, int], nbytes: int,
+              protected: AbstractSet[PageKey], chosen: dict[PageKey, None], leaves_only: bool) -> int:
         freed = 0
-        kids, size = state.kids, state.size
+        kids = state.kids
         parent_of, pinned = self._links.parent_of, self._pins.is_pinned  # bound once: per candidate
         # Children chosen in this call: their parent is a leaf once they are all chosen, and comes
         # right after them in an order that inserts and references chains tail first.
@@ -286,12 +250,13 @@ class AdaptivePolicy(PlacementPolicy):
         it = _eviction_order(state)
         try:
             for key in it:
-                if key in chosen or key in protected or pinned(key):
-                    continue
+                n = sizes.get(key)
+                if n is None or key in chosen or key in protected or pinned(key):
+                    continue  # only the record's pages can be victims
                 if leaves_only and kids.get(key, 0) > gone.get(key, 0):
                     continue
                 chosen[key] = None
-                freed += size[key]
+                freed += n
                 if freed >= nbytes:
                     break
                 p = parent_of(key)
@@ -301,22 +266,8 @@ class AdaptivePolicy(PlacementPolicy):
             it.close()
         return freed
 
-    def _evictable(self, state: _Tier, protected: AbstractSet[PageKey]) -> int:
-        """Bytes of the tier that are neither protected nor pinned (O(protected + pinned))."""
-        held = 0
-        for key in protected | set(self._pins.keys()) if len(self._pins) else protected:
-            n = state.size.get(key)
-            if n is not None and (key in protected or self.is_pinned(key)):
-                held += n
-        return state.used - held
-
-    def _leave(self, state: _Tier, key: PageKey, bit: int) -> None:
-        state.used -= state.size.pop(key)
+    def _leave(self, state: _Tier, tier: int, key: PageKey) -> None:
         for expert in state.experts:
             expert.drop(key)
         state.tournament.real_removed(key)
-        if self._links.leave_tier(key, bit, self._where, state.kids):
-            self._pins.forget(key)
-
-    def _learn_links(self, keys: Sequence[PageKey], parent: PageKey | None) -> None:
-        self._links.link_children(keys, parent, self._where, [state.kids for state in self._tiers])
+        self._depart(state, tier, key)

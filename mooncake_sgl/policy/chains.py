@@ -2,14 +2,15 @@
 
 Links come from lookups only (a write may be a filtered or demoted batch, not a chain). A link of a
 resident page is kept while the page is resident anywhere; a link of a page looked up but not yet
-written waits in a bounded FIFO (``PENDING_LINKS``) until its write arrives. The heat policy uses the
-links to evict leaves before their parents and to keep ancestors at least as warm as their chains.
+written waits in a bounded FIFO (``PENDING_LINKS``) until its write arrives. The heat and adaptive
+policies use the links to evict leaves before their parents, heat also to keep ancestors at least as
+warm as their chains. Which tier holds a page is the record's (``api.ResidencyView``), never kept here.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 
 from ..api import PageKey
 
@@ -61,36 +62,36 @@ class ChainLinks:
         """``key`` is resident nowhere any more."""
         self._parent.pop(key, None)
 
-    def link_children(self, keys: Sequence[PageKey], parent: PageKey | None, where: dict[PageKey, int],
-                      kids: Sequence[dict[PageKey, int]]) -> None:
+    def link_children(self, keys: Sequence[PageKey], parent: PageKey | None,
+                      holders: Sequence[Container[PageKey]], kids: Sequence[dict[PageKey, int]]) -> None:
         """Learn a looked-up chain's links: each resident page learnt gives its parent a resident child
-        in every tier holding it. ``where``: a bit per tier holding a page; ``kids[t]``: resident
-        children per page in tier ``t`` (a page with children there is not a victim before them)."""
-        for key, p in self.learn(keys, parent, where.__contains__):
+        in every tier holding it. ``holders[i]``: the pages a tier holds; ``kids[i]``: that tier's
+        resident children per page (a page with children there is not a victim before them)."""
+
+        def resident(key: PageKey) -> bool:
+            for held in holders:
+                if key in held:
+                    return True
+            return False
+
+        for key, p in self.learn(keys, parent, resident):
             if p is None:
                 continue
-            bits = where[key]
-            for t, tier_kids in enumerate(kids):
-                if bits >> t & 1:
+            for held, tier_kids in zip(holders, kids):
+                if key in held:
                     tier_kids[p] = tier_kids.get(p, 0) + 1
 
-    def leave_tier(self, key: PageKey, bit: int, where: dict[PageKey, int], kids: dict[PageKey, int]) -> bool:
-        """``key`` left the tier with ``bit`` (``kids``: that tier's resident children per page): its
-        parent loses a child there. True when ``key`` is resident nowhere now (its link is dropped)."""
+    def leave_tier(self, key: PageKey, kids: dict[PageKey, int]) -> None:
+        """``key`` left a tier (``kids``: that tier's resident children per page): its parent loses a
+        child there."""
         p = self._parent.get(key)
-        if p is not None:
-            left = kids.get(p, 0) - 1
-            if left > 0:
-                kids[p] = left
-            else:
-                kids.pop(p, None)
-        bits = where.get(key, 0) & ~bit
-        if bits:
-            where[key] = bits
-            return False
-        where.pop(key, None)
-        self.drop(key)
-        return True
+        if p is None:
+            return
+        left = kids.get(p, 0) - 1
+        if left > 0:
+            kids[p] = left
+        else:
+            kids.pop(p, None)
 
     def ancestors(self, key: PageKey | None) -> Iterator[PageKey]:
         """``key`` and the known pages before it, nearest first (resident or pending links)."""

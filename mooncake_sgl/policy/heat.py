@@ -45,21 +45,23 @@ promoted to tier 0 when hot (heat >= ``promotion_min_hits``). Pinned prefixes (a
 chain, matched by the page hash of its first page) are never victims until ``ttl`` after their last
 lookup.
 
-The policy is pure: events in, decisions out; it reads no clock (``tick``) and moves no bytes. Chain
-links live in ``chains.ChainLinks`` and pins in ``pins.Pins``; this module holds heat, the segments
-and the decisions.
+The policy is pure: events in, decisions out; it reads no clock (``tick``) and moves no bytes. Pages'
+sizes, and which tier holds a page, are the record's (``api.ResidencyView``); the segments keep
+order only. Chain links, pins and the ``on_insert`` prologue are ``chained.ChainedPolicy``'s, shared
+with the adaptive policy; this module holds heat, the segments and the decisions.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
-from ..api import PageKey, PlacementPolicy
+from ..api import PageKey
 from ..config import PolicyConfig
+from .chained import ChainedPolicy, TierState
 from .chains import ChainLinks
-from .pins import Pins
+from .rules import demotion_tier, promotion_tier
 from .sketch import make_sketch
 
 # Heat of a page demanded at least once before this write: it skips probation. The sketch
@@ -79,29 +81,23 @@ WATCH_LIMIT = 1 << 18
 WATCH_WINDOW = 1024
 
 
-class _Segments:
-    """One tier: probation FIFO + main LRU, both ordered oldest first, with their ghost lists."""
+class _Segments(TierState):
+    """One tier: probation FIFO + main LRU, both ordered oldest first, with their ghost lists. Every
+    value is ``None``: ``pop(key, 0) is None`` means "was there"; sizes are the record's."""
 
-    __slots__ = ("capacity", "probation", "main", "used_probation", "used_main", "target",
-                 "ghost_probation", "ghost_main", "kids", "evictions", "ghost_hits_probation",
-                 "ghost_hits_main")
+    __slots__ = ("probation", "main", "used_probation", "target", "ghost_probation", "ghost_main",
+                 "ghost_hits_probation", "ghost_hits_main")
 
     def __init__(self, capacity: int | None, probation_fraction: float):
-        self.capacity = capacity
-        self.probation: OrderedDict[PageKey, int] = OrderedDict()
-        self.main: OrderedDict[PageKey, int] = OrderedDict()
-        self.used_probation = 0
-        self.used_main = 0
+        super().__init__(capacity)
+        self.probation: OrderedDict[PageKey, None] = OrderedDict()
+        self.main: OrderedDict[PageKey, None] = OrderedDict()
+        self.used_probation = 0  # bytes in probation; main holds the rest of the tier's
         self.target = (capacity or 0) * probation_fraction
         self.ghost_probation: OrderedDict[PageKey, None] = OrderedDict()
         self.ghost_main: OrderedDict[PageKey, None] = OrderedDict()
-        self.kids: dict[PageKey, int] = {}  # resident children in this tier, by parent
-        self.evictions = 0
         self.ghost_hits_probation = 0
         self.ghost_hits_main = 0
-
-    def __contains__(self, key: PageKey) -> bool:
-        return key in self.main or key in self.probation
 
     def pages(self) -> int:
         return len(self.main) + len(self.probation)
@@ -156,7 +152,7 @@ class _ReuseWatch:
             self.expired /= 2
 
 
-class HeatPolicy(PlacementPolicy):
+class HeatPolicy(ChainedPolicy):
     """Heat-based admission, eviction, promotion and demotion over ``len(capacities)`` tiers.
 
     Args:
@@ -166,19 +162,14 @@ class HeatPolicy(PlacementPolicy):
     """
 
     name = "heat"
+    _tiers: list[_Segments]
 
     def __init__(self, capacities: Sequence[int | None], config: PolicyConfig | None = None):
-        if not capacities:
-            raise ValueError("HeatPolicy needs at least one tier")
         self.config = config = config or PolicyConfig()
-        self._tiers = [_Segments(c, config.probation_fraction) for c in capacities]
+        super().__init__([_Segments(c, config.probation_fraction) for c in capacities], config.pins,
+                         ChainLinks())
         self._sketch = make_sketch(config.sketch, 0, config.half_life)
         self._watch = [_ReuseWatch(0) for _ in capacities]  # sized with the sketch (page size)
-        self._page_bytes = 0  # learnt from the first insert; sizes the sketch in pages
-        self._where: dict[PageKey, int] = {}  # bitmask of tiers holding a page
-        self._links = ChainLinks()
-        self._pins = Pins(config.pins)
-        self._now = 0.0
         self.lookups = 0
         self.hit_pages = 0
         self.admitted = 0
@@ -195,15 +186,8 @@ class HeatPolicy(PlacementPolicy):
         accesses is just under 2, and for integer counts the slack changes nothing."""
         return self._sketch.estimate(key) >= hits - 0.5
 
-    def is_pinned(self, key: PageKey) -> bool:
-        return self._pins.is_pinned(key)
-
-    def tick(self, now: float) -> None:
-        if now <= self._now:
-            return
-        self._now = now
+    def _advance(self, now: float) -> None:
         self._sketch.advance(now)
-        self._pins.tick(now)
 
     # ------------------------------------------------------------------ events
 
@@ -227,69 +211,48 @@ class HeatPolicy(PlacementPolicy):
         for i in range(run - 1, -1, -1):  # tail to head, so a chain's head ends most recent
             key, tier = keys[i], tiers[i]
             seg = self._tiers[tier]
-            if key in seg:
-                n = seg.probation.pop(key, None)
-                if n is not None:  # reuse proven: on to main
-                    seg.used_probation -= n
-                    seg.main[key] = n
-                    seg.used_main += n
-                else:
-                    seg.main.move_to_end(key)
+            if seg.probation.pop(key, 0) is None:  # reuse proven: on to main
+                seg.used_probation -= self.residency.pages(tier)[key]
+                seg.main[key] = None
+            elif key in seg.main:
+                seg.main.move_to_end(key)
         self._pins.on_lookup(keys, parent)
 
-    def on_insert(self, keys: Sequence[PageKey], tier: int, nbytes: Sequence[int],
-                  parent: PageKey | None = None) -> None:
-        if not keys:
-            return
-        if not self._page_bytes:
-            self._page_bytes = max(1, max(nbytes))
-            self._size_sketch()
-        seg = self._tiers[tier]
-        if seg.capacity is None:
-            # A self-evicting tier drops pages without telling anyone: tracking them would grow
-            # without bound, and no victims are ever asked of it.
-            return
-        bit = 1 << tier
-        for key, n in zip(reversed(keys), reversed(nbytes)):  # tail first: tails leave first
-            if key in seg:
-                continue
-            where = self._where.get(key, 0)
-            if not where:
-                self._links.adopt(key)
-            self._where[key] = where | bit
-            p = self._links.parent_of(key)
-            if p is not None:
-                seg.kids[p] = seg.kids.get(p, 0) + 1
-            # Ghost values are ``None``: ``pop(key, 0) is None`` means "was in that ghost".
-            if seg.ghost_probation.pop(key, 0) is None:
-                seg.ghost_hits_probation += 1
-                self._adapt(seg, n, grow=True)
-                into_main = True
-            elif seg.ghost_main.pop(key, 0) is None:
-                seg.ghost_hits_main += 1
-                self._adapt(seg, n, grow=False)
-                into_main = True
-            else:
-                into_main = self._hot(key, SEEN_BEFORE)
-            if into_main:
-                seg.main[key] = n
-                seg.used_main += n
-            else:
-                seg.probation[key] = n
-                seg.used_probation += n
+    def _sized(self) -> None:
+        total = sum(s.capacity or 0 for s in self._tiers)
+        self._sketch.ensure_capacity(max(1, total // self._page_bytes))
+        for seg, watch in zip(self._tiers, self._watch):
+            # A tier that evicts on its own: assume its capacity is that of the largest bounded tier.
+            pages = (seg.capacity or max(s.capacity or 0 for s in self._tiers)) // self._page_bytes
+            watch.limit = max(64, min(WATCH_LIMIT, pages))
+
+    def _place(self, seg: _Segments, tier: int, key: PageKey, nbytes: int) -> None:
+        # Ghost values are ``None``: ``pop(key, 0) is None`` means "was in that ghost".
+        if seg.ghost_probation.pop(key, 0) is None:
+            seg.ghost_hits_probation += 1
+            self._adapt(seg, nbytes, grow=True)
+            into_main = True
+        elif seg.ghost_main.pop(key, 0) is None:
+            seg.ghost_hits_main += 1
+            self._adapt(seg, nbytes, grow=False)
+            into_main = True
+        else:
+            into_main = self._hot(key, SEEN_BEFORE)
+        if into_main:
+            seg.main[key] = None
+        else:
+            seg.probation[key] = None
+            seg.used_probation += nbytes
 
     def on_remove(self, keys: Sequence[PageKey], tier: int) -> None:
         seg = self._tiers[tier]
-        bit = 1 << tier
+        sizes = self.residency.pages(tier)
         for key in keys:
-            n = seg.probation.pop(key, None)
-            if n is not None:
-                seg.used_probation -= n
-            elif key in seg.main:
-                seg.used_main -= seg.main.pop(key)
-            else:
-                continue  # already chosen as a victim, or never here
-            self._forget_in_tier(seg, key, bit)
+            if seg.probation.pop(key, 0) is None:
+                seg.used_probation -= sizes[key]
+            elif seg.main.pop(key, 0) is not None:  # in neither segment: nothing is ranked there
+                continue
+            self._depart(seg, tier, key)
 
     def on_evict_aborted(self, keys: Sequence[PageKey], tier: int, nbytes: Sequence[int]) -> None:
         # ``victims`` already moved them to a ghost list; they never left, so they are no ghost hit.
@@ -325,15 +288,16 @@ class HeatPolicy(PlacementPolicy):
         return out
 
     def promotion_target(self, key: PageKey, found_tier: int) -> int | None:
-        if found_tier <= 0:
+        target = promotion_tier(found_tier)
+        if target is None:
             return None
         if self.is_pinned(key) or self._hot(key, self.config.promotion_min_hits):
-            return 0
+            return target
         return None
 
     def demotion_target(self, key: PageKey, from_tier: int) -> int | None:
-        below = from_tier + 1
-        if below >= len(self._tiers):
+        below = demotion_tier(from_tier, len(self._tiers))
+        if below is None:
             return None
         if self._hot(key, self.config.demotion_min_hits) or self.is_pinned(key):
             return below
@@ -344,21 +308,22 @@ class HeatPolicy(PlacementPolicy):
         seg = self._tiers[tier]
         if nbytes <= 0:
             return []
-        if self._evictable(seg, protected) < nbytes:
+        if self._evictable(tier, protected) < nbytes:
             return None
+        sizes = self.residency.pages(tier)
         chosen: dict[PageKey, bool] = {}  # victim -> it came from probation
-        freed = self._pick(seg, nbytes, protected, chosen, leaves_only=True)
+        freed = self._pick(seg, sizes, nbytes, protected, chosen, leaves_only=True)
         if freed < nbytes:  # only parents of resident children are left: take them too
-            freed += self._pick(seg, nbytes - freed, protected, chosen, leaves_only=False)
-        bit = 1 << tier
+            freed += self._pick(seg, sizes, nbytes - freed, protected, chosen, leaves_only=False)
         for key, from_probation in chosen.items():
             if from_probation:
-                seg.used_probation -= seg.probation.pop(key)
+                del seg.probation[key]
+                seg.used_probation -= sizes[key]
                 seg.remember(seg.ghost_probation, key)
             else:
-                seg.used_main -= seg.main.pop(key)
+                del seg.main[key]
                 seg.remember(seg.ghost_main, key)
-            self._forget_in_tier(seg, key, bit)
+            self._depart(seg, tier, key)
         seg.evictions += len(chosen)
         return list(chosen)
 
@@ -366,8 +331,7 @@ class HeatPolicy(PlacementPolicy):
         out: dict[str, float] = {
             "lookups": float(self.lookups), "hit_pages": float(self.hit_pages),
             "slow_tier_admitted": float(self.admitted), "slow_tier_refused": float(self.refused),
-            "sketch_bytes": float(self._sketch.memory_bytes()), "pinned_pages": float(len(self._pins)),
-            "tracked_pages": float(len(self._where)),
+            "sketch_bytes": float(self._sketch.memory_bytes()), **super().stats(),
         }
         for i, seg in enumerate(self._tiers):
             out[f"tier{i}_pages"] = float(seg.pages())
@@ -382,35 +346,28 @@ class HeatPolicy(PlacementPolicy):
 
     # ------------------------------------------------------------------ internals
 
-    def _size_sketch(self) -> None:
-        total = sum(s.capacity or 0 for s in self._tiers)
-        self._sketch.ensure_capacity(max(1, total // self._page_bytes))
-        for seg, watch in zip(self._tiers, self._watch):
-            # A tier that evicts on its own: assume its capacity is that of the largest bounded tier.
-            pages = (seg.capacity or max(s.capacity or 0 for s in self._tiers)) // self._page_bytes
-            watch.limit = max(64, min(WATCH_LIMIT, pages))
-
-    def _pick(self, seg: _Segments, nbytes: int, protected: AbstractSet[PageKey],
-              chosen: dict[PageKey, bool], leaves_only: bool) -> int:
+    def _pick(self, seg: _Segments, sizes: Mapping[PageKey, int], nbytes: int,
+              protected: AbstractSet[PageKey], chosen: dict[PageKey, bool], leaves_only: bool) -> int:
         """Walk both segments oldest first, taking from probation while it is over its target.
         Skipped pages keep their place (no rotation), so a skip costs nothing on the next call."""
         over = seg.used_probation - seg.target
         freed = 0
         pinned = self._pins.is_pinned  # bound once: this loop runs per candidate
-        prob, main = iter(seg.probation.items()), iter(seg.main.items())
+        prob, main = iter(seg.probation), iter(seg.main)
         prob_left = main_left = True
         while freed < nbytes and (prob_left or main_left):
             from_probation = prob_left and (over > 0 or not main_left)
             try:
-                key, n = next(prob if from_probation else main)
+                key = next(prob if from_probation else main)
             except StopIteration:
                 if from_probation:
                     prob_left = False
                 else:
                     main_left = False
                 continue
-            if key in chosen or key in protected or pinned(key):
-                continue
+            n = sizes.get(key)
+            if n is None or key in chosen or key in protected or pinned(key):
+                continue  # only the record's pages can be victims
             if leaves_only and seg.kids.get(key):
                 continue
             chosen[key] = from_probation
@@ -418,17 +375,6 @@ class HeatPolicy(PlacementPolicy):
             if from_probation:
                 over -= n
         return freed
-
-    def _evictable(self, seg: _Segments, protected: AbstractSet[PageKey]) -> int:
-        """Bytes of the tier that are neither protected nor pinned (O(protected + pinned))."""
-        held = 0
-        for key in protected | set(self._pins.keys()) if len(self._pins) else protected:
-            n = seg.probation.get(key)
-            if n is None:
-                n = seg.main.get(key)
-            if n is not None and (key in protected or self.is_pinned(key)):
-                held += n
-        return seg.used_probation + seg.used_main - held
 
     def _adapt(self, seg: _Segments, nbytes: int, grow: bool) -> None:
         """ARC's rule: move the probation target by one page, more when the other ghost is larger."""
@@ -438,13 +384,6 @@ class HeatPolicy(PlacementPolicy):
         step = nbytes * (max(1.0, gm / gp) if grow else max(1.0, gp / gm))
         target = seg.target + step if grow else seg.target - step
         seg.target = min(MAX_PROBATION * seg.capacity, max(MIN_PROBATION * seg.capacity, target))
-
-    def _learn_links(self, keys: Sequence[PageKey], parent: PageKey | None) -> None:
-        self._links.link_children(keys, parent, self._where, [seg.kids for seg in self._tiers])
-
-    def _forget_in_tier(self, seg: _Segments, key: PageKey, bit: int) -> None:
-        if self._links.leave_tier(key, bit, self._where, seg.kids):
-            self._pins.forget(key)
 
     def _raise_ancestors(self, key: PageKey | None, floor: float) -> None:
         """A lookup that started mid-chain: keep the known ancestors (resident, or looked up recently)

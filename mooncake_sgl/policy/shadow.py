@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from collections.abc import Set as AbstractSet
 
 import xxhash
@@ -87,7 +87,7 @@ class ShadowCache:
 
     __slots__ = ("expert", "capacity", "resident", "hits", "lookups", "real", "outcast", "head_first")
 
-    def __init__(self, expert: Expert, real: dict[PageKey, int] | None = None, head_first: bool = False):
+    def __init__(self, expert: Expert, real: Container[PageKey] = frozenset(), head_first: bool = False):
         """``head_first``: a chain's pages are touched and added head first, so its tail ends most
         recent (``LruPolicy``'s order); by default tail first, as the store's own policies do."""
         self.expert = expert
@@ -96,7 +96,7 @@ class ShadowCache:
         self.resident: set[PageKey] = set()
         self.hits = 0
         self.lookups = 0
-        self.real: dict[PageKey, int] = {} if real is None else real
+        self.real = real
         self.outcast: OrderedDict[PageKey, None] = OrderedDict()
 
     def access(self, keys: Sequence[PageKey]) -> int:
@@ -160,11 +160,11 @@ class Tournament:
         experts: one fresh expert per candidate, sized for the shadow (``sample_rate`` of the tier).
         rate: the sampled fraction of the key space.
         leader: index of the expert followed before there is evidence.
-        real: the modelled tier's resident pages (key -> bytes), read only.
+        real: the modelled tier's resident pages (the record's), read only.
     """
 
     def __init__(self, experts: Sequence[Expert], rate: float, leader: int = 0,
-                 real: dict[PageKey, int] | None = None):
+                 real: Container[PageKey] = frozenset()):
         if not experts:
             raise ValueError("a tournament needs at least one expert")
         self.shadows = [ShadowCache(e, real) for e in experts]

@@ -2,7 +2,8 @@
 Belady's offline bound.
 
 Each reference runs one expert of ``policy.experts`` (the algorithm itself, shared with the adaptive
-policy's shadows) alone in every tier, write-through like the LRU baseline.
+policy's shadows) alone in every tier, under the write-through rules of the LRU baseline
+(``policy.rules``).
 ARC (Megiddo & Modha, FAST'03): T1 (seen once) and T2 (seen again) with ghost lists B1/B2 and the
 adaptive target ``p`` for T1. Adapted to the event contract: the store asks for victims *before* it
 inserts the page that needs room, so REPLACE runs with the current ``p`` and ``p`` is adapted when
@@ -27,8 +28,9 @@ import heapq
 from collections.abc import Iterator, Sequence
 from collections.abc import Set as AbstractSet
 
-from ..api import PageKey, PlacementPolicy
+from ..api import PageKey
 from ..policy.experts import ArcExpert, Expert, LfuDaExpert, LirsExpert
+from ..policy.rules import WriteThrough
 from .trace import Request
 
 
@@ -39,71 +41,63 @@ def _hits_tail_first(keys: Sequence[PageKey], tiers: Sequence[int | None]) -> It
         yield keys[i], tiers[i]
 
 
-class _ExpertPolicy(PlacementPolicy):
-    """One textbook expert (``policy.experts``) alone in each tier, write-through: every write
-    admitted, a page found below tier 0 promoted to it, a victim moved one tier down. The adaptive
-    policy's shadows run the same expert classes, so what they rate is what this replays."""
+class _ExpertPolicy(WriteThrough):
+    """One textbook expert (``policy.experts``) alone in each tier, under the write-through rules
+    (``policy.rules``). The adaptive policy's shadows run the same expert classes, so what they rate
+    is what this replays. Sizes are the record's (``api.ResidencyView``); the expert keeps order."""
 
     expert: type[Expert]
 
     def __init__(self, capacities: Sequence[int | None]):
+        super().__init__(len(capacities))
         self._caps = list(capacities)
-        self._ntiers = len(self._caps)
-        self._experts: list[Expert | None] = [None] * self._ntiers  # sized by the first page
-        self._size: list[dict[PageKey, int]] = [{} for _ in capacities]
-        self._used = [0] * self._ntiers
-
-    def admit(self, keys: Sequence[PageKey], tier: int) -> list[bool]:
-        return [True] * len(keys)
-
-    def promotion_target(self, key: PageKey, found_tier: int) -> int | None:
-        return 0 if found_tier > 0 else None
-
-    def demotion_target(self, key: PageKey, from_tier: int) -> int | None:
-        return from_tier + 1 if from_tier + 1 < self._ntiers else None
+        self._experts: list[Expert | None] = [None] * self.ntiers  # sized by the first page
 
     def on_lookup(self, keys: Sequence[PageKey], tiers: Sequence[int | None],
                   parent: PageKey | None = None) -> None:
         for key, tier in _hits_tail_first(keys, tiers):
-            if key in self._size[tier]:
+            if key in self.residency.pages(tier):
                 self._experts[tier].hit(key)
 
     def on_insert(self, keys: Sequence[PageKey], tier: int, nbytes: Sequence[int],
                   parent: PageKey | None = None) -> None:
-        size = self._size[tier]
         for key, n in zip(reversed(keys), reversed(nbytes)):  # tail first: tails leave first
-            if key in size:
-                continue
             if self._experts[tier] is None:
                 cap = self._caps[tier]
                 self._experts[tier] = self.expert(max(2, cap // n) if cap else 1 << 30)
-            size[key] = n
-            self._used[tier] += n
             self._experts[tier].add(key)
 
     def on_remove(self, keys: Sequence[PageKey], tier: int) -> None:
-        size = self._size[tier]
+        expert = self._experts[tier]
         for key in keys:
-            n = size.pop(key, None)
-            if n is not None:
-                self._used[tier] -= n
-                self._experts[tier].drop(key)
+            expert.drop(key)
+
+    def residents(self, tier: int) -> set[PageKey]:
+        expert = self._experts[tier]
+        if expert is None:
+            return set()
+        it = expert.candidates()
+        try:
+            return set(it)
+        finally:
+            it.close()
 
     def victims(self, tier: int, nbytes: int, protected: AbstractSet[PageKey] = frozenset()
                 ) -> list[PageKey] | None:
-        size, expert = self._size[tier], self._experts[tier]
+        sizes, expert = self.residency.pages(tier), self._experts[tier]
         if nbytes <= 0:
             return []
-        if expert is None or self._used[tier] - sum(size.get(k, 0) for k in protected) < nbytes:
+        if expert is None or self.residency.used(tier) - sum(sizes.get(k, 0) for k in protected) < nbytes:
             return None
         chosen: list[PageKey] = []
         freed = 0
         it = expert.candidates()
         try:
             for key in it:
-                if key not in protected:
+                n = sizes.get(key)
+                if n is not None and key not in protected:  # only the record's pages can be victims
                     chosen.append(key)
-                    freed += size[key]
+                    freed += n
                     if freed >= nbytes:
                         break
         finally:

@@ -7,15 +7,17 @@ Facts and their owners:
 - ``Residency`` owns, per managed tier (one that does not evict on its own), the pages the store
   put there and their footprints, which of them are *leaving* (an eviction under way), and per page
   a hold count: a page held by a write, a demotion or a promotion in flight is never a victim. The
-  policy hears of a change only when it is committed here, so its view is derived from this record,
-  never kept beside it; it keeps ordering state only;
+  policy reads this record through a read-only view (``api.ResidencyView``, bound once): per tier,
+  the pages not leaving and their footprints. It keeps ordering state only, no map beside the
+  record, and hears of a change when it is committed here: of an arrival once the record holds the
+  page, of a departure while it still does, so every page it ranks has its size here;
 - the policy owns its decisions (which victims, which tier) and the ordering they need.
 
 Moves out of a tier are two-phase, as the tiers' own writes are:
 
 1. ``prepare_evict``: the policy names victims and forgets them (``PlacementPolicy.victims``); here
-   they stay resident but leaving, so nothing else removes them while their bytes are being copied
-   down or removed;
+   they stay resident but leaving (out of the policy's view), so nothing else removes them while
+   their bytes are being copied down or removed;
 2. the store copies (demotes) and removes them through the tier;
 3. ``commit_evict`` forgets the victims whose removal succeeded; ``abort_evict`` gives the rest
    back to the policy (``PlacementPolicy.on_evict_aborted``), so a tier whose ``remove`` failed
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from ..api import ExpertStanding, PageKey, PlacementPolicy
@@ -48,11 +50,59 @@ LOOKUP_BUFFER = 4096
 # Buffered lookups that make the store ask the mover for a maintenance run (coalesced). Arbitrary.
 DRAIN_AT = LOOKUP_BUFFER // 4
 
+
+class _Ranked(Mapping[PageKey, int]):
+    """One managed tier's pages that are not leaving, and their footprints: what its policy ranks.
+    A live window on ``Residency``'s own maps, read under its lock (policies are called there)."""
+
+    __slots__ = ("_resident", "_leaving")
+
+    def __init__(self, resident: dict[PageKey, int], leaving: set[PageKey]):
+        self._resident = resident
+        self._leaving = leaving
+
+    def __getitem__(self, key: PageKey) -> int:
+        if key in self._leaving:
+            raise KeyError(key)
+        return self._resident[key]
+
+    def get(self, key: PageKey, default: int | None = None) -> int | None:
+        n = self._resident.get(key)
+        return default if n is None or key in self._leaving else n
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._resident and key not in self._leaving
+
+    def __iter__(self) -> Iterator[PageKey]:
+        leaving = self._leaving
+        return (k for k in self._resident if k not in leaving)
+
+    def __len__(self) -> int:
+        return len(self._resident) - len(self._leaving)
+
+
+class _View:
+    """The ``api.ResidencyView`` a policy is bound to: reads of the record, nothing that writes it."""
+
+    __slots__ = ("_ranked", "_used")
+
+    def __init__(self, ranked: list[_Ranked], used: list[int]):
+        self._ranked = ranked
+        self._used = used  # shared with ``Residency``, which keeps it current
+
+    def pages(self, tier: int) -> Mapping[PageKey, int]:
+        return self._ranked[tier]
+
+    def used(self, tier: int) -> int:
+        return self._used[tier]
+
+
 class Residency:
     """Residency of the managed tiers and the policy behind it (see the module docstring).
 
     Args:
-        policy: the placement policy; only ever called here, under ``_lock``.
+        policy: the placement policy; only ever called here, under ``_lock``, and bound to a
+            read-only view of this record.
         managed: per tier, whether the store tracks its pages (not self-evicting).
         clock: logical time for ``policy.tick`` (monotonic seconds by default; the simulator's
             trace time).
@@ -68,10 +118,12 @@ class Residency:
         self._lock = threading.Lock()
         self._resident: list[dict[PageKey, int]] = [{} for _ in managed]
         self._leaving: list[set[PageKey]] = [set() for _ in managed]
+        self._used = [0] * len(self.managed)  # per tier, footprints of the pages not leaving
         self._holds: dict[PageKey, int] = {}
         self._lookups: deque[tuple[float, Sequence[PageKey], list[int | None], PageKey | None]] = \
             deque(maxlen=LOOKUP_BUFFER)
         self.counters = Tally(ResidencyStats)
+        policy.bind(_View([_Ranked(r, g) for r, g in zip(self._resident, self._leaving)], self._used))
 
     # ------------------------------------------------------------------ lookups
 
@@ -149,13 +201,13 @@ class Residency:
         with self._lock:
             resident = self._resident[t]
             new = [k not in resident for k in keys]
-            fresh = [(k, n) for k, n, f in zip(keys, footprints, new) if f]
-            for k, n in fresh:
-                resident[k] = n
+            fresh = {k: n for k, n, f in zip(keys, footprints, new) if f}  # each told once
             if fresh:
-                self.policy.on_insert([k for k, _ in fresh], t, [n for _, n in fresh], parent)
+                resident.update(fresh)
+                self._used[t] += sum(fresh.values())
+                self.policy.on_insert(list(fresh), t, list(fresh.values()), parent)
                 if self._curves is not None:
-                    self._curves.start(max(n for _, n in fresh))
+                    self._curves.start(max(fresh.values()))
         return new
 
     def lost(self, t: int, keys: Sequence[PageKey]) -> None:
@@ -165,9 +217,10 @@ class Residency:
             return
         with self._lock:
             resident, leaving = self._resident[t], self._leaving[t]
-            gone = [k for k in keys if k not in leaving and resident.pop(k, None) is not None]
+            gone = [k for k in dict.fromkeys(keys) if k in resident and k not in leaving]
             if gone:
-                self.policy.on_remove(gone, t)
+                self.policy.on_remove(gone, t)  # first: it reads their sizes here
+                self._used[t] -= sum(resident.pop(k) for k in gone)
 
     # ------------------------------------------------------------------ two-phase eviction
 
@@ -175,8 +228,9 @@ class Residency:
         """Victims (key, footprint) freeing at least ``nbytes`` of tier ``t``, marked leaving; ``None``
         when the policy cannot free that much without a held page (nothing changes then).
 
-        Raises: ``RuntimeError`` when the policy names a page this record does not hold in ``t``:
-        the policy's view is fed only from here, so that is a bug in the policy.
+        Raises: ``RuntimeError`` when the policy names a page its view of ``t`` lacks. The policies
+        of this package cannot: they take victims' sizes from the view and skip what it lacks. A
+        policy from elsewhere is checked here.
         """
         with self._lock:
             self._drain()
@@ -188,8 +242,9 @@ class Residency:
             if unknown:
                 raise RuntimeError(f"{type(self.policy).__name__} named {len(unknown)} victim(s) of "
                                    f"tier {t} that are not resident there (or already leaving)")
-            leaving.update(victims)
             out = [(k, resident[k]) for k in victims]
+            leaving.update(victims)
+            self._used[t] -= sum(resident[k] for k in set(victims))
         self.counters.add(evictions_prepared=len(out))
         return out
 
@@ -200,8 +255,9 @@ class Residency:
         with self._lock:
             resident, leaving = self._resident[t], self._leaving[t]
             for k in keys:
-                leaving.discard(k)
-                resident.pop(k, None)
+                if k in leaving:
+                    leaving.discard(k)
+                    del resident[k]
         self.counters.add(evictions_committed=len(keys))
 
     def abort_evict(self, t: int, victims: Sequence[tuple[PageKey, int]]) -> None:
@@ -209,9 +265,11 @@ class Residency:
         if not victims:
             return
         with self._lock:
-            leaving = self._leaving[t]
+            resident, leaving = self._resident[t], self._leaving[t]
             for k, _ in victims:
-                leaving.discard(k)
+                if k in leaving:
+                    leaving.discard(k)
+                    self._used[t] += resident[k]
             self.policy.on_evict_aborted([k for k, _ in victims], t, [n for _, n in victims])
         self.counters.add(evictions_aborted=len(victims))
 

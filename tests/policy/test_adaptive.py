@@ -22,6 +22,7 @@ from mooncake_sgl.policy.shadow import (
     sample_rate,
 )
 from mooncake_sgl.sim.gen_agent import AgentShape, agent_loops
+from mooncake_sgl.sim.ledger import Ledger
 from mooncake_sgl.sim.reference import ArcPolicy, LfuDaPolicy, LirsPolicy
 from mooncake_sgl.sim.simulator import Simulator
 from mooncake_sgl.sim.synth import chat_sessions
@@ -224,7 +225,7 @@ def test_victims_are_leaves_first_so_no_tail_is_orphaned():
     # recent than their ancestors. The leader (LRU until the shadows say otherwise) ranks 1 and 0
     # first, but evicting them would leave 2 and 3 unusable: leaves go first, a parent right after
     # its last child in the same call.
-    policy = AdaptivePolicy([10 * PAGE])
+    policy = Ledger(AdaptivePolicy([10 * PAGE]))
     chain = [k(i) for i in range(4)]
     policy.on_lookup(chain[:2], [None, None])
     policy.on_insert(chain[:2], 0, [PAGE] * 2)
@@ -239,6 +240,7 @@ def test_victims_respect_protection_and_pins_and_refuse_what_cannot_be_freed():
     config = PolicyConfig(name="adaptive", pins=[PinConfig(prefix_hash=pinned_root, ttl="1m")])
     policy = policy_for_capacities(config, [4 * PAGE])
     assert isinstance(policy, AdaptivePolicy)
+    policy = Ledger(policy)
     pinned = page_key(KeyNamespace(model="m", dtype="bf16", layout="page_first", page_size=64), pinned_root)
     keys = [pinned, k(1), k(2), k(3)]
     policy.tick(1.0)
@@ -268,7 +270,7 @@ def test_two_tiers_write_through_promote_and_demote():
 
 
 def test_self_evicting_tier_is_not_tracked():
-    policy = AdaptivePolicy([4 * PAGE, None])
+    policy = Ledger(AdaptivePolicy([4 * PAGE, None]), unmanaged={1})
     policy.on_insert([k(1), k(2)], 1, [PAGE, PAGE])
     assert policy.stats()["tier1_pages"] == 0 and policy.victims(1, PAGE) is None
 
@@ -291,7 +293,7 @@ def test_shadows_replay_the_lookups_made_before_the_first_write():
     # The shadows are sized when the first page arrives; a lookup before it (the very first request
     # misses everything) must still reach them, or LIRS's shadow would miss the pages it makes LIR
     # first and under-rate LIRS for the rest of the run.
-    policy = AdaptivePolicy([100 * PAGE])
+    policy = Ledger(AdaptivePolicy([100 * PAGE]))
     chain = [k(i) for i in range(5)]
     policy.on_lookup(chain, [None] * 5)
     policy.on_insert(chain, 0, [PAGE] * 5)

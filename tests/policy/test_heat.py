@@ -13,6 +13,7 @@ from mooncake_sgl.policy import build_policy, policy_for_capacities
 from mooncake_sgl.policy.adaptive import AdaptivePolicy
 from mooncake_sgl.policy.heat import HeatPolicy
 from mooncake_sgl.policy.lru import LruPolicy
+from mooncake_sgl.sim.ledger import Ledger
 
 PAGE = 100
 NS = KeyNamespace(model="m", dtype="bf16", layout="page_first", page_size=64)
@@ -41,7 +42,7 @@ def test_ancestors_never_colder_than_descendants():
     # Random chains sharing heads, looked up from the root or, as SGLang does when the device
     # holds the start of a prefix, continued from a parent whose chain was looked up before.
     rng = random.Random(5)
-    p = HeatPolicy([PAGE * 200], PolicyConfig())
+    p = Ledger(HeatPolicy([PAGE * 200], PolicyConfig()))
     insert(p, chain("seed"))
     chains = []
     for n in range(400):
@@ -66,7 +67,7 @@ def test_ancestors_never_colder_than_descendants():
 
 
 def test_chain_tails_are_evicted_before_heads():
-    p = HeatPolicy([PAGE * 10], PolicyConfig())
+    p = Ledger(HeatPolicy([PAGE * 10], PolicyConfig()))
     keys = chain(1, 2, 3, 4, 5)
     lookup(p, keys)
     insert(p, keys)
@@ -75,7 +76,7 @@ def test_chain_tails_are_evicted_before_heads():
 
 def test_a_parent_with_a_resident_child_is_not_a_victim_before_the_child():
     # The parent is older (written first) but still needed by its child: evict the child first.
-    p = HeatPolicy([PAGE * 10], PolicyConfig())
+    p = Ledger(HeatPolicy([PAGE * 10], PolicyConfig()))
     head, tail = chain(1), chain(2)
     lookup(p, head + tail)
     insert(p, head)
@@ -86,7 +87,7 @@ def test_a_parent_with_a_resident_child_is_not_a_victim_before_the_child():
 
 
 def test_victims_is_atomic_and_never_picks_protected_pages():
-    p = HeatPolicy([PAGE * 10], PolicyConfig())
+    p = Ledger(HeatPolicy([PAGE * 10], PolicyConfig()))
     keys = chain(1, 2, 3)
     lookup(p, keys)
     insert(p, keys)
@@ -100,11 +101,11 @@ def test_victims_is_atomic_and_never_picks_protected_pages():
 
 def test_reused_pages_survive_a_scan_of_one_hit_wonders():
     # The probation segment absorbs pages seen once; a reused chain sits in main.
-    p = HeatPolicy([PAGE * 20], PolicyConfig())
+    p = Ledger(HeatPolicy([PAGE * 20], PolicyConfig()))
     hot = chain("h1", "h2", "h3")
     for _ in range(3):
-        lookup(p, hot, {k: 0 for k in hot} if hot[0] in p._where else None)
-        if hot[0] not in p._where:
+        lookup(p, hot, {k: 0 for k in hot} if hot[0] in p.pages(0) else None)
+        if hot[0] not in p.pages(0):
             insert(p, hot)
     resident = set(hot)
     for i in range(200):  # a scan: every page once
@@ -120,15 +121,15 @@ def test_reused_pages_survive_a_scan_of_one_hit_wonders():
 
 
 def test_slow_tiers_admit_only_pages_seen_before():
-    p = HeatPolicy([PAGE * 10, PAGE * 100],
-                   PolicyConfig(name="heat", admission_min_hits=2, admission_min_reuse=1.0))
+    p = Ledger(HeatPolicy([PAGE * 10, PAGE * 100],
+                          PolicyConfig(name="heat", admission_min_hits=2, admission_min_reuse=1.0)))
     keys = chain(1, 2)
     lookup(p, keys)
     assert p.admit(keys, 0) == [True, True]  # tier 0 takes every write
     assert p.admit(keys, 1) == [False, False]  # a one-hit wonder stays off the SSD
     lookup(p, keys)
     assert p.admit(keys, 1) == [True, True]
-    write_through = HeatPolicy([PAGE, PAGE], PolicyConfig(name="heat", admission_min_hits=1))
+    write_through = Ledger(HeatPolicy([PAGE, PAGE], PolicyConfig(name="heat", admission_min_hits=1)))
     lookup(write_through, keys)
     assert write_through.admit(keys, 1) == [True, True]
 
@@ -148,7 +149,7 @@ def _stream(p: HeatPolicy, start: int, n: int, comeback: bool) -> list[bool]:
 def test_admission_of_cold_pages_follows_their_measured_reuse():
     # One-off pages: the watch sees none come back within the slow tier's horizon, the door closes.
     # Sessions that return: the door opens again, so cold-admission never costs those hits.
-    p = HeatPolicy([PAGE * 10, PAGE * 100], PolicyConfig(name="heat", admission_min_reuse=0.1))
+    p = Ledger(HeatPolicy([PAGE * 10, PAGE * 100], PolicyConfig(name="heat", admission_min_reuse=0.1)))
     p.on_insert(chain("sizer"), 1, [PAGE])
     p.on_remove(chain("sizer"), 1)
     assert _stream(p, 0, 50, comeback=False)[-1]  # no evidence yet: open (prior 1 in 2)
@@ -159,7 +160,7 @@ def test_admission_of_cold_pages_follows_their_measured_reuse():
 
 
 def test_demotion_keeps_warm_pages_and_drops_cold_ones():
-    p = HeatPolicy([PAGE * 10, PAGE * 100, PAGE * 1000], PolicyConfig())
+    p = Ledger(HeatPolicy([PAGE * 10, PAGE * 100, PAGE * 1000], PolicyConfig()))
     warm, cold = chain(1), chain(2)
     lookup(p, warm)
     lookup(p, warm)
@@ -171,7 +172,7 @@ def test_demotion_keeps_warm_pages_and_drops_cold_ones():
 
 
 def test_promotion_of_hot_pages_found_below():
-    p = HeatPolicy([PAGE * 10, PAGE * 100], PolicyConfig(name="heat", promotion_min_hits=3))
+    p = Ledger(HeatPolicy([PAGE * 10, PAGE * 100], PolicyConfig(name="heat", promotion_min_hits=3)))
     keys = chain(1)
     lookup(p, keys)
     lookup(p, keys, {keys[0]: 1})
@@ -182,7 +183,7 @@ def test_promotion_of_hot_pages_found_below():
 
 
 def test_heat_decays_with_logical_time():
-    p = HeatPolicy([PAGE * 10], PolicyConfig(name="heat", sketch="decay", half_life="1m"))
+    p = Ledger(HeatPolicy([PAGE * 10], PolicyConfig(name="heat", sketch="decay", half_life="1m")))
     keys = chain(1)
     p.tick(1.0)
     for _ in range(4):
@@ -196,7 +197,7 @@ def test_heat_decays_with_logical_time():
 def test_memory_is_bounded_by_resident_pages():
     # 50k distinct pages stream through a 100-page tier: per-page state must follow residency,
     # not history (ghosts and pending links are bounded too).
-    p = HeatPolicy([PAGE * 100], PolicyConfig())
+    p = Ledger(HeatPolicy([PAGE * 100], PolicyConfig()))
     resident: set[bytes] = set()
     for i in range(0, 50_000, 5):
         keys = chain(*range(i, i + 5))
@@ -209,7 +210,7 @@ def test_memory_is_bounded_by_resident_pages():
         insert(p, keys)
         resident |= set(keys)
     seg = p._tiers[0]
-    assert len(p._where) == len(resident) == 100
+    assert p.stats()["tracked_pages"] == len(resident) == 100
     assert len(p._links) <= 100 and len(seg.kids) <= 100
     assert len(seg.ghost_probation) <= 100 and len(seg.ghost_main) <= 100
     assert p.stats()["sketch_bytes"] == p._sketch.memory_bytes()
@@ -217,7 +218,7 @@ def test_memory_is_bounded_by_resident_pages():
 
 def test_self_evicting_tiers_keep_no_per_page_state():
     # Such a tier (a pool with watermarks) never reports its evictions: state kept for it would leak.
-    p = HeatPolicy([PAGE * 10, None], PolicyConfig())
+    p = Ledger(HeatPolicy([PAGE * 10, None], PolicyConfig()))
     keys = chain(*range(1000))
     lookup(p, keys)
     insert(p, keys, tier=1)
@@ -228,8 +229,8 @@ def test_self_evicting_tiers_keep_no_per_page_state():
 
 def test_pinned_prefix_is_kept_until_its_ttl_expires():
     pin_hash = "ab" * 32  # SGLang's page hashes are 64 hex digits
-    p = HeatPolicy([PAGE * 4, PAGE * 100],
-                   PolicyConfig(name="heat", pins=[PinConfig(prefix_hash=pin_hash, ttl="30s")]))
+    p = Ledger(HeatPolicy([PAGE * 4, PAGE * 100],
+                          PolicyConfig(name="heat", pins=[PinConfig(prefix_hash=pin_hash, ttl="30s")])))
     system = [page_key(NS, pin_hash)] + chain("s2")
     p.tick(100.0)
     lookup(p, system)
@@ -249,7 +250,7 @@ def test_pinned_prefix_is_kept_until_its_ttl_expires():
 
 def test_probation_grows_when_its_victims_come_back():
     # ARC's rule: a returning probation victim means probation was too small.
-    p = HeatPolicy([PAGE * 100], PolicyConfig(name="heat", probation_fraction=0.1))
+    p = Ledger(HeatPolicy([PAGE * 100], PolicyConfig(name="heat", probation_fraction=0.1)))
     seg = p._tiers[0]
     start = seg.target
     keys = chain(1)
@@ -309,7 +310,7 @@ def test_yaml_selects_and_tunes_the_policy(tmp_path):
     cfg = load_config_file(path).policy
     p = policy_for_capacities(cfg, [PAGE * 10, PAGE * 100])
     assert isinstance(p, HeatPolicy) and p._sketch.half_life == 120.0
-    lookup(p, chain("sys-prompt", "x"))
+    lookup(Ledger(p), chain("sys-prompt", "x"))
     assert p.is_pinned(pk("x"))
     path.write_text("policy:\n  name: lru\n")
     assert isinstance(policy_for_capacities(load_config_file(path).policy, [PAGE]), LruPolicy)

@@ -9,6 +9,7 @@ import pytest
 from mooncake_sgl.api import PlacementPolicy
 from mooncake_sgl.config import PolicyConfig
 from mooncake_sgl.policy import policy_for_capacities
+from mooncake_sgl.sim.ledger import Ledger
 from mooncake_sgl.sim.reference import ArcPolicy, LfuDaPolicy, LirsPolicy
 
 PAGE = 1 << 20
@@ -22,7 +23,7 @@ def build(name: str, pages: int) -> PlacementPolicy:
 
 
 def filled(name: str, pages: int = 8) -> tuple[PlacementPolicy, list[bytes]]:
-    policy = build(name, pages)
+    policy = Ledger(build(name, pages))
     keys = [b"k%02d" % i for i in range(pages)]
     for k in keys:  # separate chains: every page is a leaf
         policy.on_insert([k], 0, [PAGE])
