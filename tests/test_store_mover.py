@@ -167,24 +167,6 @@ def test_a_shared_tier_is_written_alongside_the_local_one_not_after_it() -> None
         store.close()
 
 
-def test_landed_answers_from_residency_and_asks_only_shared_tiers() -> None:
-    local, shared = ThreadLog(host(2)), ThreadLog(host(8), shared=True)
-    store = TieredStore([local, shared], LruPolicy(2))
-    try:
-        pages = [make_page(i, SEG) for i in range(4)]
-        assert store.put_from([key(i) for i in range(4)], pages) == [True] * 4
-        assert store.wait_idle()
-        asked: list[list[PageKey]] = []
-        contains = shared.contains
-        shared.contains = lambda keys: asked.append(list(keys)) or contains(keys)  # type: ignore[method-assign]
-        in_dram = store.resident_keys(0)  # known without asking any tier
-        assert in_dram
-        assert store.landed([key(i) for i in range(4)] + [key(9)]) == [True] * 4 + [False]
-        assert asked == [[k for k in map(key, [0, 1, 2, 3, 9]) if k not in in_dram]]
-    finally:
-        store.close()
-
-
 def test_the_lookup_buffer_drops_the_oldest_lookups_instead_of_blocking() -> None:
     policy = LruPolicy(1)
     seen: list[PageKey] = []

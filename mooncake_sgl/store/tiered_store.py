@@ -117,26 +117,6 @@ class TieredStore:
         """Per key: readable in some tier now."""
         return [t is not None for t in self._calls.locate(keys)]
 
-    def landed(self, keys: Sequence[PageKey]) -> list[bool]:
-        """Per key: readable in some tier now, answered without a tier call where the store knows
-        (a page resident in a tier the store manages); only the other keys are asked of the tiers
-        that evict on their own (a pool, Mooncake Store), in one batch each. ``put_from`` already
-        returns only once a page is readable; this is for a caller that wants to check later (a
-        page backed up here, seen by another instance through a shared tier) without re-reading."""
-        managed, residency = self._calls.managed, self._residency
-        out = [any(residency.holds(t, k) for t, m in enumerate(managed) if m) for k in keys]
-        pending = [i for i, known in enumerate(out) if not known]
-        for t in range(len(self.tiers)):
-            if not pending:
-                break
-            if managed[t]:
-                continue
-            found = self._calls.contains(t, [keys[i] for i in pending])
-            for i, hit in zip(pending, found):
-                out[i] = bool(hit)
-            pending = [i for i in pending if not out[i]]
-        return out
-
     def exists_prefix(self, keys: Sequence[PageKey], parent: PageKey | None = None) -> int:
         """Length of the leading run of ``keys`` readable in some tier. This is the access event
         the policy learns heat from (SGLang asks it once per prefetch); it is buffered, and applied
