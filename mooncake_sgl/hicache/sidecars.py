@@ -1,12 +1,13 @@
-"""Hybrid-model pools (SGLang's v2 storage API): which objects a page has, their keys, their views,
-and which prefixes a lookup may restore.
+"""Hybrid-model pools (SGLang's v2 storage API): how a sidecar pool is stored, and which prefixes a
+lookup may restore.
 
 A hybrid model registers, beside its KV pool, sidecar host pools (``PoolName``): Mamba state,
 sliding-window KV, the DSA indexer, DeepSeek V4's compressed pools, draft KV. SGLang moves KV pages
 through ``batch_*_v1`` and sidecars through ``batch_*_v2`` in separate calls (a backup writes the
 sidecars first, a prefetch reads KV first), and asks ``batch_exists_v2`` which prefixes can be
-restored. Here each registered pool becomes a ``PoolObjects``: its namespace (derived from the KV
-namespace, see ``keys.py``), its page geometry, and how a page is cut into stored parts.
+restored. Here each sidecar pool becomes a ``page_objects.PoolObjects``: its namespace (derived from
+the KV namespace, see ``keys.py``), its page geometry, and how a page is cut into stored parts; its
+pages then move like the KV pool's (``page_objects.move``).
 
 Parts: the store's host tiers keep fixed slots of one KV page (``slot_size: auto``), and a Mamba
 state is often many KV pages large. So a sidecar page larger than the KV page is stored as
