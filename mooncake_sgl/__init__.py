@@ -4,7 +4,8 @@ Folders: ``hicache/`` the SGLang plug-in (the only code importing sglang); ``sto
 page store; ``tiers/`` one module per storage medium, and ``tiers/ssd/`` the SSD tier's package;
 ``transfer/`` the pool's wire protocol, transports and client; ``pool/`` the pool server;
 ``policy/`` placement policies and capacity curves; ``metrics/`` Prometheus export, counters on
-disk and ``mooncake-sgl stats``; ``sim/`` the trace simulator.
+disk and ``mooncake-sgl stats``; ``doctor/`` ``mooncake-sgl doctor`` (why a storage hit did not
+happen); ``sim/`` the trace simulator.
 
 Modules: ``api`` the contracts (``Tier``, ``PlacementPolicy``); ``config`` the typed config,
 ``config_text`` its YAML/JSON read and written, ``builtin_config`` SGLang's built-in Mooncake
