@@ -266,8 +266,8 @@ class PolicyConfig(_Section):
     pins: list[PinConfig] = msgspec.field(default_factory=list)
     # A capacity curve per bounded tier: the hit ratio it would have had at 1/8x to 8x its size
     # (``policy/curve.py``; ``/metrics``, ``mooncake-sgl stats``). Off by default: its cost per
-    # looked-up page (22-57 us under lru and heat, 0.3-0.7 ms under adaptive, in the thread that
-    # feeds the policy) is measured in docs/capacity_curves.md and not yet small.
+    # looked-up page (about 10 us under lru, 0.1-0.5 ms under heat, 0.9-1.6 ms under adaptive, in
+    # the thread that feeds the policy) is measured in docs/capacity_curves.md and not yet small.
     capacity_curves: bool = False
 
     def __post_init__(self) -> None:

@@ -3,18 +3,32 @@
 An operator sizing a tier asks what twice (or half) the capacity would have served. The policy's
 shadows (``shadow``) already answer "which expert" from miniature caches; the same construction
 over several sizes answers "how big": for each multiple ``m`` of a tier's capacity ``C`` in
-``MULTIPLIERS``, the policy's eviction experts run alone on miniature caches of the pages whose key
-hash falls in a fraction ``R_m`` of the hash space (SHARDS, fixed-size variant: Waldspurger et al.,
-USENIX ATC 2017). ``R_m`` is chosen so each miniature holds at most ``SHADOW_PAGES`` pages, which
-bounds memory and the cost per lookup whatever the tier's size; a miniature of a small tier is the
-tier itself (``R_m`` = 1, exact).
+``MULTIPLIERS``, a miniature of the policy runs on the pages whose key hash falls in a fraction
+``R_m`` of the hash space, at ``R_m * m * C`` pages (SHARDS, fixed-size variant, and its "miniature
+simulation": Waldspurger et al., USENIX ATC 2017). ``R_m`` is chosen so each miniature holds at most
+``SHADOW_PAGES`` pages, which bounds memory and the work per looked-up page (at most one sampled
+page per miniature) whatever the tier's size; a miniature of a small tier is the tier itself
+(``R_m`` = 1, exact).
 
 What each size reports: the sampled pages looked up and the sampled prefix hits (a sampled page
 hits when it and every sampled page before it in the request are resident, as SGLang counts the
-leading run), scaled by ``1 / R_m`` to the whole stream. For a policy that chooses among experts
-(``adaptive``) the best expert's hits are reported: the policy follows whichever leads. ``heat``
-has no miniature of its own order; its curve is LRU's, and ``replay_trace.py --curve`` measures
-how far that is from heat's exact replay.
+leading run), scaled by ``1 / R_m`` to the whole stream.
+
+Which miniature stands for which policy:
+
+- ``lru`` (and the simulator's ``arc``, ``lirs``, ``lfuda``): its eviction expert alone
+  (``shadow.ShadowCache``); the expert is the policy. Given several experts, a size reports the
+  best one's hits.
+- ``heat`` and ``adaptive``: no single expert is their order (heat's probation, ghosts and sketch;
+  adaptive's switches between experts, which the best expert alone does not pay for), so the
+  miniature is the policy itself on a ``sim.ledger.Ledger``, fed the lookups and write-backs the
+  store would give it (``miniature.PolicyMiniature``). What the policy sizes by its capacity (heat's
+  sketch, ghosts and reuse watch; adaptive's experts, shadows and decay window) scales with ``R_m``
+  as the stream does. It runs with the policy's default config and without a clock (the store
+  hands over the policy's name and lookups only). Exact at ``R_m`` = 1; within 1.7 points of an
+  exact replay where measured; it costs about the policy's own work once per size.
+
+docs/capacity_curves.md has the accuracy and cost measured (``scripts/bench_capacity_curves.py``).
 
 Tiers are modelled as one cache each, fed every lookup: in a write-through store a slower tier holds
 what the faster ones evicted, so "found in this tier or a faster one" behaves as one cache of this
@@ -25,11 +39,16 @@ Thread context: fed under the residency lock (``store.residency``), like the pol
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from ..api import PageKey
+from ..api import PageKey, PlacementPolicy
+from ..config import PolicyConfig
+from .adaptive import AdaptivePolicy
 from .experts import EXPERTS, ArcExpert, Expert, LfuDaExpert, LirsExpert, LruExpert
+from .heat import HeatPolicy
+from .miniature import PolicyMiniature
 from .shadow import ShadowCache, key_hash
 
 # Sizes reported, as multiples of the tier's capacity: three halvings and three doublings.
@@ -41,10 +60,28 @@ MULTIPLIERS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 SHADOW_PAGES = 4096
 
 
+# Builds a policy for one tier of so many one-byte pages (a miniature's ``PolicyMiniature``).
+PolicyFactory = Callable[[int], PlacementPolicy]
+
+
 def curve_experts(policy_name: str) -> tuple[type[Expert], ...]:
-    """The eviction experts whose miniatures stand for ``policy_name`` (see the module docstring)."""
+    """The eviction experts whose miniatures stand for ``policy_name`` (see the module docstring);
+    none for a policy modelled by a miniature of itself (``curve_policy``)."""
+    if curve_policy(policy_name) is not None:
+        return ()
     return {"adaptive": tuple(EXPERTS), "arc": (ArcExpert,), "lirs": (LirsExpert,),
             "lfuda": (LfuDaExpert,)}.get(policy_name, (LruExpert,))
+
+
+def curve_policy(policy_name: str, config: PolicyConfig | None = None) -> PolicyFactory | None:
+    """How to build the miniature of a policy that no single eviction expert is (``heat``,
+    ``adaptive``), with ``config`` (its defaults when ``None``); ``None`` for the policies an expert
+    models."""
+    cls = {"heat": HeatPolicy, "adaptive": AdaptivePolicy}.get(policy_name)
+    if cls is None:
+        return None
+    config = config or PolicyConfig(name=policy_name)
+    return lambda pages: cls([pages], config)
 
 
 def head_first(policy_name: str) -> bool:
@@ -68,33 +105,50 @@ class CurvePoint:
         return self.hits / self.lookups if self.lookups else 0.0
 
 
+class _Miniature(Protocol):
+    """What a size reads of its miniatures (``shadow.ShadowCache``, ``miniature.PolicyMiniature``)."""
+
+    hits: int
+
+    def access(self, keys: Sequence[PageKey]) -> int: ...
+
+    def entries(self) -> int: ...
+
+
 class _Size:
-    """The miniatures of one size: one per expert, on one sample of the key space."""
+    """The miniatures of one size, on one sample of the key space: one per expert, or the policy's."""
 
     __slots__ = ("multiplier", "pages", "threshold", "rate", "shadows", "lookups")
 
-    def __init__(self, multiplier: float, pages: int, experts: Sequence[type[Expert]], head_first: bool):
+    def __init__(self, multiplier: float, pages: int, experts: Sequence[type[Expert]], head_first: bool,
+                 policy: PolicyFactory | None):
         self.multiplier = multiplier
         self.pages = pages
         self.rate = min(1.0, SHADOW_PAGES / pages)
         self.threshold = int(self.rate * (1 << 64))
         shadow_pages = max(1, round(pages * self.rate))
-        self.shadows = [ShadowCache(cls(shadow_pages), head_first=head_first) for cls in experts]
+        self.shadows: list[_Miniature] = [ShadowCache(cls(shadow_pages), head_first=head_first)
+                                          for cls in experts]
+        if policy is not None:
+            self.shadows.append(PolicyMiniature(policy(shadow_pages), shadow_pages))
         self.lookups = 0
 
 
 class CapacityCurve:
     """One tier's curve: miniatures of ``capacity_pages * m`` pages for every ``m`` in
-    ``multipliers``, of the experts ``experts`` (touching chains ``head_first`` or tail first)."""
+    ``multipliers``, of the experts ``experts`` (touching chains ``head_first`` or tail first) and
+    of the policy ``policy`` builds, if any."""
 
     def __init__(self, capacity_pages: int, experts: Sequence[type[Expert]],
                  multipliers: Sequence[float] = MULTIPLIERS, page_bytes: int = 1,
-                 head_first: bool = False):
+                 head_first: bool = False, policy: PolicyFactory | None = None):
         if capacity_pages < 1:
             raise ValueError(f"a capacity curve needs a tier of at least one page, not {capacity_pages}")
+        if not experts and policy is None:
+            raise ValueError("a capacity curve needs experts or a policy to model")
         self.capacity_pages = capacity_pages
         self.page_bytes = page_bytes
-        self._sizes = [_Size(m, max(1, round(capacity_pages * m)), experts, head_first)
+        self._sizes = [_Size(m, max(1, round(capacity_pages * m)), experts, head_first, policy)
                        for m in multipliers]
 
     def observe(self, keys: Sequence[PageKey], hashes: Sequence[int]) -> None:
@@ -123,12 +177,14 @@ class TierCurves:
     Args:
         capacities: per tier (fastest first), its capacity in bytes, ``None`` for a tier that
             evicts on its own (its size is not ours to choose).
-        policy_name: the placement policy's name (``curve_experts``).
+        policy_name: the placement policy's name (``curve_experts``, ``curve_policy``: the store
+            hands over the name only, so a miniature of the policy runs with its default config).
     """
 
     def __init__(self, capacities: Sequence[int | None], policy_name: str):
         self._capacities = list(capacities)
         self._experts = curve_experts(policy_name)
+        self._policy = curve_policy(policy_name)
         self._head_first = head_first(policy_name)
         self.curves: list[CapacityCurve | None] = [None] * len(capacities)
         self.page_bytes = 0
@@ -140,7 +196,7 @@ class TierCurves:
         self.page_bytes = page_bytes
         self.curves = [None if c is None else
                        CapacityCurve(max(1, c // page_bytes), self._experts, page_bytes=page_bytes,
-                                     head_first=self._head_first)
+                                     head_first=self._head_first, policy=self._policy)
                        for c in self._capacities]
 
     def on_lookup(self, keys: Sequence[PageKey]) -> None:

@@ -10,7 +10,14 @@ import pytest
 
 from mooncake_sgl.config import PolicyConfig
 from mooncake_sgl.policy import policy_for_capacities
-from mooncake_sgl.policy.curve import MULTIPLIERS, SHADOW_PAGES, CapacityCurve, TierCurves, curve_experts
+from mooncake_sgl.policy.curve import (
+    MULTIPLIERS,
+    SHADOW_PAGES,
+    CapacityCurve,
+    TierCurves,
+    curve_experts,
+    curve_policy,
+)
 from mooncake_sgl.policy.experts import EXPERTS, LruExpert
 from mooncake_sgl.policy.shadow import key_hash
 from mooncake_sgl.sim.simulator import Simulator
@@ -81,9 +88,9 @@ def test_a_large_tier_is_sampled_and_its_memory_bounded_whatever_its_size() -> N
     assert all(p.hits == 0 for p in points)  # no page is ever looked up twice
 
 
-def test_adaptive_is_modelled_by_its_best_expert_and_heat_by_lru() -> None:
-    assert curve_experts("adaptive") == tuple(EXPERTS)
-    assert curve_experts("lru") == curve_experts("heat") == (LruExpert,)
+def test_lru_is_modelled_by_its_expert_and_several_experts_by_the_best_of_them() -> None:
+    assert curve_experts("lru") == (LruExpert,) and curve_policy("lru") is None
+    assert curve_experts("heat") == curve_experts("adaptive") == ()  # miniatures of themselves
     requests = chains(300, seed=5)
     best = CapacityCurve(40, EXPERTS)
     alone = [CapacityCurve(40, (cls,)) for cls in EXPERTS]
@@ -120,3 +127,25 @@ def test_the_store_keeps_curves_only_where_asked_and_reports_them_in_its_stats()
     # At its own size the curve is the tier as it ran (both LRU, both exact at this size).
     assert own["hits"] / own["lookups"] == pytest.approx(with_curves.result.hit_ratio, abs=0.02)
     assert with_curves.result.hit_ratio == without.result.hit_ratio  # the curves change nothing
+
+
+@pytest.mark.parametrize("name", ["heat", "adaptive"])
+def test_a_policy_is_modelled_by_a_miniature_of_itself_exact_where_it_holds_the_whole_tier(
+        name: str) -> None:
+    """Every size of a small tier is sampled at rate 1: the miniature is the policy alone on the
+    whole stream at that size, fed what the store feeds it, so each point is the store's replay."""
+    page = 1 << 20
+    requests = chains(1200, seed=3)
+    config = PolicyConfig(name=name)
+    curve = CapacityCurve(120, curve_experts(name), policy=curve_policy(name, config))
+    feed(curve, requests)
+    points = curve.points()
+    assert [p.multiplier for p in points] == list(MULTIPLIERS)
+    for point in points:
+        pages = point.capacity_pages
+        exact = Simulator(policy_for_capacities(config, [pages * page]), [pages * page], page)
+        for i, keys in enumerate(requests):
+            exact.request(keys, float(i))
+        assert (point.hits, point.lookups) == (exact.result.hit_pages, exact.result.lookup_pages), point
+    # Not LRU's curve (the stand-in heat had before): their hits differ at the tier's own size.
+    assert points[3].hits != lru_prefix_hits(requests, 120)[0]
