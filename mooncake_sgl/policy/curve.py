@@ -24,8 +24,8 @@ Which miniature stands for which policy:
   miniature is the policy itself on a ``sim.ledger.Ledger``, fed the lookups and write-backs the
   store would give it (``miniature.PolicyMiniature``). What the policy sizes by its capacity (heat's
   sketch, ghosts and reuse watch; adaptive's experts, shadows and decay window) scales with ``R_m``
-  as the stream does. It runs with the policy's default config and without a clock (the store
-  hands over the policy's name and lookups only). Exact at ``R_m`` = 1; within 1.7 points of an
+  as the stream does. It runs with the policy's own config and without a clock (the store hands
+  over lookups, not time). Exact at ``R_m`` = 1; within 1.7 points of an
   exact replay where measured; it costs about the policy's own work once per size.
 
 docs/capacity_curves.md has the accuracy and cost measured (``scripts/bench_capacity_curves.py``).
@@ -177,14 +177,16 @@ class TierCurves:
     Args:
         capacities: per tier (fastest first), its capacity in bytes, ``None`` for a tier that
             evicts on its own (its size is not ours to choose).
-        policy_name: the placement policy's name (``curve_experts``, ``curve_policy``: the store
-            hands over the name only, so a miniature of the policy runs with its default config).
+        policy_name: the placement policy's name (``curve_experts``, ``curve_policy``).
+        config: the policy's config, which a miniature of the policy runs with (its defaults when
+            ``None``).
     """
 
-    def __init__(self, capacities: Sequence[int | None], policy_name: str):
+    def __init__(self, capacities: Sequence[int | None], policy_name: str,
+                 config: PolicyConfig | None = None):
         self._capacities = list(capacities)
         self._experts = curve_experts(policy_name)
-        self._policy = curve_policy(policy_name)
+        self._policy = curve_policy(policy_name, config)
         self._head_first = head_first(policy_name)
         self.curves: list[CapacityCurve | None] = [None] * len(capacities)
         self.page_bytes = 0

@@ -78,7 +78,8 @@ class TieredStore:
         self.tiers = calls.tiers
         self.names = calls.names
         bounded = [t.usage().capacity_bytes if m else None for t, m in zip(self.tiers, calls.managed)]
-        kept = TierCurves(bounded, policy.name) if curves else None
+        # The miniatures run the policy as configured (heat's and adaptive's keep their config).
+        kept = TierCurves(bounded, policy.name, getattr(policy, "config", None)) if curves else None
         self._residency = Residency(policy, calls.managed, clock, kept)
         self._mover: Mover = BackgroundMover() if mover == "background" else InlineMover()
         staging = staging or Staging()

@@ -149,3 +149,12 @@ def test_a_policy_is_modelled_by_a_miniature_of_itself_exact_where_it_holds_the_
         assert (point.hits, point.lookups) == (exact.result.hit_pages, exact.result.lookup_pages), point
     # Not LRU's curve (the stand-in heat had before): their hits differ at the tier's own size.
     assert points[3].hits != lru_prefix_hits(requests, 120)[0]
+
+
+def test_a_policys_miniature_runs_with_the_policys_own_config() -> None:
+    from mooncake_sgl.policy.curve import curve_policy
+
+    config = PolicyConfig(name="heat", probation_fraction=0.3, admission_min_hits=3)
+    assert curve_policy("heat", config)(64).config == config
+    assert curve_policy("adaptive")(64).config == PolicyConfig(name="adaptive")
+    assert curve_policy("lru") is None  # modelled by its expert
