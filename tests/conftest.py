@@ -30,6 +30,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,51 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
+    worker = getattr(config, "workerinput", None)
+    if worker is not None:
+        config.stash[_CRASH_LOG] = open(crash_log(worker["testrunuid"], worker["workerid"]), "w")  # noqa: SIM115
+    elif getattr(config.option, "numprocesses", None):
+        # The controller of a run on workers: xdist once waited for ever on its workers after one
+        # had crashed (every worker idle, the run at 97%). A stalled run fails with its stack.
+        faulthandler.dump_traceback_later(SESSION_TIMEOUT_S, exit=True)
+
+
+# A worker's fault handler and its "running" lines go to a file of its own: a worker that died
+# (a native crash, or the hard timeout below) left nothing in the run's output, so which test it
+# was running was never known. The controller prints the file when xdist reports the worker down.
+_CRASH_LOG = pytest.StashKey["object"]()
+SESSION_TIMEOUT_S = 3600.0
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    log = _fault_file(config)
+    if log is not None:  # a worker that ends cleanly leaves no log behind
+        faulthandler.disable()  # it wrote to this file
+        log.close()
+        Path(log.name).unlink(missing_ok=True)
+
+
+def crash_log(testrunuid: str, workerid: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"mcsgl-pytest-{testrunuid}-{workerid}.log"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """xdist (controller): a worker ended; when it crashed, say what it was running and how."""
+    path = crash_log(node.workerinput["testrunuid"], node.gateway.id)  # type: ignore[attr-defined]
+    if not error:
+        return
+    try:
+        text = path.read_text(errors="replace")
+        path.unlink()
+    except OSError:
+        return
+    if text:
+        lines = text.splitlines()
+        last = next((ln for ln in reversed(lines) if ln.startswith("running ")), "no test started")
+        tail = "\n".join(lines[-80:])
+        node.config.get_terminal_writer().line(  # type: ignore[attr-defined]
+            f"\n[{node.gateway.id}] crashed ({error}); it was {last}; its fault log:\n{tail}", red=True)
 
 
 # What one pytest-xdist worker runs as a unit when the suite runs on two (``scripts/test.sh``): every
@@ -157,11 +203,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 HARD_TIMEOUT_S = 900.0
 
 
+def _fault_file(config: pytest.Config):  # noqa: ANN202 (an open text file, or None)
+    return config.stash.get(_CRASH_LOG, None)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # noqa: ANN201 (hook)
     from _pytest.faulthandler import fault_handler_stderr_fd_key
 
-    fd = item.config.stash.get(fault_handler_stderr_fd_key, None)
+    fd = _fault_file(item.config) or item.config.stash.get(fault_handler_stderr_fd_key, None)
     if fd is not None:
         faulthandler.dump_traceback_later(HARD_TIMEOUT_S, exit=True, file=fd)
     try:
@@ -179,6 +229,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     # pytest's own copy of the terminal's stderr before each test, for every thread's stack.
     from _pytest.faulthandler import fault_handler_stderr_fd_key
 
-    fd = item.config.stash.get(fault_handler_stderr_fd_key, None)
+    log = _fault_file(item.config)
+    if log is not None:
+        log.write(f"running {item.nodeid}\n")
+        log.flush()
+    fd = log or item.config.stash.get(fault_handler_stderr_fd_key, None)
     if fd is not None:
         faulthandler.enable(file=fd, all_threads=True)
