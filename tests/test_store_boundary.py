@@ -30,7 +30,7 @@ class DeadTier(WrappedTier):
     def get_into(self, keys: list[PageKey], pages: list[PageView]) -> list[bool]:
         raise TierUnavailable("peer gone")
 
-    def put_from(self, keys: list[PageKey], pages: list[PageView]) -> list[bool]:
+    def put_from(self, keys: list[PageKey], pages: list[PageView], *, soft_pin=None) -> list[bool]:
         raise TierUnavailable("peer gone")
 
 

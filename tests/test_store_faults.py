@@ -58,10 +58,10 @@ class FaultyTier(WrappedTier):
             return [False] * len(keys)
         return self.inner.get_into(keys, pages)
 
-    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *, soft_pin=None) -> list[bool]:
         if self._failing("put"):
             return [False] * len(keys)
-        return self.inner.put_from(keys, pages)
+        return self.inner.put_from(keys, pages, soft_pin=soft_pin)
 
     def remove(self, keys: Sequence[PageKey]) -> int:
         self._failing("remove")

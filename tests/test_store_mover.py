@@ -117,7 +117,7 @@ class ThreadLog(WrappedTier):
         self.started = threading.Event()
         self.wait_for: threading.Event | None = None
 
-    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *, soft_pin=None) -> list[bool]:
         self.writers.append(threading.current_thread().name)
         self.started.set()
         if self.wait_for is not None:
@@ -211,7 +211,7 @@ class StalledPeer(WrappedTier):
     def reachable(self) -> bool:
         return not self.cut
 
-    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *, soft_pin=None) -> list[bool]:
         if self.cut:
             return [False] * len(keys)
         self.hanging.set()

@@ -19,8 +19,8 @@ class WrappedTier(Tier):
     def get_into(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
         return self.inner.get_into(keys, pages)
 
-    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
-        return self.inner.put_from(keys, pages)
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *, soft_pin=None) -> list[bool]:
+        return self.inner.put_from(keys, pages, soft_pin=soft_pin)
 
     def remove(self, keys: Sequence[PageKey]) -> int:
         return self.inner.remove(keys)

@@ -77,12 +77,10 @@ class TierCalls:
 
     def put(self, t: int, keys: Sequence[PageKey], pages: Sequence[PageView],
             soft_pin: Sequence[bool] | None = None) -> PutResult:
-        """``put_from`` into tier ``t``, its answer always a ``PutResult``. The hint goes only
-        where there is one: test doubles of a tier still take just ``(keys, pages)``."""
-        put = self.tiers[t].put_from
-        if soft_pin is None:
-            return PutResult.of(self.call(t, "put", put, keys, pages))
-        return PutResult.of(self.call(t, "put", functools.partial(put, soft_pin=soft_pin), keys, pages))
+        """``put_from`` into tier ``t`` with the hints every tier takes, its answer always a
+        ``PutResult``."""
+        put = functools.partial(self.tiers[t].put_from, soft_pin=soft_pin)
+        return PutResult.of(self.call(t, "put", put, keys, pages))
 
     def remove(self, t: int, keys: Sequence[PageKey]) -> int | None:
         """Pages removed, or ``None`` when the removal failed."""
