@@ -20,7 +20,10 @@ set_up=$((SECONDS - started))
 select=(-m "not chaos")
 # Two pytest-xdist workers: one runs every live-server and cluster test, one at a time; the other
 # the in-process files, each file whole (tests/conftest.py, xdist_group). A -n given here wins.
-workers=(-n 2 --dist loadgroup)
+# A worker that dies is not replaced: under loadgroup a replacement re-ran the dead worker's group
+# (a crashing test again on every new worker) or left the run waiting with every worker idle; the
+# death is reported at once, with the test it was running (tests/conftest.py).
+workers=(-n 2 --dist loadgroup --max-worker-restart 0)
 args=()
 for arg in "$@"; do
   case "$arg" in
