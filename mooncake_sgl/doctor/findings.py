@@ -78,8 +78,13 @@ def metrics_off(ev: ServerEvidence) -> list[Finding]:
 
 def _threshold(ev: ServerEvidence) -> tuple[int, str]:
     extra = ev.extra_config()
-    if "prefetch_threshold" in extra:
-        return int(extra["prefetch_threshold"]), "prefetch_threshold in the extra config"
+    value = extra.get("prefetch_threshold")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value, "prefetch_threshold in the extra config"
+    if "_unreadable" in extra:  # an @FILE this host cannot read: the server's value is unknown
+        why = extra["_unreadable"]
+        return SGLANG_PREFETCH_THRESHOLD, ("assumed SGLang's default: its extra config could not be "
+                                           f"read here ({why})")
     return SGLANG_PREFETCH_THRESHOLD, "SGLang's default (not in the extra config)"
 
 

@@ -127,3 +127,13 @@ def test_two_instances_on_one_pool_that_cannot_meet_are_named_with_the_field_tha
     assert "namespace_mismatch" not in codes([a, apart])  # different pools: nothing to share
     same = ServerEvidence("http://b:1", {}, None, look(series=_ns(64, "pool:p:1", role="decode")))
     assert "namespace_mismatch" not in codes([a, same])  # roles differ, pages meet
+
+
+def test_an_extra_config_file_this_host_cannot_read_is_named_not_taken_for_the_default() -> None:
+    ev = server(look(series=_prefill(8000, 1600)),
+                hicache_storage_backend_extra_config="@/nonexistent/tiers.yaml")
+    [f] = [x for x in diagnose([ev]) if x.code == "below_threshold"]
+    assert "assumed SGLang's default" in f.evidence[0] and "nonexistent" in f.evidence[0]
+    bad = server(look(series=_prefill(8000, 1600)),
+                 hicache_storage_backend_extra_config='{"prefetch_threshold": "lots"}')
+    assert [x.code for x in diagnose([bad]) if x.code == "below_threshold"]  # no exception
