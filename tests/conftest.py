@@ -30,6 +30,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -167,7 +168,26 @@ def pytest_testnodedown(node: object, error: object) -> None:
         last = next((ln for ln in reversed(lines) if ln.startswith("running ")), "no test started")
         tail = "\n".join(lines[-80:])
         node.config.get_terminal_writer().line(  # type: ignore[attr-defined]
-            f"\n[{node.gateway.id}] crashed ({error}); it was {last}; its fault log:\n{tail}", red=True)
+            f"\n[{node.gateway.id}] crashed ({error}, {_end_of(node)}); it was {last}; "
+            f"its fault log:\n{tail}", red=True)
+
+
+def _end_of(node: object) -> str:
+    """How a worker process ended: a signal (SIGKILL leaves no fault trace) or an exit status (a
+    native ``exit()``, say), read from the process execnet started it as."""
+    popen = getattr(getattr(getattr(node, "gateway", None), "_io", None), "popen", None)
+    if popen is None:
+        return "its end is unknown"
+    try:
+        code = popen.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        return "its process still runs"
+    if code >= 0:
+        return f"exit status {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 # What one pytest-xdist worker runs as a unit when the suite runs on two (``scripts/test.sh``): every
