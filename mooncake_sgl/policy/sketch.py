@@ -94,12 +94,19 @@ class FrequencySketch:
         """Count one access; returns the new estimate. ``floor`` raises the estimate to at least
         that value (the heat policy uses it to keep ancestors at least as warm as descendants)."""
         t = self._table
-        cells = self._cells(key)
-        low = min(t[i] for i in cells)
-        new = min(MAX_COUNT, max(low + 1, floor))
-        for i in cells:
-            if t[i] < new:  # conservative update
-                t[i] = new
+        a, b, c, d = self._cells(key)
+        # Unrolled: this runs for every page of every lookup, and for every page of a curve's miniatures.
+        ta, tb, tc, td = t[a], t[b], t[c], t[d]
+        new = min(MAX_COUNT, max(min(ta, tb, tc, td) + 1, floor))
+        # Conservative update: only the cells below the new estimate rise.
+        if ta < new:
+            t[a] = new
+        if tb < new:
+            t[b] = new
+        if tc < new:
+            t[c] = new
+        if td < new:
+            t[d] = new
         self._additions += 1
         if self._additions >= self.sample_size:
             self._age()
