@@ -140,10 +140,12 @@ class ArcExpert(Expert):
     def _bound(self) -> None:
         """ARC's directory invariants: |T1| + |B1| <= c and the whole directory <= 2c."""
         c = self.capacity
-        while self._b1 and len(self._t1) + len(self._b1) > c:
-            self._b1.popitem(last=False)
-        while self._b2 and self.entries() > 2 * c:
-            self._b2.popitem(last=False)
+        b1, b2 = self._b1, self._b2
+        # Counted once, not per pop: this runs on every add and drop of every ARC shadow.
+        for _ in range(min(len(b1), len(self._t1) + len(b1) - c)):
+            b1.popitem(last=False)
+        for _ in range(min(len(b2), self.entries() - 2 * c)):
+            b2.popitem(last=False)
 
     def candidates(self) -> Iterator[PageKey]:
         """ARC's REPLACE repeated: T1's oldest while T1 is above its target, else T2's oldest."""
