@@ -20,10 +20,11 @@ waits for another: waiting made a put fail when the other writer was slow, and d
 shared-memory batch that named a key twice on itself until the wait ran out.
 
 Room. Above the high watermark a background thread evicts least-recently-read pages down to the
-low watermark. A reservation that still finds no slot evicts inline: first the oldest page of its
-own size class, else the oldest pages of any class until a slab empties. If everything left is
-leased or being written, it waits on the lock's condition up to ``put_wait`` and only then reports
-the page as not stored; a put never fails silently or half-writes (Mooncake answers -200 at once).
+low watermark (a page larger than that room is left for a put to evict). A reservation that still
+finds no slot evicts inline: first the oldest page of its own size class, else the oldest pages of
+any class until a slab empties. If everything left is leased or being written, it waits on the
+lock's condition up to ``put_wait`` and only then reports the page as not stored; a put never fails
+silently or half-writes (Mooncake answers -200 at once).
 """
 
 from __future__ import annotations
@@ -239,15 +240,21 @@ class PoolIndex:
         return len(entries)
 
     def evict_to_watermark(self) -> int:
-        """Evict oldest pages while above the high watermark, down to the low one; returns count."""
+        """Evict oldest pages while above the high watermark, down to the low one; returns count.
+
+        A page whose slot is larger than the room kept ahead (``1 - low`` of capacity) is left to a
+        put that needs its room (``reserve`` evicts inline): in a pool of a few slabs, keeping room
+        ahead would evict such a page as soon as it was stored (a one-slab pool held nothing for
+        longer than the evictor's next pass)."""
         cap = self.alloc.capacity
+        ahead = (1.0 - self.low) * cap
         n = 0
         with self._cond:
             if self.alloc.used_bytes <= self.high * cap:
                 return 0
             while self.alloc.used_bytes > self.low * cap:
                 victim = self._oldest(None)
-                if victim is None:
+                if victim is None or victim.slot > ahead:
                     break
                 self._evict(victim)
                 n += 1

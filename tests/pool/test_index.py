@@ -160,6 +160,18 @@ def test_background_eviction_brings_usage_to_the_low_watermark() -> None:
     assert s.contains([b"k0", b"k19"]) == b"\x00\x01"  # oldest went first
 
 
+def test_background_eviction_leaves_a_page_larger_than_the_room_it_keeps_to_a_put() -> None:
+    # A fresh clone's run under load read back nothing from a one-slab pool: the evictor's next
+    # pass had evicted the only page (keeping 10% free means emptying the slab) before the get.
+    s = PoolIndex(256 * KIB, 256 * KIB)
+    put(s, b"whole", 256 * KIB)
+    assert s.over_high_watermark()
+    assert s.evict_to_watermark() == 0
+    assert s.contains([b"whole"]) == b"\x01"
+    assert isinstance(put(s, b"next", 256 * KIB), Entry)  # a put still makes its room
+    assert s.contains([b"whole", b"next"]) == b"\x00\x01"
+
+
 def test_page_larger_than_a_slab_is_refused_not_stored() -> None:
     s = PoolIndex(1 << 20, 256 * KIB)
     assert s.reserve([b"huge"], [512 * KIB]) == [NO_ROOM]
