@@ -232,7 +232,7 @@ class Tier(ABC):
 class ResidencyView(Protocol):
     """The record of residency as a policy reads it: per tier, the pages the policy ranks there and
     their footprints. ``store.residency.Residency`` keeps it for the store (pages being evicted are
-    not in it: their policy forgot them), ``sim.ledger.Ledger`` without a store. Live and read-only:
+    not in it: their policy forgot them), ``policy.ledger.Ledger`` without a store. Live and read-only:
     a policy reads sizes and membership here and never keeps a map of its own beside it, so what it
     ranks and what the store holds cannot drift apart."""
 
@@ -273,7 +273,7 @@ class PlacementPolicy(ABC):
 
     def bind(self, residency: ResidencyView) -> None:
         """Hand the policy the record it reads. ``Residency`` binds its policy when the store is
-        built, ``sim.ledger.Ledger`` without a store. Once: ordering state describes one record."""
+        built, ``policy.ledger.Ledger`` without a store. Once: ordering state describes one record."""
         bound = getattr(self, "residency", None)
         if bound is not None and bound is not residency:
             raise ValueError(f"{type(self).__name__} is bound to another residency record already")

@@ -8,6 +8,9 @@
 - ``rules``           the write-through rules (admit everywhere, promote to 0, demote one down), once.
 - ``chained``         heat's and adaptive's shared base: chain links, pins, the ``on_insert`` prologue.
 - ``sketch``          the bounded frequency estimators heat is built on.
+- ``ledger``          a policy driven without a store, with the record of residency it reads
+                      (the policy tests, the curves' miniatures).
+- ``curve``, ``miniature``  capacity curves: miniatures of the policy at sizes around each tier's.
 
 Every policy keeps ordering state only; sizes and membership are read from the record of residency
 it is bound to (``api.ResidencyView``).

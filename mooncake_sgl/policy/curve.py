@@ -21,7 +21,7 @@ Which miniature stands for which policy:
   best one's hits.
 - ``heat`` and ``adaptive``: no single expert is their order (heat's probation, ghosts and sketch;
   adaptive's switches between experts, which the best expert alone does not pay for), so the
-  miniature is the policy itself on a ``sim.ledger.Ledger``, fed the lookups and write-backs the
+  miniature is the policy itself on a ``policy.ledger.Ledger``, fed the lookups and write-backs the
   store would give it (``miniature.PolicyMiniature``). What the policy sizes by its capacity (heat's
   sketch, ghosts and reuse watch; adaptive's experts, shadows and decay window) scales with ``R_m``
   as the stream does. It runs with the policy's own config and without a clock (the store hands

@@ -5,7 +5,7 @@ USENIX ATC 2017).
 The capacity curves (``curve``) model a policy at other sizes. An eviction expert stands in well for
 a policy that is one (``lru``), not for one whose order has no expert (``heat``'s probation, main,
 ghosts and sketch): there the only faithful model is the policy itself, on the sampled stream, in a
-tier scaled by the sample rate. Its record of residency is a ``sim.ledger.Ledger`` (pages of one
+tier scaled by the sample rate. Its record of residency is a ``policy.ledger.Ledger`` (pages of one
 byte, so capacities and counts are in pages), and it is fed what the store feeds a single-tier
 policy for each request (``sim.simulator``, ``store.residency``): the lookup with where each page
 is, then the write-back of the pages past the leading run of hits, room made first by the policy's
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..api import PageKey, PlacementPolicy
-from ..sim.ledger import Ledger
+from .ledger import Ledger
 
 
 class PolicyMiniature:

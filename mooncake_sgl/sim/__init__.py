@@ -4,7 +4,6 @@
 - ``simulator``   replays requests through the real ``TieredStore`` over ``size_tier``'s zero-byte
                   tiers, which keep only page sizes (no bytes moved).
 - ``reference``   reference policies for the simulator only: ARC, LIRS, LFU-DA and Belady.
-- ``ledger``      a policy driven without a store, with the record of residency it reads.
 - ``synth``       a second synthetic workload with a different reuse pattern, and chat sessions.
 - ``gen_agent``, ``gen_rag``, ``gen_suite``  seeded generated workloads (agent loops, RAG, chat)
                   by name: ``python -m mooncake_sgl.sim.gen_suite chat|agent|rag OUT.jsonl``.

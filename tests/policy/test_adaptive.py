@@ -12,6 +12,7 @@ from mooncake_sgl.keys import KeyNamespace, page_key
 from mooncake_sgl.policy import policy_for_capacities, shadow
 from mooncake_sgl.policy.adaptive import AdaptivePolicy
 from mooncake_sgl.policy.experts import EXPERTS, LfuDaExpert, LirsExpert
+from mooncake_sgl.policy.ledger import Ledger
 from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.policy.shadow import (
     MIN_LEAD,
@@ -22,7 +23,6 @@ from mooncake_sgl.policy.shadow import (
     sample_rate,
 )
 from mooncake_sgl.sim.gen_agent import AgentShape, agent_loops
-from mooncake_sgl.sim.ledger import Ledger
 from mooncake_sgl.sim.reference import ArcPolicy, LfuDaPolicy, LirsPolicy
 from mooncake_sgl.sim.simulator import Simulator
 from mooncake_sgl.sim.synth import chat_sessions

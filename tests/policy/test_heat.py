@@ -12,8 +12,8 @@ from mooncake_sgl.keys import KeyNamespace, page_key
 from mooncake_sgl.policy import build_policy, policy_for_capacities
 from mooncake_sgl.policy.adaptive import AdaptivePolicy
 from mooncake_sgl.policy.heat import HeatPolicy
+from mooncake_sgl.policy.ledger import Ledger
 from mooncake_sgl.policy.lru import LruPolicy
-from mooncake_sgl.sim.ledger import Ledger
 
 PAGE = 100
 NS = KeyNamespace(model="m", dtype="bf16", layout="page_first", page_size=64)

@@ -10,7 +10,7 @@ import pytest
 
 from mooncake_sgl.config import PolicyConfig
 from mooncake_sgl.policy import policy_for_capacities
-from mooncake_sgl.sim.ledger import Ledger
+from mooncake_sgl.policy.ledger import Ledger
 from mooncake_sgl.sim.reference import ArcPolicy, LfuDaPolicy, LirsPolicy
 
 # A page size no count, heat or time in any policy's state comes near, so a value equal to it is a size.

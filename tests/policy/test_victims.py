@@ -9,7 +9,7 @@ import pytest
 from mooncake_sgl.api import PlacementPolicy
 from mooncake_sgl.config import PolicyConfig
 from mooncake_sgl.policy import policy_for_capacities
-from mooncake_sgl.sim.ledger import Ledger
+from mooncake_sgl.policy.ledger import Ledger
 from mooncake_sgl.sim.reference import ArcPolicy, LfuDaPolicy, LirsPolicy
 
 PAGE = 1 << 20
