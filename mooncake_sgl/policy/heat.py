@@ -28,7 +28,7 @@ Prefix awareness (a page is useless without the pages before it in its chain):
 - Chains are queued tail first, so at equal standing a chain's tail is evicted before its head.
 - A page with a resident child in the same tier is skipped when victims are chosen (leaves first,
   as SGLang's radix cache evicts leaves), unless nothing else can be freed. Skipped pages keep their
-  place, so a skip costs nothing on later calls.
+  place (no rotation): their order is untouched.
 - Heat never decreases toward the root: a lookup walks its chain tail to head and raises each page's
   sketch counters to at least its child's estimate, and aging (halving or exponential decay) is
   uniform, so it keeps that order.
@@ -352,8 +352,8 @@ class HeatPolicy(ChainedPolicy):
         """Walk both segments oldest first, taking from probation while it is over its target.
         Skipped pages keep their place (no rotation), so a parent is walked past on every call: a
         tier's old shared prefixes gather at the head of its segments. With ``leaves_only`` they are
-        filtered out in C (``kids`` holds only pages with resident children); in Python, each cost
-        about a microsecond per call, most of a small tier's eviction work."""
+        filtered out in C (``kids`` holds only pages with resident children); walked in Python, they
+        were most of a small tier's eviction work (about 2 us each, on every call)."""
         over = seg.used_probation - seg.target
         freed = 0
         pinned = self._pins.is_pinned  # bound once: this loop runs per candidate
