@@ -75,6 +75,10 @@ def curve_table(snapshot: Snapshot) -> str:
         lines.append(f"{'  size':<15}" + "".join(f"{human_bytes(cap):>10}" for _, cap, _, _ in points))
         lines.append(f"{'  hit ratio':<15}" + "".join(f"{(hits / looked if looked else 0):>10.1%}"
                                                       for _, _, looked, hits in points))
+    busy, looked = snapshot.store_total("curve_busy_seconds"), snapshot.store_total("lookup_pages")
+    if lines and looked:
+        lines.append(f"  cost: {busy:.1f} s of CPU for {looked:.0f} looked-up pages "
+                     f"({1e6 * busy / looked:.0f} us per page)")
     return "\n".join(lines)
 
 

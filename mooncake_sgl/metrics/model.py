@@ -52,11 +52,13 @@ COUNTERS: dict[str, str] = {
     "write_busy_seconds": "mooncake_sgl_tier_write_busy_seconds",
 }
 # Per rank, not per tier: pages SGLang asked to read (``hits[0] + misses[0]``: the denominator of
-# hit shares in PromQL), and pages/hits of its prefix lookups (``batch_exists``).
+# hit shares in PromQL), pages/hits of its prefix lookups (``batch_exists``), and the CPU seconds the
+# capacity curves cost (0 with curves off).
 STORE_COUNTERS: dict[str, str] = {
     "read_pages": "mooncake_sgl_read_pages",
     "lookup_pages": "mooncake_sgl_lookup_pages",
     "lookup_hit_pages": "mooncake_sgl_lookup_hit_pages",
+    "curve_busy_seconds": "mooncake_sgl_curve_busy_seconds",
 }
 GAUGES: dict[str, str] = {
     "resident_pages": "mooncake_sgl_tier_resident_pages",

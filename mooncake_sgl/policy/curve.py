@@ -39,6 +39,7 @@ Thread context: fed under the residency lock (``store.residency``), like the pol
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -190,6 +191,9 @@ class TierCurves:
         self._head_first = head_first(policy_name)
         self.curves: list[CapacityCurve | None] = [None] * len(capacities)
         self.page_bytes = 0
+        # CPU time fed to the miniatures, so an operator sees what the curves cost (a scheduler's
+        # time under the GIL: they run where the policy is fed).
+        self.busy_seconds = 0.0
 
     def start(self, page_bytes: int) -> None:
         """Size the miniatures for pages of ``page_bytes`` (the first page stored); once."""
@@ -204,10 +208,12 @@ class TierCurves:
     def on_lookup(self, keys: Sequence[PageKey]) -> None:
         if not self.page_bytes or not keys:
             return
+        start = time.perf_counter()
         hashes = [key_hash(k) for k in keys]
         for curve in self.curves:
             if curve is not None:
                 curve.observe(keys, hashes)
+        self.busy_seconds += time.perf_counter() - start
 
     def points(self) -> list[list[CurvePoint]]:
         """Per tier, its curve (empty for a self-evicting tier, or before the first page)."""

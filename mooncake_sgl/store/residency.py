@@ -299,6 +299,13 @@ class Residency:
         with self._lock:
             return self.policy.stats(), self.policy.standings()
 
+    def curve_busy_seconds(self) -> float:
+        """Time spent feeding the capacity curves so far (0 where none are kept)."""
+        if self._curves is None:
+            return 0.0
+        with self._lock:
+            return self._curves.busy_seconds
+
     def curve_points(self) -> list[list[CurvePoint]]:
         """Per tier, its capacity curve so far (empty where none is kept)."""
         if self._curves is None:

@@ -295,7 +295,8 @@ class TieredStore:
             entry["experts"][s.expert] = {"lead": int(s.leading), "shadow_hit_ratio": s.shadow_hit_ratio}
         curves = {self.names[t]: [dataclasses.asdict(p) for p in points]
                   for t, points in enumerate(self._residency.curve_points()) if points}
-        return {"store": {**self._counters.as_dict(), **self._residency.counters.as_dict()},
+        return {"store": {**self._counters.as_dict(), **self._residency.counters.as_dict(),
+                          "curve_busy_seconds": self._residency.curve_busy_seconds()},
                 "mover": {"background": int(self._mover.background), **self._mover.counters.as_dict()},
                 "policy": policy, "experts": experts, "tiers": tiers, "curves": curves}
 

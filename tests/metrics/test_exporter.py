@@ -13,7 +13,7 @@ from mooncake_sgl.metrics.exporter import StoreExporter
 from mooncake_sgl.metrics.scrape import parse
 from mooncake_sgl.metrics.source import snapshot_of
 
-from .stores import PAGE, host_lmdb_store, read, write
+from .stores import PAGE, host_lmdb_store, key, read, write
 
 RANK = {"tp_rank": 1, "pp_rank": 0, "dp_rank": 0}
 
@@ -254,8 +254,6 @@ def test_capacity_curves_reach_metrics_and_the_stats_table(tmp_path: Path) -> No
     from mooncake_sgl.store.tiered_store import TieredStore
     from mooncake_sgl.tiers.host import HostTier
 
-    from .stores import key
-
     host = HostTier(HostTierConfig(capacity=8 * PAGE, slot_size=PAGE, pin_memory=False))
     store = TieredStore([host], LruPolicy(1), mover="inline", curves=True)
     try:
@@ -281,6 +279,19 @@ def test_capacity_curves_reach_metrics_and_the_stats_table(tmp_path: Path) -> No
     assert as_json(snap)["curves"]["host"][3]["hit_ratio"] == 8 / 16
     table = curve_table(snap)
     assert "capacity curves" in table and "50.0%" in table and "8x" in table
+    # What the curves cost is counted where they run, and shown beside them.
+    busy = snap.store_total("curve_busy_seconds")
+    assert 0 < busy < 60 and "mooncake_sgl_curve_busy_seconds_total{" in text
+    assert f"cost: {busy:.1f} s of CPU for 16 looked-up pages" in table
+
+
+def test_without_curves_their_cost_is_zero(store) -> None:
+    registry = CollectorRegistry()
+    exporter = StoreExporter(store.stats, RANK, registry=registry)
+    write(store, range(4))
+    store.exists_prefix([key(i) for i in range(4)])
+    exporter.sync()
+    assert parse(scrape_registry(registry)).store_total("curve_busy_seconds") == 0
 
 
 def test_the_namespace_series_shows_the_current_namespace_at_1_and_the_one_before_at_0(store) -> None:
