@@ -58,7 +58,14 @@ def copy_batch(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
     256 KiB) copied one segment per call spent ~2 s waiting for 0.1 s of copying (48 MB/s). A run of
     consecutive pairs whose destinations and sources each advance by one constant stride (pages in
     consecutive host-pool pages and consecutive slots: what SGLang and our slot stacks hand out)
-    is copied as one strided 2-D copy instead. Destinations must not overlap.
+    is copied as one strided 2-D copy instead, when the two strided views' extents are apart.
+    Destinations must not overlap.
+
+    Why the extents: numpy checks a 2-D copy for overlap by the views' bounds only, and copies
+    through a temporary when they meet; it checks that copy the same way. Two rows of sources far
+    apart (a page in a heap buffer, the next in a large mapping) give a view whose bounds span the
+    heap, so every temporary fell inside them: numpy recursed until the stack overflowed, killing
+    the process with SIGSEGV (a promotion in a test did, once every few suite runs).
     """
     i = 0
     while i < len(pairs):
@@ -77,8 +84,14 @@ def copy_batch(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
                        and _address(pairs[j][1]) == s0 + (j - i) * s_step):
                     j += 1
                 rows = j - i  # at least 2: pair i + 1 set the strides
-                np.copyto(np.lib.stride_tricks.as_strided(dst, (rows, n), (d_step, 1)),
-                          np.lib.stride_tricks.as_strided(src, (rows, n), (s_step, 1), writeable=False))
+                d_end, s_end = d0 + (rows - 1) * d_step + n, s0 + (rows - 1) * s_step + n
+                if d_end <= s0 or s_end <= d0:
+                    np.copyto(np.lib.stride_tricks.as_strided(dst, (rows, n), (d_step, 1)),
+                              np.lib.stride_tricks.as_strided(src, (rows, n), (s_step, 1),
+                                                              writeable=False))
+                else:  # one 1-D copy each: numpy checks those for overlap only if strides are negative
+                    for d, s in pairs[i:j]:
+                        np.copyto(d, s)
                 i = j
                 continue
         np.copyto(dst, src)

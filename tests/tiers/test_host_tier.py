@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -200,6 +202,25 @@ def test_copy_batch_refuses_pairs_of_different_sizes() -> None:
 
 CGROUP_1MIB = Headroom(1 << 20, "the cgroup limit memory.max of 2097152 bytes at /sys/fs/cgroup/x, "
                                 "1048576 bytes of it in use")
+
+
+def test_copy_batch_of_sources_far_apart_copies_them_instead_of_overflowing_numpys_stack() -> None:
+    # Two sources far apart (a heap buffer, then a large mapping) made one strided view whose
+    # bounds spanned the heap; numpy's overlap check then copied through temporaries that fell
+    # inside those bounds, recursing until the process died of SIGSEGV (a suite worker, once every
+    # few runs). In a fresh interpreter: on the old code this process dies, not the test's.
+    code = """if True:
+        import numpy as np
+        from mooncake_sgl.buffers import copy_batch
+        n = 4096
+        low = np.frombuffer(bytearray(b"\\x07" * n), dtype=np.uint8)
+        high = np.full(64 << 20, 9, dtype=np.uint8)
+        dst = np.zeros(2 * n, dtype=np.uint8)
+        copy_batch([(dst[:n], low), (dst[n:], high[:n])])
+        assert (dst[:n] == 7).all() and (dst[n:] == 9).all()
+    """
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
 
 
 def test_a_pinned_capacity_over_the_containers_memory_is_refused_naming_the_limit(
