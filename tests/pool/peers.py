@@ -20,7 +20,10 @@ from mooncake_sgl.transfer.tcp import FramedConnection, open_connection, read_fr
 def raw(pool: PoolProcess, secret: str = "", tenant: str = "") -> socket.socket:
     """An authenticated raw TCP connection (handshake done by hand)."""
     s = socket.create_connection((pool.host, pool.port), timeout=5)
-    _, meta = read_frame(s, max_meta=1 << 20, max_data=0)
+    header, meta = read_frame(s, max_meta=1 << 20, max_data=0)
+    if header.op == P.Op.ERROR:  # refused before the handshake (over max_connections)
+        s.close()
+        P.raise_error(P.decode(meta, P.ErrorMsg))
     hello = P.decode(meta, P.ServerHello)
     # Tenant arguments only when one is named: the same helper then drives single-tenant servers
     # of older protocol revisions too (how the regression tests were checked against them).
