@@ -265,9 +265,10 @@ class PolicyConfig(_Section):
     probation_fraction: float = 0.1
     pins: list[PinConfig] = msgspec.field(default_factory=list)
     # A capacity curve per bounded tier: the hit ratio it would have had at 1/8x to 8x its size
-    # (``policy/curve.py``; ``/metrics``, ``mooncake-sgl stats``). Off by default: its cost per
-    # looked-up page (about 10 us under lru, 0.1-0.5 ms under heat, 0.9-1.6 ms under adaptive, in
-    # the thread that feeds the policy) is measured in docs/capacity_curves.md and not yet small.
+    # (``policy/curve.py``; ``/metrics``, ``mooncake-sgl stats``). They run in a process of their
+    # own per rank (``policy/curve_process.py``): the server pays about a microsecond per lookup,
+    # that process tens of MiB and the CPU docs/capacity_curves.md measures. Off by default: a
+    # process per rank is the operator's choice.
     capacity_curves: bool = False
 
     def __post_init__(self) -> None:

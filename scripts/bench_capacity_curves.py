@@ -6,9 +6,10 @@ For each trace and policy, one replay at ``--capacity`` keeps the curve the stor
 one exact replay per size the curve reports (1/8x to 8x) gives the hit ratio a tier of that size
 really had. The table prints both and their difference in points of prefix hit ratio.
 
-Cost, in the same run: the curves alone fed the trace's lookups (no store), timed per looked-up
-page, then their memory (``tracemalloc``, a second pass) and entries, beside the replay without
-curves as the baseline (the same replay's time with and without them, interleaved).
+Cost, in the same run: the curves alone fed the trace's lookups (no store), per looked-up page, as a
+server runs them (``CurveProcess``: the serving side's time and the child's CPU) beside the same
+curves on the feeding thread (the baseline), then their memory (``tracemalloc``, another pass) and
+entries, and the simulator's replay with and without them.
 
     python scripts/bench_capacity_curves.py                                   # gen:chat,agent,rag
     python scripts/bench_capacity_curves.py --trace TRACE.jsonl --trace gen:chat --json curves.json
@@ -32,6 +33,7 @@ from replay_trace import build_policy, load_requests, parse_capacity  # noqa: E4
 from devtools.bench.console import comma_choices, run_script, stamped  # noqa: E402
 from mooncake_sgl.config import PolicyConfig  # noqa: E402
 from mooncake_sgl.policy.curve import MULTIPLIERS, TierCurves  # noqa: E402
+from mooncake_sgl.policy.curve_process import CurveProcess  # noqa: E402
 from mooncake_sgl.sim.simulator import Simulator  # noqa: E402
 from mooncake_sgl.sim.trace import Request, distinct_blocks  # noqa: E402
 
@@ -55,9 +57,11 @@ def replay(policy: str, requests: list[Request], blocks: int, curves: bool) -> t
 
 
 def estimator_cost(policy: str, requests: list[Request], blocks: int) -> dict[str, float]:
-    """The curves alone, fed every lookup: microseconds per looked-up page as they run in the store
-    (no ``tracemalloc``, which slows code that allocates much), then, in a second pass under
-    ``tracemalloc``, the bytes and entries they hold."""
+    """The curves alone, fed every lookup: microseconds per looked-up page as they run in a server
+    (``CurveProcess``: the serving side's time handing the keys over, the child's CPU running the
+    miniatures, and the seconds it lagged behind the last lookup), and on the feeding thread
+    (``TierCurves``, as the simulator keeps them; no ``tracemalloc``, which slows code that
+    allocates much); then, in a last pass under ``tracemalloc``, the bytes and entries they hold."""
 
     def feed() -> tuple[TierCurves, float]:
         curves = TierCurves([blocks * PAGE_BYTES], policy)
@@ -68,13 +72,32 @@ def estimator_cost(policy: str, requests: list[Request], blocks: int) -> dict[st
         return curves, time.perf_counter() - t0
 
     pages = max(1, sum(len(req.keys) for req in requests))
+    child = CurveProcess([blocks * PAGE_BYTES], policy)
+    child.start(PAGE_BYTES)
+    try:
+        if not child.sync(60):
+            raise RuntimeError(f"the curve process did not start: {child.stopped}")
+        started_cpu = child.process_seconds  # its interpreter and imports
+        t0 = time.perf_counter()
+        for req in requests:
+            child.on_lookup(req.keys)
+        fed = time.perf_counter()
+        if not child.sync(3600):
+            raise RuntimeError(f"the curve process did not catch up: {child.stopped}")
+        lag = time.perf_counter() - fed
+        process = {"process_serving_us_per_page": 1e6 * child.busy_seconds / pages,
+                   "process_child_us_per_page": 1e6 * (child.process_seconds - started_cpu) / pages,
+                   "process_feed_s": fed - t0, "process_lag_s": lag,
+                   "process_dropped_pages": child.dropped_pages}
+    finally:
+        child.close()
     _, seconds = feed()
     tracemalloc.start()
     curves, traced = feed()
     held, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return {"us_per_page": 1e6 * seconds / pages, "us_per_page_traced": 1e6 * traced / pages,
-            "bytes": held, "entries": curves.entries()}
+            "bytes": held, "entries": curves.entries(), **process}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,10 +152,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"{100 * c['online']:5.1f}/{100 * c['exact']:5.1f} {c['diff_points']:+4.1f}" for c in row))
     print(f"largest difference: {worst:.2f} points (promised: within {TOLERANCE_POINTS:g})")
     if costs:
-        print(f"\n{'trace':<22} {'policy':<9} {'us/page':>8} {'KiB held':>9} {'entries':>8} "
+        print("\nper looked-up page: in a server (the serving side / the curve process's CPU), against the"
+              " same curves on the feeding thread (the simulator's)")
+        print(f"{'trace':<22} {'policy':<9} {'serving us':>10} {'process us':>10} {'inline us':>10} "
+              f"{'serving/inline':>14} {'lag s':>6} {'KiB held':>9} {'entries':>8} "
               f"{'replay with/without':>20}")
         for c in costs:
-            print(f"{Path(c['trace']).name[:22]:<22} {c['policy']:<9} {c['us_per_page']:>8.2f} "
+            print(f"{Path(c['trace']).name[:22]:<22} {c['policy']:<9} "
+                  f"{c['process_serving_us_per_page']:>10.2f} "
+                  f"{c['process_child_us_per_page']:>10.1f} {c['us_per_page']:>10.1f} "
+                  f"{c['process_serving_us_per_page'] / c['us_per_page']:>14.3f} {c['process_lag_s']:>6.1f} "
                   f"{c['bytes'] / 1024:>9.0f} {c['entries']:>8} "
                   f"{c['replay_s_with'] / c['replay_s_without']:>19.2f}x")
     if args.json:

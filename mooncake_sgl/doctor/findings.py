@@ -241,6 +241,17 @@ def curves(ev: ServerEvidence) -> list[Finding]:
     if ev.last is None or not ev.last.ours.curves:
         return []
     out = []
+    dropped = ev.last.ours.store_total("curve_dropped_pages")
+    if dropped > 0:
+        looked = ev.last.ours.store_total("lookup_pages")
+        out.append(Finding(
+            ev.name, "curves_partial", WARNING,
+            f"the capacity curves left out {dropped:g} of {looked:g} looked-up pages while their "
+            "process was behind: their hit ratios cover part of the traffic",
+            (f"mooncake_sgl_curve_dropped_pages_total={dropped:g}",
+             f"mooncake_sgl_curve_process_seconds_total={ev.last.ours.store_total('curve_process_seconds'):g}"),
+            "leave the host a spare core for the curve process (it runs at niceness 10), or run "
+            "policy lru, whose curves cost least"))
     page = int(ev.arg("page_size", 1) or 1)
     for name in sorted({t for _, t, _ in ev.last.ours.curves}):
         points = {m: (cap, look, hit) for m, cap, look, hit in ev.last.ours.curve_of(name)}

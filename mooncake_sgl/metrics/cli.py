@@ -75,10 +75,14 @@ def curve_table(snapshot: Snapshot) -> str:
         lines.append(f"{'  size':<15}" + "".join(f"{human_bytes(cap):>10}" for _, cap, _, _ in points))
         lines.append(f"{'  hit ratio':<15}" + "".join(f"{(hits / looked if looked else 0):>10.1%}"
                                                       for _, _, looked, hits in points))
-    busy, looked = snapshot.store_total("curve_busy_seconds"), snapshot.store_total("lookup_pages")
+    looked = snapshot.store_total("lookup_pages")
     if lines and looked:
-        lines.append(f"  cost: {busy:.1f} s of CPU for {looked:.0f} looked-up pages "
-                     f"({1e6 * busy / looked:.0f} us per page)")
+        busy, own = snapshot.store_total("curve_busy_seconds"), snapshot.store_total("curve_process_seconds")
+        dropped = snapshot.store_total("curve_dropped_pages")
+        lines.append(f"  cost: {busy:.1f} s of the server's CPU ({1e6 * busy / looked:.1f} us per "
+                     f"looked-up page) and {own:.1f} s of the curve process's "
+                     f"({1e6 * own / looked:.0f} us) for {looked:.0f} looked-up pages"
+                     + (f"; {dropped:.0f} pages left out while it was behind" if dropped else ""))
     return "\n".join(lines)
 
 

@@ -59,6 +59,8 @@ STORE_COUNTERS: dict[str, str] = {
     "lookup_pages": "mooncake_sgl_lookup_pages",
     "lookup_hit_pages": "mooncake_sgl_lookup_hit_pages",
     "curve_busy_seconds": "mooncake_sgl_curve_busy_seconds",
+    "curve_process_seconds": "mooncake_sgl_curve_process_seconds",
+    "curve_dropped_pages": "mooncake_sgl_curve_dropped_pages",
 }
 GAUGES: dict[str, str] = {
     "resident_pages": "mooncake_sgl_tier_resident_pages",

@@ -64,7 +64,8 @@ def snapshot_of(stats: Mapping[str, Any], rank: str = "", taken_at: float | None
     counters = {"read_pages": first.hits + first.misses,
                 "lookup_pages": float(store.get("lookup_pages", 0.0)),
                 "lookup_hit_pages": float(store.get("lookup_hit_pages", 0.0)),
-                "curve_busy_seconds": float(store.get("curve_busy_seconds", 0.0))}
+                **{name: float(store.get(name, 0.0))
+                   for name in ("curve_busy_seconds", "curve_process_seconds", "curve_dropped_pages")}}
     return Snapshot(samples, time.time() if taken_at is None else taken_at, {rank: counters},
                     curve_points(stats, rank))
 

@@ -34,7 +34,9 @@ Tiers are modelled as one cache each, fed every lookup: in a write-through store
 what the faster ones evicted, so "found in this tier or a faster one" behaves as one cache of this
 tier's size. Counts are cumulative (Prometheus counters; a window is a ``rate()`` away).
 
-Thread context: fed under the residency lock (``store.residency``), like the policy.
+Thread context: in a server, in a process of their own (``curve_process``: this module's work is
+too much for the serving process); in the simulator, fed under the residency lock
+(``store.residency``), like the policy, so a replay is deterministic.
 """
 
 from __future__ import annotations

@@ -60,7 +60,8 @@ class SimResult:
 
 class Simulator:
     """Tiers of ``capacities`` bytes (fastest first) holding pages of ``page_bytes`` each, run by a
-    ``TieredStore`` with ``policy`` (and its capacity curves, with ``curves``)."""
+    ``TieredStore`` with ``policy`` (and its capacity curves, with ``curves``: in this thread, so a
+    replay is deterministic)."""
 
     def __init__(self, policy: PlacementPolicy, capacities: Sequence[int], page_bytes: int, name: str = "",
                  curves: bool = False):
@@ -75,7 +76,8 @@ class Simulator:
         self._now = 0.0
         self._page = sized_page(page_bytes)
         self.store = TieredStore([SizeTier(f"t{i}", c) for i, c in enumerate(self.caps)], policy,
-                                 mover="inline", clock=self._clock, staging=SizeStaging(), curves=curves)
+                                 mover="inline", clock=self._clock, staging=SizeStaging(),
+                                 curves="inline" if curves else None)
 
     def _clock(self) -> float:
         return self._now

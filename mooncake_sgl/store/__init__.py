@@ -51,4 +51,5 @@ def build_store(config: StoreConfig, rank_suffix: str = "") -> TieredStore:
         for tier in tiers:
             tier.close()
         raise
-    return TieredStore(tiers, build_policy(config.policy, tiers), curves=config.policy.capacity_curves)
+    return TieredStore(tiers, build_policy(config.policy, tiers),
+                       curves="process" if config.policy.capacity_curves else None)

@@ -41,6 +41,7 @@ from contextlib import contextmanager
 
 from ..api import ExpertStanding, PageKey, PlacementPolicy
 from ..policy.curve import CurvePoint, TierCurves
+from ..policy.curve_process import CurveProcess
 from ..tally import Tally
 from .stats import ResidencyStats
 
@@ -106,11 +107,12 @@ class Residency:
         managed: per tier, whether the store tracks its pages (not self-evicting).
         clock: logical time for ``policy.tick`` (monotonic seconds by default; the simulator's
             trace time).
-        curves: capacity curves fed the same lookups as the policy (``policy.curve``), if kept.
+        curves: capacity curves fed the same lookups as the policy, if kept: in this thread
+            (``policy.curve``), or handed to their own process (``policy.curve_process``).
     """
 
     def __init__(self, policy: PlacementPolicy, managed: Sequence[bool], clock: Callable[[], float],
-                 curves: TierCurves | None = None):
+                 curves: TierCurves | CurveProcess | None = None):
         self.policy = policy
         self._curves = curves
         self.managed = list(managed)
@@ -299,16 +301,40 @@ class Residency:
         with self._lock:
             return self.policy.stats(), self.policy.standings()
 
-    def curve_busy_seconds(self) -> float:
-        """Time spent feeding the capacity curves so far (0 where none are kept)."""
-        if self._curves is None:
-            return 0.0
+    def curve_costs(self) -> dict[str, float]:
+        """What the capacity curves cost so far: seconds this process spent feeding them, the
+        curve process's CPU seconds, and pages left out of them because that process was behind
+        (all 0 where no curves are kept or they run in this thread)."""
+        curves = self._curves
+        if curves is None:
+            return {"curve_busy_seconds": 0.0, "curve_process_seconds": 0.0, "curve_dropped_pages": 0.0}
+        if isinstance(curves, CurveProcess):
+            return {"curve_busy_seconds": curves.busy_seconds,
+                    "curve_process_seconds": curves.process_seconds,
+                    "curve_dropped_pages": float(curves.dropped_pages)}
         with self._lock:
-            return self._curves.busy_seconds
+            return {"curve_busy_seconds": curves.busy_seconds, "curve_process_seconds": 0.0,
+                    "curve_dropped_pages": 0.0}
 
     def curve_points(self) -> list[list[CurvePoint]]:
         """Per tier, its capacity curve so far (empty where none is kept)."""
-        if self._curves is None:
+        curves = self._curves
+        if curves is None:
             return [[] for _ in self.managed]
+        if isinstance(curves, CurveProcess):
+            return curves.points()  # what its process last reported: no lock, no wait
         with self._lock:
-            return self._curves.points()
+            return curves.points()
+
+    def sync_curves(self, timeout: float) -> bool:
+        """Feed the buffered lookups, then wait until the curves' process has counted them;
+        ``False`` if it did not within ``timeout`` seconds or there is none (curves kept in this
+        thread are always current)."""
+        self.maintain()
+        curves = self._curves
+        return curves.sync(timeout) if isinstance(curves, CurveProcess) else curves is not None
+
+    def close(self) -> None:
+        """Stop the capacity curves' process, if they have one."""
+        if isinstance(self._curves, CurveProcess):
+            self._curves.close()

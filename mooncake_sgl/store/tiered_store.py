@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from ..api import PageKey, PageView, PlacementPolicy, Tier, page_nbytes
 from ..policy.curve import TierCurves
+from ..policy.curve_process import CurveProcess
 from ..tally import Tally
 from .inline_mover import InlineMover
 from .mover import BackgroundMover, Mover
@@ -50,6 +51,9 @@ from .tier_calls import TierCalls
 logger = logging.getLogger(__name__)
 
 MOVERS = ("background", "inline")
+# Where capacity curves run (``curves=``): in their own process, or on the thread feeding the policy.
+CURVES: dict[str | None, type[CurveProcess] | type[TierCurves] | None] = \
+    {"process": CurveProcess, "inline": TierCurves, None: None}
 
 
 class TieredStore:
@@ -63,13 +67,15 @@ class TieredStore:
         clock: logical time for the policy (``time.monotonic`` by default).
         staging: buffers for pages the store moves itself (the simulator's hold no bytes).
         room_wait: seconds a write waits for the mover to make room.
-        curves: keep a capacity curve per managed tier (``policy.curve``; ``stats()["curves"]``).
+        curves: keep a capacity curve per managed tier (``stats()["curves"]``): ``"process"`` in a
+            child process (``policy.curve_process``: a server's), ``"inline"`` on the thread that
+            feeds the policy (``policy.curve``: deterministic, the simulator's), ``None`` not.
     """
 
     def __init__(self, tiers: Sequence[Tier], policy: PlacementPolicy, *,
                  mover: Literal["background", "inline"] = "background",
                  clock: Callable[[], float] = time.monotonic, staging: Staging | None = None,
-                 room_wait: float = ROOM_WAIT, curves: bool = False):
+                 room_wait: float = ROOM_WAIT, curves: Literal["process", "inline"] | None = None):
         if not tiers:
             raise ValueError("TieredStore needs at least one tier")
         if mover not in MOVERS:
@@ -79,7 +85,10 @@ class TieredStore:
         self.names = calls.names
         bounded = [t.usage().capacity_bytes if m else None for t, m in zip(self.tiers, calls.managed)]
         # The miniatures run the policy as configured (heat's and adaptive's keep their config).
-        kept = TierCurves(bounded, policy.name, getattr(policy, "config", None)) if curves else None
+        if curves not in CURVES:
+            raise ValueError(f"curves must be 'process', 'inline' or None, got {curves!r}")
+        build = CURVES[curves]
+        kept = None if build is None else build(bounded, policy.name, getattr(policy, "config", None))
         self._residency = Residency(policy, calls.managed, clock, kept)
         self._mover: Mover = BackgroundMover() if mover == "background" else InlineMover()
         staging = staging or Staging()
@@ -266,9 +275,15 @@ class TieredStore:
             return
         self._closed = True
         self._mover.close()
+        self._residency.close()
         if self._shared_writer is not None:
             self._shared_writer.shutdown(wait=True)
         self._calls.close()
+
+    def sync_curves(self, timeout: float) -> bool:
+        """Wait until the capacity curves count every lookup made so far (their process reports
+        within half a second on its own; tests and benchmarks that read them at once wait here)."""
+        return self._residency.sync_curves(timeout)
 
     def stats(self) -> dict[str, Any]:
         """Counters, one namespace per source; the shape is ``api.STATS_SHAPE``."""
@@ -296,7 +311,7 @@ class TieredStore:
         curves = {self.names[t]: [dataclasses.asdict(p) for p in points]
                   for t, points in enumerate(self._residency.curve_points()) if points}
         return {"store": {**self._counters.as_dict(), **self._residency.counters.as_dict(),
-                          "curve_busy_seconds": self._residency.curve_busy_seconds()},
+                          **self._residency.curve_costs()},
                 "mover": {"background": int(self._mover.background), **self._mover.counters.as_dict()},
                 "policy": policy, "experts": experts, "tiers": tiers, "curves": curves}
 

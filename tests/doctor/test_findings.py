@@ -111,6 +111,16 @@ def test_a_curve_that_gains_at_twice_the_size_says_too_small_and_a_flat_one_too_
     assert codes(server(look(series=SGLANG_ON, curves=few))) == set()  # too little traffic to say
 
 
+def test_curves_that_left_pages_out_say_so_with_the_count_and_a_healthy_process_says_nothing() -> None:
+    curve = _curve("host", {"1x": (1 << 30, 50, 10)})
+    counts = {"lookup_pages": 5000.0, "curve_dropped_pages": 1200.0, "curve_process_seconds": 9.0}
+    behind = look(series=SGLANG_ON, curves=curve, store=counts)
+    [f] = [x for x in diagnose([server(behind)]) if x.code == "curves_partial"]
+    assert "1200 of 5000" in f.says and "curve_dropped_pages_total=1200" in f.evidence[0] and "core" in f.fix
+    kept_up = look(series=SGLANG_ON, curves=curve, store={"lookup_pages": 5000.0, "curve_dropped_pages": 0.0})
+    assert "curves_partial" not in codes(server(kept_up))
+
+
 def _ns(page_size: int, shared: str, role: str = "colocated") -> dict:
     fields = dict(role=role, model="m", weights="w", dtype="bf16", layout="page_first",
                   page_size=str(page_size),

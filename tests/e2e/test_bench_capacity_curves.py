@@ -27,3 +27,15 @@ def test_every_size_has_its_online_estimate_beside_its_exact_replay(tmp_path: Pa
     assert abs(own["diff_points"]) < 0.5
     assert doc["largest_diff_points"] == max(abs(c["diff_points"]) for c in cells)
     assert "largest difference" in capsys.readouterr().out
+
+
+def test_the_cost_table_sets_the_served_curves_beside_the_same_curves_inline(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "curves.json"
+    assert bench_capacity_curves.main(["--trace", "gen:chat", "--policies", "lru", "--limit", "60",
+                                       "--capacity", "50", "--json", str(out)]) == 0
+    [cost] = json.loads(out.read_text())["costs"]
+    assert cost["process_dropped_pages"] == 0
+    assert cost["process_serving_us_per_page"] > 0 and cost["process_child_us_per_page"] > 0
+    assert cost["us_per_page"] > 0 and cost["bytes"] > 0 and cost["entries"] > 0
+    text = capsys.readouterr().out
+    assert "serving/inline" in text and "gen:chat" in text

@@ -27,7 +27,7 @@ PAGE = 4096
 
 def test_a_served_curve_is_tabled_plotted_and_written(tmp_path: Path, capsys) -> None:
     host = HostTier(HostTierConfig(capacity=8 * PAGE, slot_size=PAGE, pin_memory=False))
-    store = TieredStore([host], LruPolicy(1), mover="inline", curves=True)
+    store = TieredStore([host], LruPolicy(1), mover="inline", curves="process")
     registry = CollectorRegistry()
     port = free_port()
     server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
@@ -36,6 +36,7 @@ def test_a_served_curve_is_tabled_plotted_and_written(tmp_path: Path, capsys) ->
         for _ in range(3):
             store.exists_prefix([key(i) for i in range(4)])
             store.put_from([key(i) for i in range(4)], [[memoryview(bytearray(PAGE))] for _ in range(4)])
+        assert store.sync_curves(30)
         exporter.sync()
         png, out = tmp_path / "c.png", tmp_path / "c.json"
         assert plot_capacity_curves.main(["--url", f"127.0.0.1:{port}", "--png", str(png),

@@ -1,9 +1,10 @@
 """``mooncake-sgl doctor`` on live servers set up to produce each diagnosis it makes from metrics.
 
 Two servers on one pool: A with storage slower (``slow_backend``: a second per load) than the
-deadline its `timeout` prefetch policy allows, and a 3 MiB SSD tier (at its size after two
-prompts); B keyed by another page size (its pages and A's never meet), a `prefetch_threshold` no
-prompt reaches and the selective write policy.
+deadline its `timeout` prefetch policy allows, a 3 MiB SSD tier (at its size after two
+prompts) and capacity curves (their process started inside SGLang's scheduler); B keyed by
+another page size (its pages and A's never meet), a `prefetch_threshold` no prompt reaches and the
+selective write policy.
 The doctor, run as a user runs it, must name each cause with its evidence.
 """
 
@@ -14,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mooncake_sgl.metrics.scrape import scrape
 from mooncake_sgl.pool.process import PoolProcess
 
 from .conftest import Servers, wait_for, write_tiers
@@ -36,7 +38,8 @@ def test_doctor_names_the_threshold_the_deadline_the_write_policy_a_full_tier_an
         a_tiers = write_tiers(tmp_path / "a.yaml", (
             "tiers:\n  - {kind: host, capacity: 64MiB}\n"
             f"  - {pool_section}\n"
-            f'  - {{kind: lmdb, path: "{tmp_path / "ssd"}", capacity: 3MiB}}\n'))
+            f'  - {{kind: lmdb, path: "{tmp_path / "ssd"}", capacity: 3MiB}}\n'
+            "policy: {capacity_curves: true}\n"))
         b_tiers = write_tiers(tmp_path / "b.yaml", (
             "tiers:\n  - {kind: host, capacity: 64MiB}\n"
             f"  - {pool_section}\n"
@@ -73,3 +76,7 @@ def test_doctor_names_the_threshold_the_deadline_the_write_policy_a_full_tier_an
         [split] = [f for f in found if f["code"] == "namespace_mismatch"]
         assert "page size 64" in split["says"] and "32" in split["says"], text
         assert all(f["evidence"] and f["fix"] for f in found), text
+        # A's curves ran in their own process, beside the scheduler, and reached its /metrics.
+        snap = scrape(a.url)
+        assert all(looked > 0 for _, _, looked, _ in snap.curve_of("host")), snap.curves
+        assert snap.store_total("curve_process_seconds") > 0 and snap.store_total("curve_dropped_pages") == 0

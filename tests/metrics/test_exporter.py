@@ -255,7 +255,7 @@ def test_capacity_curves_reach_metrics_and_the_stats_table(tmp_path: Path) -> No
     from mooncake_sgl.tiers.host import HostTier
 
     host = HostTier(HostTierConfig(capacity=8 * PAGE, slot_size=PAGE, pin_memory=False))
-    store = TieredStore([host], LruPolicy(1), mover="inline", curves=True)
+    store = TieredStore([host], LruPolicy(1), mover="inline", curves="process")
     try:
         registry = CollectorRegistry()
         exporter = StoreExporter(store.stats, RANK, registry=registry)
@@ -263,6 +263,7 @@ def test_capacity_curves_reach_metrics_and_the_stats_table(tmp_path: Path) -> No
         for _ in range(3):
             assert store.exists_prefix([key(i) for i in range(4)]) == 4
         store.exists_prefix([key(i) for i in range(100, 104)])  # 4 pages no size ever held
+        assert store.sync_curves(30)
         exporter.sync()
         text = scrape_registry(registry)
         snap = parse(text)
@@ -279,10 +280,13 @@ def test_capacity_curves_reach_metrics_and_the_stats_table(tmp_path: Path) -> No
     assert as_json(snap)["curves"]["host"][3]["hit_ratio"] == 8 / 16
     table = curve_table(snap)
     assert "capacity curves" in table and "50.0%" in table and "8x" in table
-    # What the curves cost is counted where they run, and shown beside them.
-    busy = snap.store_total("curve_busy_seconds")
-    assert 0 < busy < 60 and "mooncake_sgl_curve_busy_seconds_total{" in text
-    assert f"cost: {busy:.1f} s of CPU for 16 looked-up pages" in table
+    # What the curves cost is counted on both sides of the process boundary, and shown beside them.
+    busy, own = snap.store_total("curve_busy_seconds"), snap.store_total("curve_process_seconds")
+    assert 0 < busy < own < 60 and snap.store_total("curve_dropped_pages") == 0
+    for name in ("busy_seconds", "process_seconds", "dropped_pages"):
+        assert f"mooncake_sgl_curve_{name}_total{{" in text
+    assert (f"cost: {busy:.1f} s of the server's CPU ({1e6 * busy / 16:.1f} us per looked-up page) and "
+            f"{own:.1f} s of the curve process's ({1e6 * own / 16:.0f} us) for 16 looked-up pages") in table
 
 
 def test_without_curves_their_cost_is_zero(store) -> None:
