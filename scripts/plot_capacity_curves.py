@@ -63,6 +63,16 @@ def points(snap: Snapshot) -> dict[str, list[dict[str, float]]]:
     return out
 
 
+def costs(snap: Snapshot) -> dict[str, float]:
+    """What the curves cost the server, from its counters: per looked-up page, the server's side and
+    the curve process's CPU (microseconds), and the pages left out while that process was behind."""
+    looked = snap.store_total("lookup_pages")
+    per_page = (lambda name: 1e6 * snap.store_total(name) / looked) if looked else (lambda name: 0.0)
+    return {"lookup_pages": looked, "serving_us_per_page": per_page("curve_busy_seconds"),
+            "process_us_per_page": per_page("curve_process_seconds"),
+            "dropped_pages": snap.store_total("curve_dropped_pages")}
+
+
 def table(curves: dict[str, list[dict[str, float]]]) -> str:
     head = ("tier", "size", "capacity", "lookups", "hit ratio", "tokens served")
     lines = ["{:<8} {:>6} {:>10} {:>9} {:>9} {:>14}".format(*head)]
@@ -154,11 +164,15 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     print(table(curves))
+    cost = costs(snap)
+    print(f"cost per looked-up page ({cost['lookup_pages']:.0f} pages): {cost['serving_us_per_page']:.2f} us "
+          f"of the server's CPU, {cost['process_us_per_page']:.0f} us of the curve process's; "
+          f"{cost['dropped_pages']:.0f} pages left out")
     if args.png:
         plot(curves, args.png, title)
         print(f"plot: {args.png}")
     if args.json:
-        args.json.write_text(json.dumps({"title": title, "curves": curves}, indent=2))
+        args.json.write_text(json.dumps({"title": title, "curves": curves, "cost": cost}, indent=2))
     return 0
 
 

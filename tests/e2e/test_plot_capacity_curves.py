@@ -54,6 +54,10 @@ def test_a_served_curve_is_tabled_plotted_and_written(tmp_path: Path, capsys) ->
     # a ratio and the prefill tokens of the hits.
     assert 0 < own["hits"] <= own["lookups"] and own["hit_ratio"] == own["hits"] / own["lookups"]
     assert own["tokens_served"] == own["hits"] * plot_capacity_curves.PAGE_TOKENS
+    cost = json.loads(out.read_text())["cost"]
+    assert cost["lookup_pages"] == 12 and cost["dropped_pages"] == 0
+    assert 0 < cost["serving_us_per_page"] < cost["process_us_per_page"]
+    assert "cost per looked-up page (12 pages)" in text
 
 
 def test_a_server_without_curves_is_told_how_to_turn_them_on(capsys) -> None:
