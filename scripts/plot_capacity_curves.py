@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(curves))
     cost = costs(snap)
     print(f"cost per looked-up page ({cost['lookup_pages']:.0f} pages): {cost['serving_us_per_page']:.2f} us "
-          f"of the server's CPU, {cost['process_us_per_page']:.0f} us of the curve process's; "
+          f"in the server, {cost['process_us_per_page']:.0f} us of the curve process's CPU; "
           f"{cost['dropped_pages']:.0f} pages left out")
     if args.png:
         plot(curves, args.png, title)

@@ -79,7 +79,7 @@ def curve_table(snapshot: Snapshot) -> str:
     if lines and looked:
         busy, own = snapshot.store_total("curve_busy_seconds"), snapshot.store_total("curve_process_seconds")
         dropped = snapshot.store_total("curve_dropped_pages")
-        lines.append(f"  cost: {busy:.1f} s of the server's CPU ({1e6 * busy / looked:.1f} us per "
+        lines.append(f"  cost: {busy:.1f} s in the server ({1e6 * busy / looked:.1f} us per "
                      f"looked-up page) and {own:.1f} s of the curve process's "
                      f"({1e6 * own / looked:.0f} us) for {looked:.0f} looked-up pages"
                      + (f"; {dropped:.0f} pages left out while it was behind" if dropped else ""))

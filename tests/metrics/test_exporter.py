@@ -285,7 +285,7 @@ def test_capacity_curves_reach_metrics_and_the_stats_table(tmp_path: Path) -> No
     assert 0 < busy < own < 60 and snap.store_total("curve_dropped_pages") == 0
     for name in ("busy_seconds", "process_seconds", "dropped_pages"):
         assert f"mooncake_sgl_curve_{name}_total{{" in text
-    assert (f"cost: {busy:.1f} s of the server's CPU ({1e6 * busy / 16:.1f} us per looked-up page) and "
+    assert (f"cost: {busy:.1f} s in the server ({1e6 * busy / 16:.1f} us per looked-up page) and "
             f"{own:.1f} s of the curve process's ({1e6 * own / 16:.0f} us) for 16 looked-up pages") in table
 
 
