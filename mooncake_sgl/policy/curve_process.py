@@ -346,7 +346,11 @@ def main() -> None:
         pass  # not allowed here: run at the parent's priority
     # Unbuffered binary stdin: ``select`` on its descriptor must see every byte not yet read.
     src = os.fdopen(sys.stdin.fileno(), "rb", buffering=0)
-    serve(src, sys.stdout.buffer, os.getppid())
+    # The frames get a descriptor of their own; descriptor 1 becomes stderr, so a stray print (of
+    # this package or a library) lands in the server's log instead of corrupting the stream.
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    serve(src, out, os.getppid())
 
 
 if __name__ == "__main__":

@@ -146,6 +146,35 @@ def test_closing_a_stalled_child_returns_at_once() -> None:
     assert time.monotonic() - t0 < 10 and child._proc.poll() is not None
 
 
+def test_a_print_in_the_child_goes_to_its_stderr_not_into_the_frames() -> None:
+    script = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        import mooncake_sgl.policy.curve as curve
+        real = curve.TierCurves.on_lookup
+        def chatty(self, keys):
+            print("a library talking on stdout")
+            return real(self, keys)
+        curve.TierCurves.on_lookup = chatty
+        from mooncake_sgl.policy.curve_process import main
+        main()
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r_in, w_in = os.pipe()
+    os.write(w_in, _frames(Start([8 * PAGE], "lru", None, PAGE), Lookups([[b"a"], [b"a"]]), Sync(3)))
+    os.close(w_in)
+    out = subprocess.run([sys.executable, "-c", script, root], stdin=r_in, capture_output=True, timeout=60)
+    os.close(r_in)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count(b"a library talking on stdout") == 2
+    from mooncake_sgl.policy.curve_process import _from_child
+
+    stream, states = io.BytesIO(out.stdout), []
+    while (body := read_frame(stream)) is not None:
+        states.append(_from_child.decode(body))
+    assert states[-1].seq == 3 and states[-1].points[0][3].hits == 1
+
+
 def test_the_child_exits_when_its_parent_dies() -> None:
     script = textwrap.dedent("""
         import os, sys
