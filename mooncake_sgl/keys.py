@@ -126,6 +126,12 @@ def board_key(slot: int) -> PageKey:
     return _BOARD_PREFIX + bytes([slot])
 
 
+def is_board_key(key: PageKey) -> bool:
+    """Whether ``key`` names a namespace board slot rather than a page (the pool never evicts a
+    page to make room for one)."""
+    return len(key) == len(_BOARD_PREFIX) + 1 and key.startswith(_BOARD_PREFIX)
+
+
 def hash_part_of(key: PageKey) -> bytes:
     """The ``page_hash_part`` a page key was built from (the namespace digest stripped): the one
     place besides ``page_key`` that knows the key layout."""

@@ -42,6 +42,9 @@ FORMAT = 1
 # A record this recent is not rewritten by its own identity's next attach (saves a write per
 # instance start in a fleet); older ones are refreshed so ``seen`` stays meaningful.
 REFRESH_AFTER_S = 600.0
+# A record posted further ahead of this host's clock than any sane skew is not a record: it would
+# never be the oldest (so never replaced on a full board) and never due for a refresh.
+MAX_CLOCK_SKEW_S = 3600.0
 ROLES = ("prefill", "decode", "colocated")
 _PEER_ROLE = {"prefill": "decode", "decode": "prefill"}
 
@@ -88,20 +91,25 @@ class NamespaceRecord:
         return raw.ljust(RECORD_BYTES, b" ")
 
     @classmethod
-    def decode(cls, raw: bytes) -> NamespaceRecord | None:
-        """The record in ``raw``, or ``None`` for anything else (a torn or foreign value)."""
+    def decode(cls, raw: bytes, now: float | None = None) -> NamespaceRecord | None:
+        """The record in ``raw``, or ``None`` for anything else: a torn or foreign value, a field of
+        the wrong type, a ``seen`` that is not a time up to ``MAX_CLOCK_SKEW_S`` past ``now``
+        (default: the clock now). Any process that reaches a shared tier can write a slot, so
+        nothing in ``raw`` may raise here: a nested value deep enough for ``RecursionError`` once
+        made the whole board unreadable to every instance."""
         try:
             data = json.loads(raw.rstrip(b" \x00"))
             if not isinstance(data, dict) or data.pop("format", None) != FORMAT:
                 return None
-            names = {f.name: f.type for f in fields(cls)}
-            if set(data) != set(names):
+            if set(data) != {f.name for f in fields(cls)}:
                 return None
             record = cls(**data)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):
             return None
-        ok = (record.role in ROLES and isinstance(record.page_size, int) and isinstance(record.pp_size, int)
-              and isinstance(record.cp_size, int) and isinstance(record.seen, (int, float))
+        latest = (time.time() if now is None else now) + MAX_CLOCK_SKEW_S
+        ints = (record.page_size, record.pp_size, record.cp_size)
+        ok = (record.role in ROLES and all(type(v) is int for v in ints)
+              and type(record.seen) in (int, float) and 0 <= record.seen <= latest
               and all(isinstance(getattr(record, f), str) for f in ("model", "weights", "dtype", "layout",
                                                                     "key_tp", "tag", "host")))
         return record if ok else None
@@ -109,8 +117,14 @@ class NamespaceRecord:
 
 def _shown(field: str, value: Any) -> str:
     if field in ("weights", "tag"):
-        return value[:12] or "none"
-    return str(value) if value != "" else "none"
+        return _printable(value[:12]) or "none"
+    return _printable(str(value)) if value != "" else "none"
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters escaped: a record's strings come from whoever wrote the
+    slot, and a newline in one would forge a line of this server's log."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def record_for(ns: KeyNamespace, head_split: int, role: str) -> NamespaceRecord:
@@ -230,7 +244,7 @@ def peer_report(own: NamespaceRecord, others: Sequence[NamespaceRecord]) -> tupl
 
 def _where(r: NamespaceRecord) -> str:
     ago = max(0.0, time.time() - r.seen)
-    return f"on {r.host or 'an unnamed host'} (posted {ago:.0f} s ago)"
+    return f"on {_printable(r.host) or 'an unnamed host'} (posted {ago:.0f} s ago)"
 
 
 class BoardCheck:

@@ -96,3 +96,11 @@ class SlabAllocator:
 
     def can_alloc(self, slot: int) -> bool:
         return bool(self._partial.get(slot)) or bool(self._free_slabs)
+
+    def slab_of(self, offset: int) -> int:
+        return offset // self.slab_size
+
+    def used_slots(self, slab: int) -> int:
+        """Slots of ``slab`` handed out and not yet freed (readable, being written, or held by a
+        reader after removal)."""
+        return self._slab_used[slab]

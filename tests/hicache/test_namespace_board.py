@@ -16,6 +16,7 @@ from mooncake_sgl.hicache import namespace_board as nb
 from mooncake_sgl.keys import KeyNamespace, board_key
 from mooncake_sgl.pool.process import PoolProcess
 from mooncake_sgl.tiers.pool import PoolTier
+from mooncake_sgl.transfer.client import PoolClient
 
 from . import pools
 
@@ -137,3 +138,60 @@ def test_an_attaching_backend_posts_its_namespace_on_the_shared_tier(make_backen
     assert (rec.role, rec.model, rec.layout, rec.page_size, rec.key_tp) == (
         "colocated", pools.MODEL, "page_first", pools.PAGE, "1")
     assert rec.weights == backend._ns.weights
+
+
+def test_a_nested_or_out_of_range_record_is_skipped_and_the_board_still_works(tier: PoolTier) -> None:
+    deep = (b"[" * (nb.RECORD_BYTES // 2)).ljust(nb.RECORD_BYTES)  # RecursionError in json.loads
+    good = nb.record_for(replace(NS, model="other"), 1, "decode")
+    nan = good.encode().replace(b'"seen":%s' % str(good.seen).encode(), b'"seen":NaN')
+    future = replace(good, model="future", seen=time.time() + 10 * 365 * 86400)
+    for slot, raw in enumerate((deep, nan, future.encode())):
+        tier.put_from([board_key(slot)], [[memoryview(raw)]])
+    assert [r for _, r in nb.read_board(tier)[:3]] == [None] * 3
+    rec = nb.record_for(NS, 1, "prefill")
+    assert nb.announce([tier], rec) == []  # the board is readable, and this instance posts
+    assert rec in records(tier)
+
+
+def test_a_far_future_record_does_not_outlive_a_full_board(tier: PoolTier) -> None:
+    now = time.time()
+    stuck = replace(nb.record_for(replace(NS, model="stuck"), 1, "colocated"), seen=now + 1e9)
+    tier.put_from([board_key(0)], [[memoryview(stuck.encode())]])
+    for i in range(1, nb.SLOTS):
+        nb.announce([tier], replace(nb.record_for(replace(NS, model=f"m{i}"), 1, "colocated"), seen=now + i))
+    nb.announce([tier], nb.record_for(replace(NS, model="new"), 1, "colocated"))
+    # The stuck slot was free for the taking; the oldest real record was not pushed out instead.
+    assert {r.model for r in records(tier)} == {f"m{i}" for i in range(1, nb.SLOTS)} | {"new"}
+
+
+def test_a_peers_host_name_cannot_forge_a_log_line(tier: PoolTier) -> None:
+    nb.announce([tier], replace(nb.record_for(NS, 1, "decode"), host="evil\nmooncake_sgl: all is well"))
+    prefill = nb.record_for(NS, 1, "prefill")
+    _, line = nb.peer_report(prefill, nb.announce([tier], prefill))
+    assert "\n" not in line and "evil\\nmooncake_sgl" in line
+
+
+def test_posting_on_a_full_pool_evicts_no_page(tmp_path) -> None:
+    """An attach posts its record into a pool full of KV pages whose reads have reordered the LRU
+    (the oldest pages sit in every slab): before the fix it freed a whole slab of pages scattered
+    over all slabs, 97% of the pool."""
+    page = 1 << 20
+    with PoolProcess(capacity="64MiB", slab_size="4MiB") as p:
+        t = PoolTier(PoolTierConfig(endpoints=[p.endpoint], transport="tcp", timeout=5.0))
+        try:
+            keys = [b"kv-page-%04d" % i for i in range(64)]
+            data = memoryview(bytearray(page))
+            for i in range(0, len(keys), 8):
+                assert all(t.put_from(keys[i:i + 8], [[data]] * 8))
+            bufs = [[memoryview(bytearray(page))] for _ in keys[::2]]
+            assert all(t.get_into(keys[::2], bufs))  # every other page read: LRU order spans slabs
+            server = PoolClient(p.endpoint, transport="tcp", connections=1)
+            time.sleep(0.5)  # the pool's own evictor takes it down to its low watermark first
+            evicted, held = server.stats()["evictions"], t.contains(keys)
+            assert sum(held) >= 56
+            nb.announce([t], nb.record_for(NS, 1, "prefill"))
+            assert server.stats()["evictions"] - evicted == 0
+            assert t.contains(keys) == held
+            server.close()
+        finally:
+            t.close()

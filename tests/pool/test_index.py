@@ -200,3 +200,46 @@ def test_a_put_at_another_size_replaces_the_page_and_leaves_a_reader_its_old_slo
     s.release(held)
     assert s.alloc.used_bytes == 12288  # ... until it is done
     assert s.snapshot()["put_replaced"] == 1
+
+
+def _fill_with_reads_reordered(s: PoolIndex, n: int) -> list[bytes]:
+    keys = [b"page%d" % i for i in range(n)]
+    for k in keys:
+        put(s, k)
+    # Reads of every other page put the oldest pages of the LRU into every slab.
+    s.release(s.lease(keys[::2]))
+    return keys
+
+
+def test_a_put_of_a_new_size_class_into_a_full_pool_evicts_one_slab_not_pages_of_every_slab() -> None:
+    s = PoolIndex(8 * 256 * KIB, 256 * KIB)  # 8 slabs of 4 slots of 64 KiB
+    keys = _fill_with_reads_reordered(s, 32)
+    assert isinstance(put(s, b"odd", 128 * KIB), Entry)
+    assert s.counters["evictions"] == 4  # one slab's pages, the coldest slab
+    assert sum(s.contains(keys)) == 28
+
+
+def test_a_board_record_never_evicts_a_page_of_a_full_pool() -> None:
+    from mooncake_sgl.keys import board_key
+
+    s = PoolIndex(8 * 256 * KIB, 256 * KIB)
+    keys = _fill_with_reads_reordered(s, 32)
+    t0 = time.monotonic()
+    assert put(s, board_key(3), 4 * KIB) is NO_ROOM
+    assert time.monotonic() - t0 < 0.5  # no wait for room either
+    assert s.counters["evictions"] == 0
+    assert sum(s.contains(keys)) == 32
+
+
+def test_a_slab_of_board_records_is_given_up_before_any_page_is_evicted() -> None:
+    from mooncake_sgl.keys import board_key
+
+    s = PoolIndex(8 * 256 * KIB, 256 * KIB)
+    assert isinstance(put(s, board_key(0), 4 * KIB), Entry)  # an empty pool: a slab of its own
+    assert isinstance(put(s, board_key(1), 4 * KIB), Entry)  # the same slab
+    keys = [b"page%d" % i for i in range(32)]  # 7 free slabs hold 28 pages, then room is needed
+    for k in keys:
+        assert isinstance(put(s, k), Entry)
+    assert s.counters["evictions"] == 2  # the two records, not a page
+    assert sum(s.contains(keys)) == 32
+    assert s.contains([board_key(0), board_key(1)]) == b"\x00\x00"
