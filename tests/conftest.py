@@ -72,6 +72,7 @@ SLOW: tuple[str, ...] = (
     "hicache/test_split_heads.py::test_tp_sizes_share_heads_both_ways_through_our_shared_tiers",
     "hicache/test_split_heads.py::test_without_a_shared_lcm_a_tp1_page_is_not_offered_to_tp2",
     "hicache/test_weight_updates.py::test_in_a_scheduler_process_the_plugin_hooks_sglangs_weight_updates_and_flush",
+    "hicache/test_weight_updates.py::test_an_update_without_a_version_keys_every_mla_rank_alike",
     "metrics/test_backend_metrics.py",
     "metrics/test_multiprocess.py",
     "metrics/test_stats_url_bounds.py::test_a_trickling_endpoint_is_cut_at_the_timeout",

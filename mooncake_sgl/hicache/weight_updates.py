@@ -17,7 +17,10 @@ and after ``Scheduler.flush_cache``:
    update's new checkpoint is fingerprinted like the one at attach (so servers loading the same
    checkpoint share pages again); any other update is the last checkpoint's fingerprint plus the
    ``weight_version`` the caller gave (servers told the same version share pages), or, with no
-   version or a failed update, a random epoch that nothing else will ever meet.
+   version or a failed update, a random epoch that no other server will ever meet. The epoch is
+   drawn once per server: TP rank 0's, broadcast to every rank (``shared_epoch``). MLA pages are
+   written by rank 0 and read by every rank, and SGLang takes the least of the ranks' hits, so an
+   epoch of each rank's own would make every storage hit after such an update a miss.
 3. The backend takes the new namespace once SGLang's caches no longer hold KV of the old weights:
    at once if the update flushed them, else at the next successful ``/flush_cache``. Until then it
    keeps answering misses, which costs recomputation and never a wrong output.
@@ -57,6 +60,7 @@ class WeightUpdate:
     version: str | None = None  # the caller's ``weight_version``
     succeeded: bool = False
     flushed: bool = False  # SGLang flushed its caches within the update
+    epoch: str = ""  # a random token every rank of this server drew alike (``shared_epoch``)
 
 
 class WeightFollower(Protocol):
@@ -95,10 +99,34 @@ def next_weights(update: WeightUpdate, base: Fingerprint, source: ModelSource | 
     if loaded is not None:
         return fingerprint(loaded)
     basis = (f"weight_version={update.version}" if update.succeeded and update.version
-             else f"epoch={uuid.uuid4().hex}")
+             else f"epoch={update.epoch or uuid.uuid4().hex}")
     digest = hashlib.blake2b(f"{base.digest}|{basis}".encode(), digest_size=DIGEST_BYTES).hexdigest()
     return Fingerprint(digest, f"{digest}: checkpoint {base.digest or '(none)'} after "
                                f"update_weights_from_{update.kind} ({basis})")
+
+
+def shared_epoch() -> str:
+    """A fresh random token, the same on every rank of this server: rank 0's, broadcast over
+    SGLang's world group (its CPU group, as SGLang's scheduler broadcasts requests). Every rank's
+    scheduler runs the update hook once per weight update, in the same order, so every rank calls
+    this once per update. A process outside a distributed world keeps its own token; a broadcast
+    that fails leaves each rank its own (with a warning): storage hits are lost, never wrong."""
+    token = uuid.uuid4().hex
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        group = get_parallel().world_group
+    except Exception:  # noqa: BLE001 - no distributed world in this process: one rank
+        return token
+    if group is None or group.world_size == 1:
+        return token
+    try:
+        return str(group.broadcast_object(token, src=0))
+    except Exception as e:  # noqa: BLE001 - SGLang's scheduler thread must not see it
+        logger.warning("mooncake_sgl: the weight update's epoch could not be shared with the other "
+                       "ranks (%s: %s); until the next update with a weight_version, pages one rank "
+                       "writes are misses on the others", type(e).__name__, e)
+        return token
 
 
 def _each(call: Callable[[Any], None], what: str) -> None:
@@ -123,7 +151,8 @@ def _around_update(kind: str) -> Callable[..., Any]:
                 kind=kind, model_path=getattr(recv_req, "model_path", None),
                 load_format=getattr(recv_req, "load_format", None),
                 version=getattr(recv_req, "weight_version", None), succeeded=succeeded,
-                flushed=succeeded and bool(getattr(recv_req, "flush_cache", False)))
+                flushed=succeeded and bool(getattr(recv_req, "flush_cache", False)),
+                epoch=shared_epoch())
             _each(lambda b: b.weights_changed(update), "a weight update's end")
     return hook
 

@@ -122,6 +122,8 @@ def test_a_weight_version_names_the_same_weights_everywhere_and_no_version_names
     assert wu.next_weights(step, base, source).digest != base.digest
     unnamed = dataclasses.replace(step, version=None)
     assert wu.next_weights(unnamed, base, source).digest != wu.next_weights(unnamed, base, source).digest
+    drawn = dataclasses.replace(unnamed, epoch="e" * 32)  # every rank of one server drew the same
+    assert wu.next_weights(drawn, base, source) == wu.next_weights(drawn, base, None)
     failed = dataclasses.replace(step, succeeded=False)  # which weights it left is not known
     assert wu.next_weights(failed, base, source).digest != wu.next_weights(failed, base, source).digest
 
@@ -157,7 +159,10 @@ def test_the_update_hook_pauses_first_and_hands_over_the_update_even_when_sglang
         return SimpleNamespace(success=True)
 
     assert hook(update, object(), req).success
-    assert follower.calls[1] == wu.WeightUpdate("disk", "/new", None, "v2", succeeded=True, flushed=True)
+    epoch = follower.calls[1].epoch
+    assert len(epoch) == 32  # drawn once for the update: a process alone keeps its own
+    assert follower.calls[1] == wu.WeightUpdate("disk", "/new", None, "v2", succeeded=True, flushed=True,
+                                                epoch=epoch)
 
     def broken(manager: Any, recv_req: Any) -> Any:
         raise RuntimeError("load failed")
@@ -165,7 +170,9 @@ def test_the_update_hook_pauses_first_and_hands_over_the_update_even_when_sglang
     follower.calls.clear()
     with pytest.raises(RuntimeError, match="load failed"):
         hook(broken, object(), req)
-    assert follower.calls[1] == wu.WeightUpdate("disk", "/new", None, "v2", succeeded=False, flushed=False)
+    assert follower.calls[1] == wu.WeightUpdate("disk", "/new", None, "v2", succeeded=False, flushed=False,
+                                                epoch=follower.calls[1].epoch)
+    assert follower.calls[1].epoch != epoch
 
     follower.calls.clear()
     wu._after_flush(False, object())
@@ -186,3 +193,20 @@ def test_in_a_scheduler_process_the_plugin_hooks_sglangs_weight_updates_and_flus
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "SGLANG_USE_CPU_ENGINE": "1"})
     assert out.stdout.strip().splitlines()[-1:] == ["True"], out.stderr[-3000:]
+
+
+def test_an_update_without_a_version_keys_every_mla_rank_alike(tmp_path: Path) -> None:
+    """On MLA only TP rank 0 writes and every rank reads, and SGLang takes the least of the ranks'
+    hits: an epoch drawn by each rank on its own made rank 1 find none of rank 0's new pages."""
+    from mooncake_sgl.pool.process import PoolProcess
+    from mooncake_sgl.procs import pick_port
+
+    port = pick_port("127.0.0.1")
+    with PoolProcess(capacity="32MiB") as pool:
+        ranks = [subprocess.Popen([sys.executable, "-m", "tests.hicache.rank_epoch_worker", str(r), str(port),
+                                   pool.endpoint], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  cwd=Path(__file__).resolve().parents[2])
+                 for r in (0, 1)]
+        outs = [p.communicate(timeout=300) for p in ranks]
+    assert [p.returncode for p in ranks] == [0, 0], "\n".join(err[-3000:] for _, err in outs)
+    assert outs[1][0].strip().splitlines()[-1] == "FOUND 8"
