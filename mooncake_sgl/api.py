@@ -210,6 +210,11 @@ class Tier(ABC):
         """Stored size of a page, or ``None`` if absent. Used for demotion sizing."""
         return None
 
+    def page_sizes(self, keys: Sequence[PageKey]) -> list[int | None]:
+        """``page_size_of`` for each key, in one call (the store asks through its error boundary,
+        ``store.tier_calls``, a batch at a time). Default: one ``page_size_of`` per key."""
+        return [self.page_size_of(k) for k in keys]
+
     def scan(self) -> Iterator[tuple[PageKey, int]]:
         """(key, nbytes) of every stored page; only persistent tiers need to yield anything."""
         return iter(())

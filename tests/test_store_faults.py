@@ -15,6 +15,7 @@ from mooncake_sgl.api import PageKey, PageView, PlacementPolicy, Tier
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, PolicyConfig
 from mooncake_sgl.errors import TierError
 from mooncake_sgl.policy import policy_for_capacities
+from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.store import TieredStore
 from mooncake_sgl.tiers.host import HostTier
 from mooncake_sgl.tiers.ssd import LmdbTier
@@ -27,8 +28,9 @@ PAGE = 2 * SEG
 
 class FaultyTier(WrappedTier):
     """A real tier whose next calls of one kind fail: ``fail(op, times, how)`` with ``op`` one of
-    ``remove``, ``put``, ``get`` and ``how`` ``raise`` (the tier is broken) or ``false`` (per-page
-    refusal). ``chance`` < 1 makes each call fail with that probability while failures remain."""
+    ``remove``, ``put``, ``get``, ``contains``, ``size`` (``page_size_of``) and ``how`` ``raise``
+    (the tier is broken) or ``false`` (per-page refusal, or an absent page). ``chance`` < 1 makes
+    each call fail with that probability while failures remain."""
 
     def __init__(self, inner: Tier, seed: int = 0) -> None:
         super().__init__(inner)
@@ -66,6 +68,16 @@ class FaultyTier(WrappedTier):
     def remove(self, keys: Sequence[PageKey]) -> int:
         self._failing("remove")
         return self.inner.remove(keys)
+
+    def contains(self, keys: Sequence[PageKey]) -> list[bool]:
+        if self._failing("contains"):
+            return [False] * len(keys)
+        return self.inner.contains(keys)
+
+    def page_size_of(self, key: PageKey) -> int | None:
+        if self._failing("size"):
+            return None
+        return self.inner.page_size_of(key)
 
 
 def host(pages: int) -> HostTier:
@@ -122,7 +134,8 @@ def test_a_full_tier_whose_removes_failed_takes_fresh_pages_once_they_work(mover
         store.close()
 
 
-FAULTS = [("remove", "raise"), ("put", "raise"), ("put", "false"), ("get", "raise"), ("get", "false")]
+FAULTS = [("remove", "raise"), ("put", "raise"), ("put", "false"), ("get", "raise"), ("get", "false"),
+          ("contains", "raise")]
 
 
 @pytest.mark.parametrize("mover", ["inline", "background"])
@@ -157,6 +170,68 @@ def test_faults_in_any_tier_leave_store_policy_and_tiers_in_agreement(
                 store.put_from(keys[run:], [pages[i] for i in chain[run:]], keys[run - 1] if run else None)
         assert tiers[position].injected > 0, "the workload never reached the injected fault"
         tiers[position].heal()
+        agree(store)
+        usable(store, 100)
+        agree(store)
+    finally:
+        store.close()
+
+
+class WriteBackLru(LruPolicy):
+    """Admits pages to DRAM only: overflow must demote them, and a read below DRAM promotes."""
+
+    def admit(self, keys, tier):
+        return [tier == 0] * len(keys)
+
+
+# Every call a demotion (DRAM -> LMDB) or a promotion (LMDB -> DRAM) makes into a tier, by side.
+STEPS = [("source", "size"), ("source", "get"), ("source", "remove"), ("target", "contains"),
+         ("target", "put")]
+
+
+def below_dram(dram: FaultyTier, disk: FaultyTier, n: int) -> list[int]:
+    return [i for i in range(n) if disk.inner.contains([key(i)]) == [True]
+            and dram.inner.contains([key(i)]) == [False]]
+
+
+@pytest.mark.parametrize("mover", ["inline", "background"])
+@pytest.mark.parametrize("side,op", STEPS)
+def test_a_tier_raising_at_any_step_of_a_demotion_or_promotion_leaves_no_page_leaving(
+        tmp_path: Path, side: str, op: str, mover: str) -> None:
+    """A raise inside a demotion once skipped the eviction's commit and abort (``page_size_of`` was
+    called outside the store's error boundary): the victims stayed "leaving", out of the policy's
+    view with their bytes still in the tier, until a restart. Each step fails on its own here."""
+    dram, disk = FaultyTier(host(4)), FaultyTier(lmdb(tmp_path / "db"))
+    store = TieredStore([dram, disk], WriteBackLru(2), mover=mover)
+    pages = {i: make_page(i, SEG) for i in range(24)}
+
+    def put_each(numbers: range) -> None:
+        for i in numbers:  # DRAM holds 4: every put past it demotes
+            store.put_from([key(i)], [pages[i]])
+            assert store.wait_idle()
+
+    try:
+        demoting = dram if side == "source" else disk
+        put_each(range(0, 6))
+        demoting.fail(op, 1000, "raise")
+        put_each(range(6, 12))
+        assert demoting.injected > 0, "no demotion made that call"
+        demoting.heal()
+        agree(store)
+
+        put_each(range(12, 24))  # healthy demotions: pages below DRAM to read back up
+        promoting = disk if side == "source" else dram
+        found = below_dram(dram, disk, 24)
+        assert found, "nothing below DRAM to promote"
+        promoting.fail(op, 1000, "raise")
+        injected = promoting.injected
+        outs = [empty_like(pages[i]) for i in found]
+        for good, i, out in zip(store.get_into([key(i) for i in found], outs), found, outs):
+            assert not good or same(pages[i], out)
+        assert store.wait_idle()
+        promoting.heal()
+        if op in ("get", "put") or (op == "size" and mover == "background"):  # inline: no re-read
+            assert promoting.injected > injected, "no promotion made that call"
         agree(store)
         usable(store, 100)
         agree(store)

@@ -163,11 +163,18 @@ class Placer:
         return False
 
     def _evict(self, t: int, victims: list[tuple[PageKey, int]]) -> bool:
-        """Demote and remove prepared victims, then commit the removed and abort the rest."""
-        self._demote(t, victims)
-        gone, kept = self._remove_victims(t, victims)
-        self._residency.commit_evict(t, gone)
-        self._residency.abort_evict(t, kept)
+        """Demote and remove prepared victims, then commit the removed and abort the rest. Whatever
+        raises on the way (tier calls cannot, the store's own code might), every victim ends
+        committed or aborted: a victim left prepared would stay out of the policy's view for good,
+        its bytes still in the tier."""
+        gone: list[PageKey] = []
+        kept = victims
+        try:
+            self._demote(t, victims)
+            gone, kept = self._remove_victims(t, victims)
+        finally:
+            self._residency.commit_evict(t, gone)
+            self._residency.abort_evict(t, kept)
         self.counters[t].add(evictions=len(gone), eviction_aborts=len(kept))
         return bool(gone)
 
@@ -195,7 +202,7 @@ class Placer:
         for target, group in by_target.items():
             have = calls.contains(target, group)
             move = [k for k, h in zip(group, have) if not h]
-            sizes = [source.page_size_of(k) or footprints[k] for k in move]
+            sizes = [n or footprints[k] for k, n in zip(move, calls.sizes(t, move))]
             for batch in self._staging.batches(sizes):
                 bk = [move[i] for i in batch]
                 staged = self._staging.pages(("demote", t), [sizes[i] for i in batch])

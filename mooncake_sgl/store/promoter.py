@@ -57,7 +57,7 @@ class Promoter:
 
     def _reread_and_write_up(self, source: int, target: int, keys: list[PageKey]) -> None:
         tier = self._calls.tiers[source]
-        sizes = [tier.page_size_of(k) or 0 for k in keys]
+        sizes = [n or 0 for n in self._calls.sizes(source, keys)]
         present = [i for i, n in enumerate(sizes) if n]
         for batch in self._staging.batches([sizes[i] for i in present]):
             bk = [keys[present[j]] for j in batch]

@@ -82,6 +82,11 @@ class TierCalls:
         put = functools.partial(self.tiers[t].put_from, soft_pin=soft_pin)
         return PutResult.of(self.call(t, "put", put, keys, pages))
 
+    def sizes(self, t: int, keys: Sequence[PageKey]) -> list[int | None]:
+        """Stored size of each page in tier ``t``; ``None`` where absent or the tier failed."""
+        sizes = self.call(t, "sizes", self.tiers[t].page_sizes, keys)
+        return [None] * len(keys) if sizes is None else sizes
+
     def remove(self, t: int, keys: Sequence[PageKey]) -> int | None:
         """Pages removed, or ``None`` when the removal failed."""
         return self.call(t, "remove", self.tiers[t].remove, keys)
