@@ -37,7 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .config_text import MAX_CONFIG_BYTES
 from .errors import ConfigError, TierError
+from .files import read_regular_file
 
 FILE_ENV = "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"
 EXTRA_SOURCE = "--hicache-storage-backend-extra-config"
@@ -274,11 +276,10 @@ def read_file(path: str | os.PathLike[str], environ: Mapping[str, str] | None = 
     environ = os.environ if environ is None else environ
     p = Path(path).expanduser()
     source = str(p)
+    raw = read_regular_file(p, limit=MAX_CONFIG_BYTES,
+                            what=f"SGLang's Mooncake config file (named by ${FILE_ENV})")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError(f"cannot read SGLang's Mooncake config file: {e.strerror} "
-                          f"(named by ${FILE_ENV})", source=source) from None
+        data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ConfigError("not UTF-8 text (save the file as UTF-8)", source=source) from None
     except json.JSONDecodeError as e:

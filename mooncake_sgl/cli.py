@@ -21,8 +21,9 @@ from . import builtin_config as bc
 from .builtin_translate import describe_tiers, translate
 from .config import StoreConfig
 from .config_sources import ResolvedConfig, our_file, resolve_config
-from .config_text import dump_config
+from .config_text import MAX_CONFIG_BYTES, dump_config
 from .errors import ConfigError
+from .files import read_regular_file
 
 
 def _builtin_json(path: Path) -> bool:
@@ -31,9 +32,9 @@ def _builtin_json(path: Path) -> bool:
     if path.suffix != ".json":
         return False
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False  # our loader reports it with the line and column
+        data = json.loads(read_regular_file(path, limit=MAX_CONFIG_BYTES, what="config file"))
+    except ValueError:  # ConfigError too: our loader reports it (with the line and column)
+        return False
     ours = set(StoreConfig.__struct_fields__)
     return isinstance(data, dict) and bool(set(data) & bc.BUILTIN_KEYS) and not set(data) & ours
 
@@ -41,22 +42,23 @@ def _builtin_json(path: Path) -> bool:
 def _extra_config(text: str) -> dict[str, Any]:
     """``--extra-config`` as SGLang takes ``--hicache-storage-backend-extra-config``: JSON, or
     ``@file`` (JSON or YAML)."""
-    source = "--extra-config"
+    source, body = "--extra-config", text
     try:
         if text.startswith("@"):
-            path = Path(text[1:])
-            source = str(path)
-            raw = path.read_text(encoding="utf-8")
-            if path.suffix in (".yaml", ".yml"):
-                import yaml
+            source = text[1:]
+            body = read_regular_file(source, limit=MAX_CONFIG_BYTES,
+                                     what="--extra-config file").decode("utf-8")
+        if text.startswith("@") and Path(source).suffix in (".yaml", ".yml"):
+            import yaml
 
-                data = yaml.safe_load(raw)
-            else:
-                data = json.loads(raw)
+            try:
+                data = yaml.safe_load(body)
+            except yaml.YAMLError as e:  # not a ValueError: reported below like bad JSON
+                raise ValueError(str(e)) from None
         else:
-            data = json.loads(text)
-    except OSError as e:
-        raise ConfigError(f"cannot read: {e.strerror}", source=source) from None
+            data = json.loads(body)
+    except ConfigError:
+        raise  # the file's own error (not a regular file, too large), naming it
     except ValueError as e:
         raise ConfigError(f"not valid JSON or YAML: {e}", source=source) from None
     if not isinstance(data, dict):

@@ -85,6 +85,9 @@ def resolve_config(extra_config: Mapping[str, Any] | None = None, storage_config
         return _resolve_builtin(extra, theirs, ours, storage_config, environ)
     if "config_file" in extra:
         path = extra.pop("config_file")
+        if not isinstance(path, str) or not path:  # JSON may give any value; Path() takes no number
+            raise ConfigError(f"expected the path of a config file, got {path!r}",
+                              key="config_file", source="extra_config")
         if extra:
             raise ConfigError("give either config_file or inline keys, not both",
                               key=sorted(extra)[0], source="extra_config")

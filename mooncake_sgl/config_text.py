@@ -19,6 +19,12 @@ import msgspec
 
 from .config import REDACTED, StoreConfig
 from .errors import ConfigError
+from .files import read_regular_file
+
+# The most a config file read by path may hold (ours, the pool's, SGLang's built-in JSON): a config
+# is a few KiB, so anything larger is the wrong file, and a bound keeps a wrong one from filling
+# the reading scheduler's memory. Arbitrary.
+MAX_CONFIG_BYTES = 1 << 20
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
@@ -193,15 +199,15 @@ def load_config_file(path: str | os.PathLike[str], cls: type = StoreConfig) -> A
 def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, str, str]:
     """(the file's data as plain builtins, its text, its path as errors name it), unvalidated.
 
-    Raises: ``ConfigError`` for a file that cannot be read, is not UTF-8 or does not parse.
+    Raises: ``ConfigError`` for a path that names no regular file of at most ``MAX_CONFIG_BYTES``
+    (``files.read_regular_file``), a file that is not UTF-8 or does not parse.
     """
     p = Path(path).expanduser()
+    raw = read_regular_file(p, limit=MAX_CONFIG_BYTES, what="config file")
     try:
-        text = p.read_bytes().decode("utf-8")
-    except OSError as e:
-        raise ConfigError(f"cannot read config file: {e.strerror}", source=str(p)) from None
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = p.read_bytes()[:e.start].count(b"\n") + 1
+        line = raw[:e.start].count(b"\n") + 1
         raise ConfigError(f"not UTF-8 text: byte 0x{e.object[e.start]:02x} on line {line} "
                           "(save the file as UTF-8)", source=str(p)) from None
     if p.suffix == ".json":

@@ -403,3 +403,15 @@ def test_a_builtin_json_given_as_our_config_says_where_it_goes(tmp_path: Path) -
     with pytest.raises(ConfigError, match=f"name that JSON file by \\${bc.FILE_ENV}") as info:
         resolve(env={"MOONCAKE_SGL_CONFIG": path})
     assert info.value.key == "master_server_address"
+
+
+def test_a_builtin_json_path_that_is_no_small_regular_file_is_refused_naming_it(tmp_path: Path) -> None:
+    big = tmp_path / "mooncake.json"
+    with open(big, "wb") as f:
+        f.truncate((1 << 20) + 1)  # sparse
+    with pytest.raises(ConfigError, match=rf"cannot read SGLang's Mooncake config file \(named by "
+                                          rf"\${bc.FILE_ENV}\): it holds .*over the limit of "
+                                          rf"{1 << 20} bytes \(in {big}\)"):
+        resolve(env={bc.FILE_ENV: str(big)})
+    with pytest.raises(ConfigError, match=rf"it is a directory, not a regular file \(in {tmp_path}\)"):
+        resolve(env={bc.FILE_ENV: str(tmp_path)})

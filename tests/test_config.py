@@ -132,6 +132,15 @@ def test_cli_config_check_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "tiers[0].capacity" in capsys.readouterr().err
 
 
+def test_config_check_names_malformed_yaml_in_an_at_file(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "tiers.yaml"
+    bad.write_text("tiers: [1,\n")  # yaml.YAMLError is no ValueError: it ended in a traceback
+    assert cli_main(["config", "check", "--extra-config", f"@{bad}"]) == 2
+    err = capsys.readouterr().err
+    assert "not valid JSON or YAML" in err and str(bad) in err
+
+
 def test_config_check_warns_a_pd_decode_with_offload_of_the_at_file_form(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # SGLang's decode offload manager parses the extra-config with a bare json.loads: "@FILE" there
@@ -314,7 +323,8 @@ def test_odd_yaml_is_a_config_error_naming_file_and_line(
 
 
 @pytest.mark.parametrize("text", ["tiers: " + "[" * 3000 + "]" * 3000 + "\n",
-                                  "tiers:\n" + "".join("  " * i + "a:\n" for i in range(1, 2000))])
+                                  # 999 levels: past the recursion limit, within the 1 MiB bound
+                                  "tiers:\n" + "".join("  " * i + "a:\n" for i in range(1, 1000))])
 def test_absurdly_deep_nesting_is_a_config_error(tmp_path: Path, text: str) -> None:
     f = tmp_path / "deep.yaml"
     f.write_text(text)
@@ -339,3 +349,24 @@ def test_yaml_merge_keys_and_anchors_load(tmp_path: Path) -> None:
     config = load_config_file(f)
     assert config.tiers[0] == HostTierConfig(capacity=1 << 30)
     assert config.tiers[1].timeout == 3.0 and config.tiers[1].connections == 2
+
+
+def test_a_config_file_over_the_size_bound_is_refused_without_reading_it(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    with open(big, "wb") as f:
+        f.truncate((1 << 20) + 1)  # sparse: one byte over the 1 MiB docs/configuration.md states
+    with pytest.raises(ConfigError, match=rf"cannot read config file: it holds {(1 << 20) + 1} "
+                                          rf"bytes, over the limit of {1 << 20} bytes \(in {big}\)"):
+        load_config({"config_file": str(big)})
+
+
+def test_a_directory_named_as_config_is_refused_naming_what_it_is(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=rf"it is a directory, not a regular file \(in {tmp_path}\)"):
+        load_config({"config_file": str(tmp_path)})
+
+
+@pytest.mark.parametrize("value", [5, None, ["a.yaml"], ""])
+def test_a_config_file_key_that_is_no_path_is_a_config_error(value: object) -> None:
+    with pytest.raises(ConfigError, match="expected the path of a config file") as info:
+        load_config({"config_file": value})
+    assert info.value.key == "config_file"

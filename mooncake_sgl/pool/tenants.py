@@ -11,6 +11,9 @@ maps, the memory region a remote client's queue pair may touch). A single-tenant
 
 from __future__ import annotations
 
+import hmac
+import logging
+import os
 from dataclasses import dataclass
 
 from ..errors import AuthError
@@ -18,6 +21,15 @@ from ..transfer import protocol as P
 from ..transfer.shm import Segment
 from .config import PoolServerConfig
 from .index import PoolIndex
+
+log = logging.getLogger(__name__)
+
+# The one answer to every failed handshake (see ``authenticate``). It names every cause, so an
+# operator knows where to look, and keeps the words clients and scripts have matched on.
+REFUSED = ("authentication failed: this pool requires a shared secret and the client presented "
+           "none, a wrong shared secret, or an unknown tenant")
+# What an unknown tenant's MAC is checked against: random, so no client can ever prove it.
+_DUMMY_SECRET = os.urandom(32).hex()
 
 # Share of a tenant's capacity one client process may hold reserved or leased at once, so a
 # stalled client leaves the other half to everyone else. Arbitrary.
@@ -57,12 +69,21 @@ def build_tenants(cfg: PoolServerConfig) -> dict[str, Tenant]:
 
 
 def authenticate(tenants: dict[str, Tenant], hello: P.ClientHello, nonce: bytes) -> Tenant:
-    """The tenant whose secret ``hello`` proves, else ``AuthError``. An unknown tenant name gets
-    the same answer as a wrong secret, so names cannot be probed without a secret."""
+    """The tenant whose secret ``hello`` proves, else ``AuthError``.
+
+    Every refusal says ``REFUSED``, whether the tenant is unknown, the MAC wrong or none was
+    presented, and costs the same work: a MAC is computed and compared in constant time for each,
+    against a dummy secret for an unknown tenant. So neither the answer nor its timing tells which
+    tenant names exist. Only the server's log says which it was."""
     tenant = tenants.get(hello.tenant)
-    if tenant is None:
-        if len(tenants) == 1 and "" in tenants and not tenants[""].secret:
-            raise AuthError(f"this pool has no tenant {hello.tenant!r} (it serves one, unnamed)")
-        raise AuthError("wrong shared secret (or unknown tenant)")
-    P.check_auth(tenant.secret, nonce, hello.mac, hello.tenant)
-    return tenant
+    if tenant is None and len(tenants) == 1 and "" in tenants and not tenants[""].secret:
+        # A pool without a secret lets anyone in as its one tenant, so naming it hides nothing.
+        raise AuthError(f"this pool has no tenant {hello.tenant!r} (it serves one, unnamed)")
+    if tenant is not None and not tenant.secret:
+        return tenant
+    secret = tenant.secret if tenant is not None else _DUMMY_SECRET
+    if hmac.compare_digest(P.auth_mac(secret, nonce, hello.tenant), hello.mac) and tenant is not None:
+        return tenant
+    why = "unknown tenant" if tenant is None else "wrong MAC" if hello.mac else "no MAC presented"
+    log.info("handshake for tenant %r refused: %s", hello.tenant, why)
+    raise AuthError(REFUSED)

@@ -272,15 +272,6 @@ def auth_mac(secret: str, nonce: bytes, tenant: str = "") -> bytes:
     return hmac.new(secret.encode(), nonce + b"\0" + tenant.encode(), hashlib.sha256).digest()
 
 
-def check_auth(secret: str, nonce: bytes, mac: bytes, tenant: str = "") -> None:
-    if not secret:
-        return
-    if not mac:
-        raise AuthError("this pool requires a shared secret and the client presented none")
-    if not hmac.compare_digest(auth_mac(secret, nonce, tenant), mac):
-        raise AuthError("wrong shared secret")
-
-
 def raise_error(msg: ErrorMsg) -> None:
     """Turn a peer's ERROR frame into the matching exception."""
     text = f"pool server: {msg.message}"
