@@ -48,6 +48,7 @@ TIERS: tuple[tuple[str, str], ...] = (
     ("hicache/", "sglang"),
     ("e2e/", "sglang"),
     ("pool/", "service"),
+    ("doctor/test_pool_board_access.py", "service"),
     ("adversarial/test_pool_", "service"),
     ("tiers/test_mooncake_store_tier.py", "service"),
     ("tiers/test_pool_tier.py", "service"),

@@ -16,7 +16,9 @@ from .evidence import (
     SGLANG_PREFETCH_THRESHOLD,
     SGLANG_TIMEOUT_BASE_S,
     SGLANG_TIMEOUT_PER_KI_TOKEN_S,
+    ExtraConfig,
     ServerEvidence,
+    namespace_record,
 )
 
 WARNING, INFO = "warning", "info"
@@ -60,6 +62,30 @@ def unreadable(ev: ServerEvidence) -> list[Finding]:
                     (ev.error,), "check the URL, that the server is up, and that its port is reachable")]
 
 
+def arguments_unread(ev: ServerEvidence) -> list[Finding]:
+    """Without its arguments, the rules take SGLang's defaults for them (a page size of 1, say):
+    said, so that numbers built on them are read as such."""
+    if not ev.args_error or ev.error:
+        return []
+    return [Finding(ev.name, "arguments_unread", WARNING,
+                    "its arguments could not be read, so the diagnoses below assumed SGLang's defaults "
+                    "for them (page size, write and prefetch policies, extra config)",
+                    (ev.args_error,), "check that the URL is the SGLang server's and that a proxy in "
+                    "front of it lets /get_server_info through")]
+
+
+def odd_answers(ev: ServerEvidence) -> list[Finding]:
+    """What the server served that no SGLang server does, each part left out of the other rules."""
+    odd = ev.oddities()
+    if not odd:
+        return []
+    return [Finding(ev.name, "odd_answers", WARNING,
+                    "some of what it served is not what SGLang serves (below); the diagnoses that "
+                    "need it were skipped, so their silence says nothing",
+                    tuple(odd), "check that the URL is the SGLang server's (another service or a "
+                    "proxy on that port answers otherwise) and that it runs this mooncake_sgl")]
+
+
 def metrics_off(ev: ServerEvidence) -> list[Finding]:
     if ev.last is None or ev.error:
         return []
@@ -76,18 +102,6 @@ def metrics_off(ev: ServerEvidence) -> list[Finding]:
                     "start the server with --enable-metrics (and --hicache-storage-backend mooncake)")]
 
 
-def _threshold(ev: ServerEvidence) -> tuple[int, str]:
-    extra = ev.extra_config()
-    value = extra.get("prefetch_threshold")
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value, "prefetch_threshold in the extra config"
-    if "_unreadable" in extra:  # an @FILE this host cannot read: the server's value is unknown
-        why = extra["_unreadable"]
-        return SGLANG_PREFETCH_THRESHOLD, ("assumed SGLang's default: its extra config could not be "
-                                           f"read here ({why})")
-    return SGLANG_PREFETCH_THRESHOLD, "SGLang's default (not in the extra config)"
-
-
 def below_threshold(ev: ServerEvidence) -> list[Finding]:
     """Tokens SGLang computed without asking storage: a request's uncached part under
     ``prefetch_threshold``, or a prefetch held back while its host pool is over half full."""
@@ -96,10 +110,11 @@ def below_threshold(ev: ServerEvidence) -> list[Finding]:
         return []
     mode = look.by_label("sglang:prefill_effective_tokens_total", "mode")
     uncached = mode.get("input", 0.0) - mode.get("device_hit", 0.0) - mode.get("host_hit", 0.0)
-    threshold, where = _threshold(ev)
-    page = int(ev.arg("page_size", 1) or 1)
-    if uncached < MIN_UNCACHED_PAGES * page:
-        return []  # too little traffic past SGLang's own caches to say
+    threshold, where = ev.extra_config().setting("prefetch_threshold", SGLANG_PREFETCH_THRESHOLD, int)
+    where = where or "prefetch_threshold in the extra config"
+    page = ev.page_size()
+    if page is None or uncached < MIN_UNCACHED_PAGES * page:
+        return []  # no page size to count by (odd_answers says), or too little traffic to say
     asked = look.ours.store_total("lookup_pages") * page
     if asked >= NOT_ASKED_SHARE * uncached:
         return []
@@ -132,8 +147,8 @@ def prefetch_unfulfilled(ev: ServerEvidence) -> list[Finding]:
     extra = ev.extra_config()
     policy = ev.arg("hicache_storage_prefetch_policy", "best_effort")
     if by.get("deadline", 0) > 0:
-        base = extra.get("prefetch_timeout_base", SGLANG_TIMEOUT_BASE_S)
-        per = extra.get("prefetch_timeout_per_ki_token", SGLANG_TIMEOUT_PER_KI_TOKEN_S)
+        base = _timeout_setting(extra, "prefetch_timeout_base", SGLANG_TIMEOUT_BASE_S)
+        per = _timeout_setting(extra, "prefetch_timeout_per_ki_token", SGLANG_TIMEOUT_PER_KI_TOKEN_S)
         out.append(Finding(
             ev.name, "prefetch_timeout", WARNING,
             f"{by['deadline']:g} tokens found in storage were not loaded: their prefetch ran past its "
@@ -163,6 +178,13 @@ def prefetch_unfulfilled(ev: ServerEvidence) -> list[Finding]:
              f"{by['storage_transfer']:g}",),
             "see the tier findings below and the server log's mooncake_sgl lines"))
     return out
+
+
+def _timeout_setting(extra: ExtraConfig, key: str, default: float) -> str:
+    """A prefetch timeout setting as evidence shows it: its value, and where from when not the
+    extra config's own."""
+    value, where = extra.setting(key, default, (int, float))
+    return f"{value} ({where})" if where else f"{value}"
 
 
 def backups(ev: ServerEvidence) -> list[Finding]:
@@ -252,7 +274,9 @@ def curves(ev: ServerEvidence) -> list[Finding]:
              f"mooncake_sgl_curve_process_seconds_total={ev.last.ours.store_total('curve_process_seconds'):g}"),
             "leave the host a spare core for the curve process (it runs at niceness 10), or run "
             "policy lru, whose curves cost least"))
-    page = int(ev.arg("page_size", 1) or 1)
+    page = ev.page_size()
+    if page is None:
+        return out
     for name in sorted({t for _, t, _ in ev.last.ours.curves}):
         points = {m: (cap, look, hit) for m, cap, look, hit in ev.last.ours.curve_of(name)}
         own = points.get(1.0)
@@ -286,29 +310,23 @@ def curves(ev: ServerEvidence) -> list[Finding]:
     return out
 
 
-PER_SERVER: tuple[Rule, ...] = (unreadable, metrics_off, below_threshold, prefetch_unfulfilled, backups,
-                                tiers, curves)
-
-
-def _record(ns: dict[str, str]) -> NamespaceRecord:
-    return NamespaceRecord(role=ns["role"] or "colocated", model=ns["model"], weights=ns["weights"],
-                           dtype=ns["dtype"], layout=ns["layout"], page_size=int(ns["page_size"] or 0),
-                           key_tp=ns["key_tp"], pp_size=int(ns["pp_size"] or 0),
-                           cp_size=int(ns["cp_size"] or 0), tag=ns["tag"])
+PER_SERVER: tuple[Rule, ...] = (unreadable, arguments_unread, odd_answers, metrics_off, below_threshold,
+                                prefetch_unfulfilled, backups, tiers, curves)
 
 
 def namespaces(servers: Sequence[ServerEvidence], board: Sequence[tuple[str, NamespaceRecord]] = ()
                ) -> list[Finding]:
     """Instances keyed into one shared tier whose pages cannot meet, naming the differing fields.
     ``board``: (where, record) read from shared tiers' namespace boards, for instances not given."""
-    known = [(ev.name, ns) for ev in servers for ns in ev.namespaces()]
+    known = [(ev.name, ns, rec) for ev in servers for ns in ev.namespaces()
+             if (rec := namespace_record(ns)) is not None]
     out = []
-    for i, (a, na) in enumerate(known):
-        for b, nb in known[i + 1:]:
+    for i, (a, na, ra) in enumerate(known):
+        for b, nb, rb in known[i + 1:]:
             shared = set(filter(None, na["shared"].split(","))) & set(filter(None, nb["shared"].split(",")))
             if a == b or not shared:
                 continue
-            diffs = _record(na).differences(_record(nb))
+            diffs = ra.differences(rb)
             if diffs:
                 out.append(Finding(
                     f"{a} + {b}", "namespace_mismatch", WARNING,
@@ -320,9 +338,9 @@ def namespaces(servers: Sequence[ServerEvidence], board: Sequence[tuple[str, Nam
                           for s, n in ((a, na), (b, nb))),
                     "make the differing settings equal on both (docs/pd.md lists what keys a page)"))
     for where, rec in board:
-        if known and not any(rec.identity()[1:] == _record(ns).identity()[1:] for _, ns in known):
-            name, ns = known[0]
-            diffs = _record(ns).differences(rec)
+        if known and not any(rec.identity()[1:] == own.identity()[1:] for _, _, own in known):
+            name, _, own = known[0]
+            diffs = own.differences(rec)
             host = rec.host or "an unnamed host"
             out.append(Finding(
                 name, "namespace_other", INFO,

@@ -130,8 +130,8 @@ def _reader(args: argparse.Namespace) -> Callable[[], tuple[str, object]]:
             if is_pool(text):
                 return "pool", parse_pool(text)
             snap = parse(text)
-        except ValueError as e:  # prometheus_client's parser on a page that is not its format
-            raise NothingToShow(f"{args.target} does not serve Prometheus text: {e}") from e
+        except ValueError as e:  # a page that is not Prometheus text (``scrape.samples``)
+            raise NothingToShow(f"{args.target}: {e}") from e
         if not snap.tiers:
             raise NothingToShow(f"{args.target} serves no mooncake_sgl_ series (is SGLang running "
                                 "with --enable-metrics and --hicache-storage-backend mooncake?)")
@@ -175,10 +175,12 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     args = ap.parse_args(argv)
     if bool(args.target) == bool(args.config):
         ap.error("give either a /metrics URL or --config FILE")
-    if args.watch is not None and args.watch <= 0:
-        ap.error(f"--watch needs a positive number of seconds, got {args.watch:g}")
+    if args.watch is not None and not 0 < args.watch <= MAX_DURATION:
+        ap.error(f"--watch needs a number of seconds above 0 and at most {MAX_DURATION:g}, "
+                 f"got {args.watch:g}")
     if not 0 < args.timeout <= MAX_DURATION:
-        ap.error(f"--timeout needs a positive number of seconds, got {args.timeout:g}")
+        ap.error(f"--timeout needs a number of seconds above 0 and at most {MAX_DURATION:g}, "
+                 f"got {args.timeout:g}")
     try:
         args.max_bytes = parse_size(args.max_bytes)
     except ValueError as e:

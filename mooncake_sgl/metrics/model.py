@@ -27,6 +27,7 @@ Meaning of a tier's counters (pages, unless the name says bytes):
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -115,7 +116,12 @@ def size_label(multiplier: float) -> str:
 
 
 def size_multiplier(label: str) -> float:
-    return float(label.rstrip("x"))
+    """``size_label``'s inverse; ``ValueError`` for any other text (a label read from a
+    ``/metrics`` page is whatever the endpoint served)."""
+    value = float(label.removesuffix("x")) if label.endswith("x") else math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"curve size {label[:40]!r} is not a multiplier such as 0.5x")
+    return value
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from .model import (
     Snapshot,
     TierSample,
     rank_name,
+    size_multiplier,
 )
 
 _COUNTER_SAMPLES = {name + "_total": f for f, name in COUNTERS.items()}
@@ -36,17 +37,37 @@ _CURVE_SAMPLES = {**{name + "_total": f for f, name in CURVE_COUNTERS.items()},
                   **{name: f for f, name in CURVE_GAUGES.items()}}
 
 
+# One sample of Prometheus text: (name, labels, value).
+Sample = tuple[str, dict[str, str], float]
+
+
 class ScrapeError(OSError):
     """The endpoint could not be read; the message names the URL."""
 
 
 def metrics_url(target: str) -> str:
-    """``host:port``, ``http://host:port`` or a full URL -> the URL of its ``/metrics``."""
+    """``host:port``, ``http://host:port`` or a full URL -> the URL of its ``/metrics``. A URL
+    with no path or only ``/`` gets ``/metrics``: a server's root (a trailing slash) serves none."""
     url = target if "://" in target else f"http://{target}"
     scheme, _, rest = url.partition("://")
-    if "/" not in rest:
-        url = f"{scheme}://{rest}/metrics"
+    host, _, path = rest.partition("/")
+    if not path.strip("/"):
+        url = f"{scheme}://{host}/metrics"
     return url
+
+
+def server_url(target: str) -> str:
+    """``host:port`` or a URL, with or without ``/metrics`` and trailing slashes -> the base the
+    server's paths join to (``http://host:port``, and any path prefix a proxy adds). SGLang answers
+    ``//metrics`` with 404, so ``http://host:port/`` must not become that. ``ValueError`` for what is
+    not an http(s) URL with a host and a valid port."""
+    url = target.strip() if "://" in target else f"http://{target.strip()}"
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s) URL with a host")
+    _ = parts.port  # raises ValueError for a port that is not a number from 0 to 65535
+    path = parts.path.rstrip("/").removesuffix("/metrics").rstrip("/")
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
 # A SGLang /metrics page is kilobytes to a few MiB (histograms per rank); far more is not ours.
@@ -65,19 +86,29 @@ def _address_within(parts: urllib.parse.SplitResult, deadline: float) -> str:
     return sockaddr[0]
 
 
-def fetch(target: str, timeout: float = 5.0, max_bytes: int = MAX_BODY_BYTES) -> str:
+def fetch(target: str, timeout: float = 5.0, max_bytes: int = MAX_BODY_BYTES, *,
+          deadline: float | None = None) -> str:
     """The Prometheus text of ``target``'s ``/metrics``, read within ``timeout`` seconds in all
     (connect, headers and body: a socket timeout alone restarts at every byte, so a trickling
-    endpoint could hold us for ever) and at most ``max_bytes`` long. ``ScrapeError`` otherwise."""
+    endpoint could hold us for ever) and at most ``max_bytes`` long. ``ScrapeError`` otherwise.
+
+    ``deadline`` (a ``time.monotonic()`` time) replaces ``now + timeout`` for a caller that bounds
+    several reads by one ``timeout`` in all (``doctor``); the message still names ``timeout``."""
     url = metrics_url(target)
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as e:  # a bracketed host that is not an IPv6 address
+        raise ScrapeError(f"cannot read {url}: {e}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ScrapeError(f"cannot read {url}: not an http(s) URL")
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout if deadline is None else deadline
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise ScrapeError(f"cannot read {url}: no complete answer within {timeout:g} s")
     conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     expired = threading.Event()
     try:
-        conn = conn_cls(_address_within(parts, deadline), parts.port, timeout=timeout)
+        conn = conn_cls(_address_within(parts, deadline), parts.port, timeout=left)
     except TimeoutError:
         raise ScrapeError(f"cannot read {url}: {parts.hostname} did not resolve within {timeout:g} s"
                           ) from None
@@ -131,39 +162,73 @@ def _families(text: str):  # noqa: ANN202 (prometheus_client's own iterator type
     return text_string_to_metric_families(text)
 
 
-def series(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Every sample in Prometheus text: sample name -> (labels, value) each (any series, SGLang's
-    included, for readers such as ``doctor`` that look past our own)."""
+def samples(text: str, max_samples: int | None = None) -> list[Sample]:
+    """Every sample in Prometheus text. ``ValueError`` when the text is not Prometheus text (an
+    HTML page, say), or has more than ``max_samples`` lines other than comments: counted before
+    parsing, since prometheus_client holds a whole family's samples before it yields any."""
+    # Lines that are not comments (blank ones too): a bound on the samples, counted in C.
+    if max_samples is not None and text.count("\n") - text.count("\n#") > max_samples:
+        raise ValueError(f"more than {max_samples} samples (lines other than comments), more than "
+                         "a /metrics page may have: not parsed")
+    try:
+        return [(s.name, dict(s.labels), float(s.value)) for family in _families(text)
+                for s in family.samples]
+    except ValueError as e:  # the only error prometheus_client's parser raises on bad text
+        raise ValueError(f"not Prometheus text ({str(e)[:200]})") from None
+
+
+def by_name(found: list[Sample]) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Samples by sample name -> (labels, value) each (any series, SGLang's included, for readers
+    such as ``doctor`` that look past our own)."""
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in _families(text):
-        for s in family.samples:
-            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+    for name, labels, value in found:
+        out.setdefault(name, []).append((labels, value))
     return out
+
+
+def series(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Every sample in Prometheus text by sample name (``by_name``)."""
+    return by_name(samples(text))
+
+
+def curve_size(label: str) -> float | None:
+    """A curve point's ``size`` label as its multiplier, ``None`` for a label no exporter of ours
+    writes (the page is whatever the endpoint served: ``size="big"`` once crashed ``stats``)."""
+    try:
+        return size_multiplier(label)
+    except ValueError:
+        return None
+
+
+def snapshot(found: list[Sample], taken_at: float | None = None) -> Snapshot:
+    """Our series among ``found``, one sample per (rank, tier); curve samples whose size is not a
+    curve size are left out."""
+    vals: dict[tuple[str, str], dict[str, float]] = {}
+    store: dict[str, dict[str, float]] = {}
+    curves: dict[tuple[str, str, str], dict[str, float]] = {}
+    for name, labels, value in found:
+        if name in _STORE_SAMPLES:
+            counters = store.setdefault(rank_name(labels), {})
+            counters[_STORE_SAMPLES[name]] = counters.get(_STORE_SAMPLES[name], 0.0) + value
+            continue
+        if name in _CURVE_SAMPLES and "tier" in labels and "size" in labels:
+            if curve_size(labels["size"]) is not None:
+                point = curves.setdefault((rank_name(labels), labels["tier"], labels["size"]), {})
+                point[_CURVE_SAMPLES[name]] = point.get(_CURVE_SAMPLES[name], 0.0) + value
+            continue
+        f = _COUNTER_SAMPLES.get(name) or _GAUGE_SAMPLES.get(name)
+        if f is None or "tier" not in labels:
+            continue
+        key = (rank_name(labels), labels["tier"])
+        fields = vals.setdefault(key, {})
+        fields[f] = fields.get(f, 0.0) + value
+    return Snapshot({k: TierSample(**v) for k, v in vals.items()},
+                    time.time() if taken_at is None else taken_at, store, curves)
 
 
 def parse(text: str, taken_at: float | None = None) -> Snapshot:
     """Our per-tier series in Prometheus text, one sample per (rank, tier)."""
-    vals: dict[tuple[str, str], dict[str, float]] = {}
-    store: dict[str, dict[str, float]] = {}
-    curves: dict[tuple[str, str, str], dict[str, float]] = {}
-    for family in _families(text):
-        for s in family.samples:
-            if s.name in _STORE_SAMPLES:
-                counters = store.setdefault(rank_name(s.labels), {})
-                counters[_STORE_SAMPLES[s.name]] = counters.get(_STORE_SAMPLES[s.name], 0.0) + s.value
-                continue
-            if s.name in _CURVE_SAMPLES and "tier" in s.labels and "size" in s.labels:
-                point = curves.setdefault((rank_name(s.labels), s.labels["tier"], s.labels["size"]), {})
-                point[_CURVE_SAMPLES[s.name]] = point.get(_CURVE_SAMPLES[s.name], 0.0) + float(s.value)
-                continue
-            f = _COUNTER_SAMPLES.get(s.name) or _GAUGE_SAMPLES.get(s.name)
-            if f is None or "tier" not in s.labels:
-                continue
-            key = (rank_name(s.labels), s.labels["tier"])
-            fields = vals.setdefault(key, {})
-            fields[f] = fields.get(f, 0.0) + float(s.value)
-    return Snapshot({k: TierSample(**v) for k, v in vals.items()},
-                    time.time() if taken_at is None else taken_at, store, curves)
+    return snapshot(samples(text), taken_at)
 
 
 def scrape(target: str, timeout: float = 5.0, max_bytes: int = MAX_BODY_BYTES) -> Snapshot:

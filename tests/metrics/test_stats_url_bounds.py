@@ -176,3 +176,15 @@ def test_a_host_name_that_hangs_in_the_resolver_costs_the_timeout_only(
 def test_a_host_name_that_resolves_is_read_as_before() -> None:
     with http_server(_complete) as target:
         assert fetch(f"localhost:{target.rsplit(':', 1)[1]}", timeout=5) == PAGE.decode()
+
+
+def test_a_watch_interval_that_is_not_a_finite_number_of_seconds_is_a_usage_error(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # inf reached time.sleep as an OverflowError, nan as a ValueError, after the first read.
+    from mooncake_sgl.metrics.cli import main
+
+    for value in ("inf", "nan", "1e308"):
+        with pytest.raises(SystemExit) as e:
+            main(["127.0.0.1:1", "--watch", value])
+        assert e.value.code == 2, value
+        assert "--watch needs a number of seconds" in capsys.readouterr().err, value
