@@ -17,6 +17,10 @@ Primitives, one line each:
                      membership); the policy keeps ordering state only.
 - ``ExpertStanding`` one expert of an adaptive policy's tier: leading or not, its shadow's hit ratio.
 - ``STATS_SHAPE``    the nesting of ``TieredStore.stats()`` (one namespace per source of counts).
+- ``PagesStored``, ``PagesRemoved``, ``PagesLookedUp`` the store's events: what its record of the
+                     managed tiers committed, and the lookups its policy learns from, in order.
+- ``StoreObserver``  receives those events after the store's lock is released (capacity curves,
+                     router announcements); may add a section of its own to ``TieredStore.stats()``.
 
 Tier indices are positions in the store's speed order: 0 is the fastest tier.
 """
@@ -61,9 +65,10 @@ def page_nbytes(page: PageView) -> int:
 #                  evictions, eviction_aborts (victims whose removal failed), room_refused,
 #                  lost (pages gone without an eviction)}  counted by the store for this tier,
 #        "tier":  {...}  the tier's own ``stats()``}},
-#    "curves": {<tier name>: [{multiplier, capacity_pages, lookups, hits}, ...]}  the capacity
-#              curve of each bounded tier (``policy.curve``), where the store keeps them}
-STATS_SHAPE = ("store", "mover", "policy", "experts", "tiers", "curves")
+#    <section>: ...  one per observer that reports (``ReportingObserver``), e.g. "curves":
+#              {"points": {<tier name>: [{multiplier, capacity_pages, lookups, hits}, ...]},
+#               "costs": {busy_seconds, process_seconds, dropped_pages}}  (``policy.curve_feed``)}
+STATS_SHAPE = ("store", "mover", "policy", "experts", "tiers")
 
 
 @dataclass(frozen=True)
@@ -346,3 +351,64 @@ class PlacementPolicy(ABC):
 
     def stats(self) -> dict[str, float]:
         return {}
+
+
+# ------------------------------------------------------------------------------------ store events
+
+
+class RemovalCause(enum.Enum):
+    """Why pages left a tier's record."""
+
+    EVICTED = "evicted"  # the policy's victims, removed (after their demotion, if any)
+    LOST = "lost"  # removed by a caller, found corrupt or missing by the tier
+    CLEARED = "cleared"  # ``TieredStore.clear``
+
+
+@dataclass(frozen=True, slots=True)
+class PagesStored:
+    """Pages newly readable in managed ``tier`` (not those it already held), with footprints."""
+
+    tier: int
+    keys: tuple[PageKey, ...]
+    footprints: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PagesRemoved:
+    """Pages that left managed ``tier``'s record."""
+
+    tier: int
+    keys: tuple[PageKey, ...]
+    cause: RemovalCause
+
+
+@dataclass(frozen=True, slots=True)
+class PagesLookedUp:
+    """One lookup as the policy received it (a prefix of pages, in order)."""
+
+    keys: Sequence[PageKey]
+
+
+StoreEvent = PagesStored | PagesRemoved | PagesLookedUp
+
+
+class StoreObserver(Protocol):
+    """What the store tells about itself, in the order its record committed it.
+
+    ``on_events`` is called with the lock of the store's record released, on whichever thread made
+    the change (SGLang's storage threads among them) or on another thread delivering at the same
+    time: one at a time, in order, never concurrently. It must be quick and must not call back into
+    the store; an exception is logged and the observer keeps receiving later events. Only managed
+    tiers (``TierCapabilities.self_evicting`` false) have a record: a self-evicting tier evicts
+    without telling.
+    """
+
+    def on_events(self, events: Sequence[StoreEvent]) -> None: ...
+
+
+class ReportingObserver(StoreObserver, Protocol):
+    """An observer that adds ``stats()[section]`` to ``TieredStore.stats()``."""
+
+    section: str
+
+    def stats(self) -> object: ...

@@ -2,7 +2,7 @@
 """How close the online capacity curve (``policy/curve.py``) is to an exact replay, and what it costs.
 
 For each trace and policy, one replay at ``--capacity`` keeps the curve the store would show online
-(``TieredStore(curves=True)``, the store's own code through ``mooncake_sgl.sim.Simulator``); then
+(a ``CurveFeed`` observing the store, run through ``mooncake_sgl.sim.Simulator``); then
 one exact replay per size the curve reports (1/8x to 8x) gives the hit ratio a tier of that size
 really had. The table prints both and their difference in points of prefix hit ratio.
 
@@ -52,7 +52,7 @@ def replay(policy: str, requests: list[Request], blocks: int, curves: bool) -> t
     t0 = time.perf_counter()
     result = sim.run(requests)
     seconds = time.perf_counter() - t0
-    points = sim.store.stats()["curves"].get("t0", []) if curves else []
+    points = sim.store.stats()["curves"]["points"].get("t0", []) if curves else []
     return result.hit_ratio, points, seconds
 
 

@@ -42,6 +42,7 @@ from ..config_sources import resolve_config
 from ..failure_log import FailureLog
 from ..keys import KV_POOL, KeyNamespace
 from ..metrics.attach import StoreWatch, observe_store
+from ..policy.curve_feed import CurveFeed
 from ..store import TieredStore, build_store
 from . import (
     fingerprint,
@@ -119,6 +120,7 @@ class MooncakeSglStorage(HiCacheStorage):
         self._store: TieredStore | None = None
         self._watch: StoreWatch | None = None  # our /metrics series and the counter file
         self._board: namespace_board.BoardCheck | None = None  # built with the store
+        self._curves: CurveFeed | None = None  # the store's capacity curves, where asked for
         # ``dynamic`` passes a kwargs dict where ``mooncake`` passes the pool.
         if mem_pool_host is not None and not isinstance(mem_pool_host, dict):
             try:
@@ -143,6 +145,9 @@ class MooncakeSglStorage(HiCacheStorage):
         if self._store is None:
             self._store = build_store(layout.sized_for_pages(self._store_config, kv.object_nbytes),
                                       layout.rank_suffix(self.storage_config))
+            if self._store_config.policy.capacity_curves:
+                self._curves = CurveFeed(self._store.tiers, self._store.names, self._store.policy, "process")
+                self._store.observe(self._curves)
             self._board = namespace_board.BoardCheck(self._store.tiers)
         super().register_mem_pool_host(mem_pool_host)
         with self._pools_lock:
@@ -467,6 +472,8 @@ class MooncakeSglStorage(HiCacheStorage):
             self._watch.close()  # final counters while the tiers are still open
         if self._store is not None:
             self._store.close()
+        if self._curves is not None:
+            self._curves.close()
 
     def describe_l3_object_layout(self, *, sidecar_pool_specs: Any = (),
                                   swa_trailing_pages: int | None = None,

@@ -61,20 +61,21 @@ def snapshot_of(stats: Mapping[str, Any], rank: str = "", taken_at: float | None
                if isinstance(entry, Mapping)}
     first = next(iter(samples.values()), TierSample())
     store = _section(stats, "store")
+    costs = _section(_section(stats, "curves"), "costs")
     counters = {"read_pages": first.hits + first.misses,
                 "lookup_pages": float(store.get("lookup_pages", 0.0)),
                 "lookup_hit_pages": float(store.get("lookup_hit_pages", 0.0)),
-                **{name: float(store.get(name, 0.0))
-                   for name in ("curve_busy_seconds", "curve_process_seconds", "curve_dropped_pages")}}
+                **{f"curve_{name}": float(costs.get(name, 0.0))
+                   for name in ("busy_seconds", "process_seconds", "dropped_pages")}}
     return Snapshot(samples, time.time() if taken_at is None else taken_at, {rank: counters},
                     curve_points(stats, rank))
 
 
 def curve_points(stats: Mapping[str, Any], rank: str = "") -> dict[CurveKey, dict[str, float]]:
-    """From a store's ``stats()["curves"]`` (``policy/curve.py``): per (rank, tier, size label),
-    the point's lookups, hits and capacity in bytes."""
+    """From a store's ``stats()["curves"]["points"]`` (``policy/curve_feed.py``): per (rank, tier,
+    size label), the point's lookups, hits and capacity in bytes."""
     out: dict[CurveKey, dict[str, float]] = {}
-    for tier, points in _section(stats, "curves").items():
+    for tier, points in _section(_section(stats, "curves"), "points").items():
         for point in points if isinstance(points, list) else []:
             if isinstance(point, Mapping) and "multiplier" in point:
                 out[(rank, tier, size_label(float(point["multiplier"])))] = {

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import PageKey, PlacementPolicy
+from ..policy.curve_feed import CurveFeed
 from ..store import TieredStore
 from .size_tier import SizeStaging, SizeTier, sized_page
 from .trace import Request
@@ -76,8 +77,10 @@ class Simulator:
         self._now = 0.0
         self._page = sized_page(page_bytes)
         self.store = TieredStore([SizeTier(f"t{i}", c) for i, c in enumerate(self.caps)], policy,
-                                 mover="inline", clock=self._clock, staging=SizeStaging(),
-                                 curves="inline" if curves else None)
+                                 mover="inline", clock=self._clock, staging=SizeStaging())
+        self.curves = CurveFeed(self.store.tiers, self.store.names, policy, "inline") if curves else None
+        if self.curves is not None:
+            self.store.observe(self.curves)
 
     def _clock(self) -> float:
         return self._now

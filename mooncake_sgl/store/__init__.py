@@ -51,5 +51,4 @@ def build_store(config: StoreConfig, rank_suffix: str = "") -> TieredStore:
         for tier in tiers:
             tier.close()
         raise
-    return TieredStore(tiers, build_policy(config.policy, tiers),
-                       curves="process" if config.policy.capacity_curves else None)
+    return TieredStore(tiers, build_policy(config.policy, tiers))

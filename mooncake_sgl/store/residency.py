@@ -29,7 +29,12 @@ under the lock. A full buffer drops the oldest lookups (a lost recency signal co
 precision; a blocked reader costs latency). Decisions that depend on heat (``admit``,
 ``promotion_targets``, ``prepare_evict``) drain first, so they see every lookup that was not dropped.
 
-All methods are thread-safe; none does I/O. The lock is never held while a tier is called.
+Every change to the record, and every lookup handed to the policy, is also an event
+(``api.StoreEvent``) for the store's observers (``observers.EventHub``): queued under the lock, in
+commit order, and delivered once the lock is released.
+
+All methods are thread-safe; none does I/O. The lock is never held while a tier is called or an
+observer runs.
 """
 
 from __future__ import annotations
@@ -39,10 +44,17 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from ..api import ExpertStanding, PageKey, PlacementPolicy
-from ..policy.curve import CurvePoint, TierCurves
-from ..policy.curve_process import CurveProcess
+from ..api import (
+    ExpertStanding,
+    PageKey,
+    PagesLookedUp,
+    PagesRemoved,
+    PagesStored,
+    PlacementPolicy,
+    RemovalCause,
+)
 from ..tally import Tally
+from .observers import EventHub
 from .stats import ResidencyStats
 
 # Arbitrary: lookups buffered between maintenance runs. SGLang looks up once per prefetch, so this
@@ -107,14 +119,11 @@ class Residency:
         managed: per tier, whether the store tracks its pages (not self-evicting).
         clock: logical time for ``policy.tick`` (monotonic seconds by default; the simulator's
             trace time).
-        curves: capacity curves fed the same lookups as the policy, if kept: in this thread
-            (``policy.curve``), or handed to their own process (``policy.curve_process``).
     """
 
-    def __init__(self, policy: PlacementPolicy, managed: Sequence[bool], clock: Callable[[], float],
-                 curves: TierCurves | CurveProcess | None = None):
+    def __init__(self, policy: PlacementPolicy, managed: Sequence[bool], clock: Callable[[], float]):
         self.policy = policy
-        self._curves = curves
+        self.events = EventHub()
         self.managed = list(managed)
         self._clock = clock
         self._lock = threading.Lock()
@@ -142,6 +151,7 @@ class Residency:
         """Feed every buffered lookup to the policy, in arrival order."""
         with self._lock:
             self._drain()
+        self.events.deliver()
 
     def _drain(self) -> None:
         buf, policy = self._lookups, self.policy
@@ -154,8 +164,7 @@ class Residency:
                 break
             policy.tick(now)
             policy.on_lookup(keys, where, parent)
-            if self._curves is not None:
-                self._curves.on_lookup(keys)
+            self.events.post(PagesLookedUp(keys))
         self.counters.add(maintenance_runs=1)
 
     # ------------------------------------------------------------------ holds
@@ -208,13 +217,13 @@ class Residency:
                 resident.update(fresh)
                 self._used[t] += sum(fresh.values())
                 self.policy.on_insert(list(fresh), t, list(fresh.values()), parent)
-                if self._curves is not None:
-                    self._curves.start(max(fresh.values()))
+                self.events.post(PagesStored(t, tuple(fresh), tuple(fresh.values())))
+        self.events.deliver()
         return new
 
-    def lost(self, t: int, keys: Sequence[PageKey]) -> None:
-        """Pages left tier ``t`` outside an eviction (removed, found corrupt, dropped by the tier).
-        Pages being evicted are left to their eviction's commit or abort."""
+    def lost(self, t: int, keys: Sequence[PageKey], cause: RemovalCause = RemovalCause.LOST) -> None:
+        """Pages left tier ``t`` outside an eviction (removed, found corrupt, dropped by the tier,
+        cleared). Pages being evicted are left to their eviction's commit or abort."""
         if not self.managed[t] or not keys:
             return
         with self._lock:
@@ -223,6 +232,8 @@ class Residency:
             if gone:
                 self.policy.on_remove(gone, t)  # first: it reads their sizes here
                 self._used[t] -= sum(resident.pop(k) for k in gone)
+                self.events.post(PagesRemoved(t, tuple(gone), cause))
+        self.events.deliver()
 
     # ------------------------------------------------------------------ two-phase eviction
 
@@ -234,19 +245,22 @@ class Residency:
         of this package cannot: they take victims' sizes from the view and skip what it lacks. A
         policy from elsewhere is checked here.
         """
-        with self._lock:
-            self._drain()
-            victims = self.policy.victims(t, nbytes, self._holds.keys())  # a view: read under the lock
-            if not victims:
-                return None
-            resident, leaving = self._resident[t], self._leaving[t]
-            unknown = [k for k in victims if k not in resident or k in leaving]
-            if unknown:
-                raise RuntimeError(f"{type(self.policy).__name__} named {len(unknown)} victim(s) of "
-                                   f"tier {t} that are not resident there (or already leaving)")
-            out = [(k, resident[k]) for k in victims]
-            leaving.update(victims)
-            self._used[t] -= sum(resident[k] for k in set(victims))
+        try:
+            with self._lock:
+                self._drain()
+                victims = self.policy.victims(t, nbytes, self._holds.keys())  # a view: read under the lock
+                if not victims:
+                    return None
+                resident, leaving = self._resident[t], self._leaving[t]
+                unknown = [k for k in victims if k not in resident or k in leaving]
+                if unknown:
+                    raise RuntimeError(f"{type(self.policy).__name__} named {len(unknown)} victim(s) of "
+                                       f"tier {t} that are not resident there (or already leaving)")
+                out = [(k, resident[k]) for k in victims]
+                leaving.update(victims)
+                self._used[t] -= sum(resident[k] for k in set(victims))
+        finally:
+            self.events.deliver()
         self.counters.add(evictions_prepared=len(out))
         return out
 
@@ -256,10 +270,13 @@ class Residency:
             return
         with self._lock:
             resident, leaving = self._resident[t], self._leaving[t]
-            for k in keys:
-                if k in leaving:
-                    leaving.discard(k)
-                    del resident[k]
+            gone = [k for k in keys if k in leaving]
+            for k in gone:
+                leaving.discard(k)
+                del resident[k]
+            if gone:
+                self.events.post(PagesRemoved(t, tuple(gone), RemovalCause.EVICTED))
+        self.events.deliver()
         self.counters.add(evictions_committed=len(keys))
 
     def abort_evict(self, t: int, victims: Sequence[tuple[PageKey, int]]) -> None:
@@ -281,12 +298,16 @@ class Residency:
         """Per tier, per key: write it there now (tier 0 always takes every page)."""
         with self._lock:
             self._drain()
-            return [[True] * len(keys) if t == 0 else self.policy.admit(keys, t) for t in range(ntiers)]
+            admitted = [[True] * len(keys) if t == 0 else self.policy.admit(keys, t) for t in range(ntiers)]
+        self.events.deliver()
+        return admitted
 
     def promotion_targets(self, keys: Sequence[PageKey], found: Sequence[int]) -> list[int | None]:
         with self._lock:
             self._drain()
-            return [self.policy.promotion_target(k, t) for k, t in zip(keys, found)]
+            targets = [self.policy.promotion_target(k, t) for k, t in zip(keys, found)]
+        self.events.deliver()
+        return targets
 
     def demotion_targets(self, t: int, keys: Sequence[PageKey]) -> list[int | None]:
         with self._lock:
@@ -300,41 +321,3 @@ class Residency:
         """The policy's own counters and its experts' standings, read together."""
         with self._lock:
             return self.policy.stats(), self.policy.standings()
-
-    def curve_costs(self) -> dict[str, float]:
-        """What the capacity curves cost so far: seconds this process spent feeding them, the
-        curve process's CPU seconds, and pages left out of them because that process was behind
-        (all 0 where no curves are kept or they run in this thread)."""
-        curves = self._curves
-        if curves is None:
-            return {"curve_busy_seconds": 0.0, "curve_process_seconds": 0.0, "curve_dropped_pages": 0.0}
-        if isinstance(curves, CurveProcess):
-            return {"curve_busy_seconds": curves.busy_seconds,
-                    "curve_process_seconds": curves.process_seconds,
-                    "curve_dropped_pages": float(curves.dropped_pages)}
-        with self._lock:
-            return {"curve_busy_seconds": curves.busy_seconds, "curve_process_seconds": 0.0,
-                    "curve_dropped_pages": 0.0}
-
-    def curve_points(self) -> list[list[CurvePoint]]:
-        """Per tier, its capacity curve so far (empty where none is kept)."""
-        curves = self._curves
-        if curves is None:
-            return [[] for _ in self.managed]
-        if isinstance(curves, CurveProcess):
-            return curves.points()  # what its process last reported: no lock, no wait
-        with self._lock:
-            return curves.points()
-
-    def sync_curves(self, timeout: float) -> bool:
-        """Feed the buffered lookups, then wait until the curves' process has counted them;
-        ``False`` if it did not within ``timeout`` seconds or there is none (curves kept in this
-        thread are always current)."""
-        self.maintain()
-        curves = self._curves
-        return curves.sync(timeout) if isinstance(curves, CurveProcess) else curves is not None
-
-    def close(self) -> None:
-        """Stop the capacity curves' process, if they have one."""
-        if isinstance(self._curves, CurveProcess):
-            self._curves.close()

@@ -28,16 +28,13 @@ and latency baselines): the same code, in a deterministic order.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
-from ..api import PageKey, PageView, PlacementPolicy, Tier, page_nbytes
-from ..policy.curve import TierCurves
-from ..policy.curve_process import CurveProcess
+from ..api import PageKey, PageView, PlacementPolicy, RemovalCause, StoreObserver, Tier, page_nbytes
 from ..tally import Tally
 from .inline_mover import InlineMover
 from .mover import BackgroundMover, Mover
@@ -51,9 +48,6 @@ from .tier_calls import TierCalls
 logger = logging.getLogger(__name__)
 
 MOVERS = ("background", "inline")
-# Where capacity curves run (``curves=``): in their own process, or on the thread feeding the policy.
-CURVES: dict[str | None, type[CurveProcess] | type[TierCurves] | None] = \
-    {"process": CurveProcess, "inline": TierCurves, None: None}
 
 
 class TieredStore:
@@ -67,15 +61,15 @@ class TieredStore:
         clock: logical time for the policy (``time.monotonic`` by default).
         staging: buffers for pages the store moves itself (the simulator's hold no bytes).
         room_wait: seconds a write waits for the mover to make room.
-        curves: keep a capacity curve per managed tier (``stats()["curves"]``): ``"process"`` in a
-            child process (``policy.curve_process``: a server's), ``"inline"`` on the thread that
-            feeds the policy (``policy.curve``: deterministic, the simulator's), ``None`` not.
+
+    What the store's record commits, and the lookups its policy learns from, go to the observers
+    added with ``observe`` (``api.StoreObserver``).
     """
 
     def __init__(self, tiers: Sequence[Tier], policy: PlacementPolicy, *,
                  mover: Literal["background", "inline"] = "background",
                  clock: Callable[[], float] = time.monotonic, staging: Staging | None = None,
-                 room_wait: float = ROOM_WAIT, curves: Literal["process", "inline"] | None = None):
+                 room_wait: float = ROOM_WAIT):
         if not tiers:
             raise ValueError("TieredStore needs at least one tier")
         if mover not in MOVERS:
@@ -83,13 +77,7 @@ class TieredStore:
         self._calls = calls = TierCalls(tiers)
         self.tiers = calls.tiers
         self.names = calls.names
-        bounded = [t.usage().capacity_bytes if m else None for t, m in zip(self.tiers, calls.managed)]
-        # The miniatures run the policy as configured (heat's and adaptive's keep their config).
-        if curves not in CURVES:
-            raise ValueError(f"curves must be 'process', 'inline' or None, got {curves!r}")
-        build = CURVES[curves]
-        kept = None if build is None else build(bounded, policy.name, getattr(policy, "config", None))
-        self._residency = Residency(policy, calls.managed, clock, kept)
+        self._residency = Residency(policy, calls.managed, clock)
         self._mover: Mover = BackgroundMover() if mover == "background" else InlineMover()
         staging = staging or Staging()
         self._placer = Placer(calls, self._residency, self._mover, staging, room_wait)
@@ -120,6 +108,18 @@ class TieredStore:
     @observe_latency.setter
     def observe_latency(self, hook: Callable[[Tier, str, float], None] | None) -> None:
         self._calls.observe_latency = hook
+
+    def observe(self, observer: StoreObserver) -> None:
+        """Send ``observer`` every event from now on (``api.StoreObserver``); one that also has
+        ``section`` and ``stats()`` (``api.ReportingObserver``) adds ``stats()[section]``. Pages a
+        persistent tier kept from before are told as stored before the store is returned, so an
+        observer added later sees only what happens next."""
+        self._residency.events.add(observer)
+
+    def maintain(self) -> None:
+        """Apply the buffered lookups to the policy (and tell the observers) now, rather than at the
+        next write or maintenance run."""
+        self._residency.maintain()
 
     # ------------------------------------------------------------------ public API
 
@@ -255,7 +255,7 @@ class TieredStore:
         for t, tier in enumerate(self.tiers):
             cleared = calls.call(t, "clear", lambda tier=tier: tier.clear() or True) is not None
             if calls.managed[t]:
-                residency.lost(t, calls.gone(t, list(residency.keys_in(t)), cleared))
+                residency.lost(t, calls.gone(t, list(residency.keys_in(t)), cleared), RemovalCause.CLEARED)
 
     def register_memory(self, ptr: int, nbytes: int) -> None:
         for t, tier in enumerate(self.tiers):
@@ -275,15 +275,9 @@ class TieredStore:
             return
         self._closed = True
         self._mover.close()
-        self._residency.close()
         if self._shared_writer is not None:
             self._shared_writer.shutdown(wait=True)
         self._calls.close()
-
-    def sync_curves(self, timeout: float) -> bool:
-        """Wait until the capacity curves count every lookup made so far (their process reports
-        within half a second on its own; tests and benchmarks that read them at once wait here)."""
-        return self._residency.sync_curves(timeout)
 
     def stats(self) -> dict[str, Any]:
         """Counters, one namespace per source; the shape is ``api.STATS_SHAPE``."""
@@ -308,12 +302,12 @@ class TieredStore:
             entry = experts.setdefault(self.names[s.tier], {"leader_switches": s.leader_switches,
                                                             "experts": {}})
             entry["experts"][s.expert] = {"lead": int(s.leading), "shadow_hit_ratio": s.shadow_hit_ratio}
-        curves = {self.names[t]: [dataclasses.asdict(p) for p in points]
-                  for t, points in enumerate(self._residency.curve_points()) if points}
-        return {"store": {**self._counters.as_dict(), **self._residency.counters.as_dict(),
-                          **self._residency.curve_costs()},
-                "mover": {"background": int(self._mover.background), **self._mover.counters.as_dict()},
-                "policy": policy, "experts": experts, "tiers": tiers, "curves": curves}
+        out = {"store": {**self._counters.as_dict(), **self._residency.counters.as_dict()},
+               "mover": {"background": int(self._mover.background), **self._mover.counters.as_dict()},
+               "policy": policy, "experts": experts, "tiers": tiers}
+        for observer in self._residency.events.reporting:
+            out[observer.section] = observer.stats()
+        return out
 
     # ------------------------------------------------------------------ internals
 

@@ -16,6 +16,7 @@ import plot_capacity_curves  # noqa: E402
 from devtools.bench.server import free_port  # noqa: E402
 from mooncake_sgl.config import HostTierConfig  # noqa: E402
 from mooncake_sgl.metrics.exporter import StoreExporter  # noqa: E402
+from mooncake_sgl.policy.curve_feed import CurveFeed  # noqa: E402
 from mooncake_sgl.policy.lru import LruPolicy  # noqa: E402
 from mooncake_sgl.store.tiered_store import TieredStore  # noqa: E402
 from mooncake_sgl.tiers.host import HostTier  # noqa: E402
@@ -27,7 +28,9 @@ PAGE = 4096
 
 def test_a_served_curve_is_tabled_plotted_and_written(tmp_path: Path, capsys) -> None:
     host = HostTier(HostTierConfig(capacity=8 * PAGE, slot_size=PAGE, pin_memory=False))
-    store = TieredStore([host], LruPolicy(1), mover="inline", curves="process")
+    store = TieredStore([host], LruPolicy(1), mover="inline")
+    feed = CurveFeed(store.tiers, store.names, store.policy, "process")
+    store.observe(feed)
     registry = CollectorRegistry()
     port = free_port()
     server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
@@ -36,7 +39,7 @@ def test_a_served_curve_is_tabled_plotted_and_written(tmp_path: Path, capsys) ->
         for _ in range(3):
             store.exists_prefix([key(i) for i in range(4)])
             store.put_from([key(i) for i in range(4)], [[memoryview(bytearray(PAGE))] for _ in range(4)])
-        assert store.sync_curves(30)
+        assert feed.sync(30)
         exporter.sync()
         png, out = tmp_path / "c.png", tmp_path / "c.json"
         assert plot_capacity_curves.main(["--url", f"127.0.0.1:{port}", "--png", str(png),
@@ -44,6 +47,7 @@ def test_a_served_curve_is_tabled_plotted_and_written(tmp_path: Path, capsys) ->
     finally:
         server.shutdown()
         store.close()
+        feed.close()
     text = capsys.readouterr().out
     assert "<- its size" in text and "8x" in text
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -250,12 +250,15 @@ def test_capacity_curves_reach_metrics_and_the_stats_table(tmp_path: Path) -> No
     from mooncake_sgl.config import HostTierConfig
     from mooncake_sgl.metrics.cli import curve_table
     from mooncake_sgl.metrics.model import as_json
+    from mooncake_sgl.policy.curve_feed import CurveFeed
     from mooncake_sgl.policy.lru import LruPolicy
     from mooncake_sgl.store.tiered_store import TieredStore
     from mooncake_sgl.tiers.host import HostTier
 
     host = HostTier(HostTierConfig(capacity=8 * PAGE, slot_size=PAGE, pin_memory=False))
-    store = TieredStore([host], LruPolicy(1), mover="inline", curves="process")
+    store = TieredStore([host], LruPolicy(1), mover="inline")
+    curves = CurveFeed(store.tiers, store.names, store.policy, "process")
+    store.observe(curves)
     try:
         registry = CollectorRegistry()
         exporter = StoreExporter(store.stats, RANK, registry=registry)
@@ -263,12 +266,13 @@ def test_capacity_curves_reach_metrics_and_the_stats_table(tmp_path: Path) -> No
         for _ in range(3):
             assert store.exists_prefix([key(i) for i in range(4)]) == 4
         store.exists_prefix([key(i) for i in range(100, 104)])  # 4 pages no size ever held
-        assert store.sync_curves(30)
+        assert curves.sync(30)
         exporter.sync()
         text = scrape_registry(registry)
         snap = parse(text)
     finally:
         store.close()
+        curves.close()
     assert 'mooncake_sgl_tier_curve_hit_pages_total{' in text and 'size="8x"' in text
     points = snap.curve_of("host")
     assert [(m, cap) for m, cap, _, _ in points] == [(m, round(8 * m) * PAGE) for m in

@@ -238,28 +238,30 @@ def test_a_broken_stream_stops_the_child_with_an_error_naming_it(data: bytes, er
 
 def test_a_store_with_curves_in_a_process_reports_them_and_their_cost_and_stops_them_on_close() -> None:
     from mooncake_sgl.config import HostTierConfig
+    from mooncake_sgl.policy.curve_feed import CurveFeed
     from mooncake_sgl.policy.lru import LruPolicy
     from mooncake_sgl.store.tiered_store import TieredStore
     from mooncake_sgl.tiers.host import HostTier
 
     page = 4096
     host = HostTier(HostTierConfig(capacity=8 * page, slot_size=page, pin_memory=False))
-    store = TieredStore([host], LruPolicy(1), mover="inline", curves="process")
+    store = TieredStore([host], LruPolicy(1), mover="inline")
+    feed = CurveFeed(store.tiers, store.names, store.policy, "process")
+    store.observe(feed)
     keys = [b"p%d" % i for i in range(4)]
     store.put_from(keys, [[memoryview(bytearray(page))] for _ in keys])
     for _ in range(3):
         assert store.exists_prefix(keys) == 4
-    assert store.sync_curves(30)
+    assert feed.sync(30)
     stats = store.stats()
-    curves = store._residency._curves
+    curves = feed._curves
     assert isinstance(curves, CurveProcess)
     store.close()
+    feed.close()
     assert curves._proc is not None and curves._proc.poll() is not None
-    assert stats["curves"]["host"][3]["lookups"] == 12
-    costs = {k: stats["store"][k] for k in ("curve_busy_seconds", "curve_process_seconds",
-                                            "curve_dropped_pages")}
-    assert 0 < costs["curve_busy_seconds"] < costs["curve_process_seconds"]
-    assert costs["curve_dropped_pages"] == 0
-    with pytest.raises(ValueError, match="curves must be 'process', 'inline' or None"):
-        TieredStore([HostTier(HostTierConfig(capacity=8 * page, slot_size=page, pin_memory=False))],
-                    LruPolicy(1), curves=True)  # type: ignore[arg-type]
+    assert stats["curves"]["points"]["host"][3]["lookups"] == 12
+    costs = stats["curves"]["costs"]
+    assert 0 < costs["busy_seconds"] < costs["process_seconds"]
+    assert costs["dropped_pages"] == 0
+    with pytest.raises(ValueError, match="capacity curves run 'process' or 'inline'"):
+        CurveFeed(store.tiers, store.names, store.policy, "thread")  # type: ignore[arg-type]
