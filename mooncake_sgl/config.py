@@ -311,6 +311,10 @@ class StoreConfig(_Section):
     policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
     # Tenant tag in every key: deployments with different tags never share pages.
     namespace_tag: str = ""
+    # ``local``: pages in this instance's own tiers (host DRAM, SSD) are announced on SGLang's KV
+    # event stream (``--kv-events-config``) as medium DISK, for KV-aware routers
+    # (``hicache/router_events.py``, docs/routing.md). ``off``: nothing is announced.
+    router_events: Literal["off", "local"] = "off"
 
     def __post_init__(self) -> None:
         if not self.tiers:

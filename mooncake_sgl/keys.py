@@ -132,6 +132,22 @@ def is_board_key(key: PageKey) -> bool:
     return len(key) == len(_BOARD_PREFIX) + 1 and key.startswith(_BOARD_PREFIX)
 
 
+def event_hash(key: PageKey) -> int | None:
+    """The block hash SGLang's KV events give the page ``key`` names, when no ``extra_key`` or
+    ``cache_salt`` namespaced it: the first 16 hex digits of its page hash as a signed 64-bit
+    integer (``sglang.srt.mem_cache.utils.hash_str_to_int64``). ``None`` for a key whose page
+    hash is not SGLang's 64-hex-digit one."""
+    start = NAMESPACE_DIGEST_BYTES
+    if len(key) != start + 33 or key[start:start + 1] != _HEX_HASH:
+        return None
+    return int.from_bytes(key[start + 1:start + 9], "big", signed=True)
+
+
+def namespace_of(key: PageKey) -> bytes:
+    """The namespace digest a page key was built under."""
+    return key[:NAMESPACE_DIGEST_BYTES]
+
+
 def hash_part_of(key: PageKey) -> bytes:
     """The ``page_hash_part`` a page key was built from (the namespace digest stripped): the one
     place besides ``page_key`` that knows the key layout."""

@@ -169,3 +169,21 @@ def test_a_reporting_observer_adds_its_own_section_to_the_stats(store: TieredSto
     put(store, range(2))
     assert store.wait_idle()
     assert store.stats()["counted"] == {"events": reporting.n} and reporting.n > 0
+
+
+def test_an_observer_added_later_can_start_from_what_the_tiers_hold(tmp_path: Path) -> None:
+    first = TieredStore([host(4), lmdb(tmp_path / "db")], LruPolicy(2), mover="inline")
+    put(first, range(6))
+    first.close()
+    store = TieredStore([host(4), lmdb(tmp_path / "db")], LruPolicy(2), mover="inline")  # a restart
+    try:
+        late, plain = Replica(store), Replica()
+        store.observe(late, with_current=True)
+        store.observe(plain)
+        pages = put(store, range(6, 10))
+        assert read(store, pages) == [True] * 4
+        for t in range(len(store.tiers)):
+            assert late.held.get(t, set()) == store.resident_keys(t)
+        assert plain.held.get(1, set()) == {key(i) for i in range(6, 10)}  # only what happened since
+    finally:
+        store.close()

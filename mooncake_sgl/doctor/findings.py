@@ -310,8 +310,43 @@ def curves(ev: ServerEvidence) -> list[Finding]:
     return out
 
 
+# Share of the pages reaching our local tiers that could not be announced, past which routers see
+# too little of them to be worth the feature. Arbitrary.
+UNANNOUNCED_TOO_MANY = 0.5
+
+
+def router_events(ev: ServerEvidence) -> list[Finding]:
+    """Router events on (``router_events: local``) with nothing to publish them on, or with most
+    pages left unannounced."""
+    if ev.last is None:
+        return []
+    total = ev.last.ours.store_total
+    announced, unannounced = total("router_announced_pages"), total("router_unannounced_pages")
+    if not unannounced:
+        return []
+    evidence = (f"mooncake_sgl_router_announced_pages_total={announced:g}",
+                f"mooncake_sgl_router_unannounced_pages_total={unannounced:g}")
+    if not ev.arg("kv_events_config"):
+        return [Finding(ev.name, "router_events_unpublished", WARNING,
+                        f"router_events is local but SGLang publishes no KV events: {unannounced:g} pages "
+                        "in this instance's tiers are invisible to routers",
+                        (*evidence, "kv_events_config=None"),
+                        "start SGLang with --kv-events-config '{\"publisher\": \"zmq\", \"endpoint\": "
+                        "\"tcp://*:5557\"}' (docs/routing.md), or set router_events: off")]
+    if unannounced / (announced + unannounced) > UNANNOUNCED_TOO_MANY:
+        return [Finding(ev.name, "router_events_mostly_unannounced", INFO,
+                        f"{unannounced:g} of {announced + unannounced:g} pages reaching this instance's "
+                        "tiers could not be announced to routers when stored: SGLang never published "
+                        "their hash (requests with a LoRA adapter or a cache_salt), or published it too "
+                        "long ago to be remembered",
+                        evidence,
+                        "nothing to fix for namespaced requests (their event hashes cannot be derived "
+                        "from storage keys); see docs/routing.md")]
+    return []
+
+
 PER_SERVER: tuple[Rule, ...] = (unreadable, arguments_unread, odd_answers, metrics_off, below_threshold,
-                                prefetch_unfulfilled, backups, tiers, curves)
+                                prefetch_unfulfilled, backups, tiers, curves, router_events)
 
 
 def namespaces(servers: Sequence[ServerEvidence], board: Sequence[tuple[str, NamespaceRecord]] = ()

@@ -86,6 +86,20 @@ def curve_table(snapshot: Snapshot) -> str:
     return "\n".join(lines)
 
 
+def router_line(snapshot: Snapshot) -> str:
+    """What the router announcements did (``router_events: local``); empty when they did nothing."""
+    n = {f: snapshot.store_total(f"router_{f}") for f in ("announced_pages", "removed_pages",
+                                                          "unannounced_pages", "skipped_other_namespace",
+                                                          "skipped_not_sglang_hash")}
+    if not any(n.values()):
+        return ""
+    return (f"router events: {n['announced_pages']:.0f} pages announced as DISK, "
+            f"{n['removed_pages']:.0f} removed; {n['unannounced_pages']:.0f} could not be announced "
+            f"when stored (SGLang never published their hash: a LoRA or cache_salt namespace, or no "
+            f"--kv-events-config); {n['skipped_other_namespace'] + n['skipped_not_sglang_hash']:.0f} "
+            f"keys of sidecar pools or other namespaces left out")
+
+
 def pool_table(stats: dict[str, float]) -> str:
     cap = stats.get("capacity_bytes", 0.0)
     used = stats.get("used_bytes", 0.0)
@@ -153,9 +167,9 @@ def _show(kind: str, data: object, previous: object, args: argparse.Namespace, o
     taken = time.strftime("%H:%M:%S", time.localtime(data.taken_at)) if data.taken_at else "?"
     print(f"{stamp}  {args.config or args.target} (counters as of {taken})\n{tier_table(data)}",
           file=out)
-    curves = curve_table(data)
-    if curves:
-        print(f"\n{curves}", file=out)
+    for extra in (curve_table(data), router_line(data)):
+        if extra:
+            print(f"\n{extra}", file=out)
     if isinstance(previous, Snapshot):
         print(f"\nlast {args.watch:g} s:\n{tier_table(diff(previous, data))}", file=out)
     out.flush()

@@ -62,6 +62,15 @@ STORE_COUNTERS: dict[str, str] = {
     "curve_busy_seconds": "mooncake_sgl_curve_busy_seconds",
     "curve_process_seconds": "mooncake_sgl_curve_process_seconds",
     "curve_dropped_pages": "mooncake_sgl_curve_dropped_pages",
+    # Router events (``router_events: local``; 0 with them off): pages announced to and removed
+    # from SGLang's KV event stream, pages that reached our local tiers and could not be announced
+    # at once (SGLang never published their tokens under that hash: a LoRA or cache_salt namespace,
+    # or no publisher in this process), and page keys of other namespaces or hash kinds left out.
+    "router_announced_pages": "mooncake_sgl_router_announced_pages",
+    "router_removed_pages": "mooncake_sgl_router_removed_pages",
+    "router_unannounced_pages": "mooncake_sgl_router_unannounced_pages",
+    "router_skipped_other_namespace": "mooncake_sgl_router_skipped_other_namespace",
+    "router_skipped_not_sglang_hash": "mooncake_sgl_router_skipped_not_sglang_hash",
 }
 GAUGES: dict[str, str] = {
     "resident_pages": "mooncake_sgl_tier_resident_pages",

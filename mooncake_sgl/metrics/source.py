@@ -62,11 +62,17 @@ def snapshot_of(stats: Mapping[str, Any], rank: str = "", taken_at: float | None
     first = next(iter(samples.values()), TierSample())
     store = _section(stats, "store")
     costs = _section(_section(stats, "curves"), "costs")
+    router = _section(stats, "router_events")
     counters = {"read_pages": first.hits + first.misses,
                 "lookup_pages": float(store.get("lookup_pages", 0.0)),
                 "lookup_hit_pages": float(store.get("lookup_hit_pages", 0.0)),
                 **{f"curve_{name}": float(costs.get(name, 0.0))
-                   for name in ("busy_seconds", "process_seconds", "dropped_pages")}}
+                   for name in ("busy_seconds", "process_seconds", "dropped_pages")},
+                **{f"router_{name}": float(router.get(field, 0.0))
+                   for name, field in (("announced_pages", "stored"), ("removed_pages", "removed"),
+                                       ("unannounced_pages", "unannounced"),
+                                       ("skipped_other_namespace", "skipped_other_namespace"),
+                                       ("skipped_not_sglang_hash", "skipped_not_sglang_hash"))}}
     return Snapshot(samples, time.time() if taken_at is None else taken_at, {rank: counters},
                     curve_points(stats, rank))
 

@@ -52,6 +52,7 @@ from ..api import (
     PagesStored,
     PlacementPolicy,
     RemovalCause,
+    StoreObserver,
 )
 from ..tally import Tally
 from .observers import EventHub
@@ -135,6 +136,15 @@ class Residency:
             deque(maxlen=LOOKUP_BUFFER)
         self.counters = Tally(ResidencyStats)
         policy.bind(_View([_Ranked(r, g) for r, g in zip(self._resident, self._leaving)], self._used))
+
+    def observe(self, observer: StoreObserver, with_current: bool) -> None:
+        """Send ``observer`` every event from now on; with ``with_current``, first the pages each
+        managed tier holds now, as ``PagesStored``."""
+        with self._lock:
+            first = [PagesStored(t, tuple(held), tuple(held.values()))
+                     for t, held in enumerate(self._resident) if held] if with_current else []
+            self.events.add(observer, first)
+        self.events.deliver()
 
     # ------------------------------------------------------------------ lookups
 

@@ -109,12 +109,12 @@ class TieredStore:
     def observe_latency(self, hook: Callable[[Tier, str, float], None] | None) -> None:
         self._calls.observe_latency = hook
 
-    def observe(self, observer: StoreObserver) -> None:
-        """Send ``observer`` every event from now on (``api.StoreObserver``); one that also has
-        ``section`` and ``stats()`` (``api.ReportingObserver``) adds ``stats()[section]``. Pages a
-        persistent tier kept from before are told as stored before the store is returned, so an
-        observer added later sees only what happens next."""
-        self._residency.events.add(observer)
+    def observe(self, observer: StoreObserver, *, with_current: bool = False) -> None:
+        """Send ``observer`` every event from now on (``api.StoreObserver``); with ``with_current``,
+        first every page the managed tiers hold now (pages a persistent tier kept from an earlier
+        run among them) as ``PagesStored``. One that also has ``section`` and ``stats()``
+        (``api.ReportingObserver``) adds ``stats()[section]``."""
+        self._residency.observe(observer, with_current)
 
     def maintain(self) -> None:
         """Apply the buffered lookups to the policy (and tell the observers) now, rather than at the

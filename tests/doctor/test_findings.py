@@ -147,3 +147,17 @@ def test_an_extra_config_file_this_host_cannot_read_is_named_not_taken_for_the_d
     bad = server(look(series=_prefill(8000, 1600)),
                  hicache_storage_backend_extra_config='{"prefetch_threshold": "lots"}')
     assert [x.code for x in diagnose([bad]) if x.code == "below_threshold"]  # no exception
+
+
+def test_router_events_with_no_kv_event_stream_or_mostly_unannounced_say_so() -> None:
+    unpublished = look(series=SGLANG_ON, store={"lookup_pages": 10.0, "router_unannounced_pages": 40.0})
+    [f] = [x for x in diagnose([server(unpublished)]) if x.code == "router_events_unpublished"]
+    assert "40 pages" in f.says and "--kv-events-config" in f.fix
+    config = '{"publisher": "zmq"}'
+    mostly = look(series=SGLANG_ON, store={"lookup_pages": 10.0, "router_unannounced_pages": 40.0,
+                                           "router_announced_pages": 10.0})
+    assert "router_events_mostly_unannounced" in codes(server(mostly, kv_events_config=config))
+    fine = look(series=SGLANG_ON, store={"lookup_pages": 10.0, "router_unannounced_pages": 4.0,
+                                         "router_announced_pages": 96.0})
+    assert not {c for c in codes(server(fine, kv_events_config=config)) if c.startswith("router")}
+    assert not {c for c in codes(server(look(series=SGLANG_ON))) if c.startswith("router")}  # off
