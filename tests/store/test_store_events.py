@@ -15,7 +15,7 @@ import pytest
 from mooncake_sgl.api import PageKey, PagesLookedUp, PagesRemoved, PagesStored, RemovalCause, StoreEvent
 from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.store import TieredStore
-from tests.test_store import host, lmdb, put, read
+from tests.store.test_store import host, lmdb, put, read
 from tests.tiers.conformance import key
 
 
