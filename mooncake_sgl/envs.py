@@ -1,5 +1,9 @@
 """Every environment variable mooncake_sgl reads or sets, declared once (SGLang's ``envs`` pattern).
 
+The CPU-host distribution (``cpu_host/``, ``mooncake_sgl_cpu``) reads and sets its variables
+through this registry too, so that the repository has one: ``MOONCAKE_SGL_CPU_ADAPTATIONS``,
+``MOONCAKE_SGL_HOST_RESERVE`` and ``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP`` are its.
+
 Read one as ``envs.MOONCAKE_SGL_CONFIG.get()``, or ``.get(environ)`` with a mapping that stands in
 for ``os.environ`` (tests, ``config_sources.resolve_config``). Unset or empty gives the declared default; a
 malformed value raises ``EnvError`` naming the variable and what it expects, never a silently used
@@ -95,7 +99,7 @@ MOONCAKE_SGL_STOP_GRACE = EnvVar("MOONCAKE_SGL_STOP_GRACE", 5.0, parse_duration,
                                  "how long a test server's stop waits before SIGKILL, e.g. 5s")
 MOONCAKE_SGL_CPU_ADAPTATIONS = _bool(
     "MOONCAKE_SGL_CPU_ADAPTATIONS", "adapt SGLang to serve HiCache on a host without an accelerator "
-    "(hicache/cpu/adaptations.py); off: nothing of SGLang is changed but the backend's name")
+    "(the mooncake-sgl-cpu distribution, cpu_host/; off, it changes nothing in SGLang)")
 MOONCAKE_MASTER_BIN = _str("MOONCAKE_MASTER_BIN", "path of the mooncake_master binary for tests")
 
 
@@ -107,7 +111,7 @@ MC_STORE_CLIENT_SETUP_RETRIES = _int("MC_STORE_CLIENT_SETUP_RETRIES",
                                      "Mooncake client setup retries against a dead master", 20)
 SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP = _bool(
     "SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP", "SGLang sends a prefill's results before the next "
-    "prefill batch runs (set on by the CPU adaptations, when asked for)")
+    "prefill batch runs (set on by the CPU-host distribution, when asked for)")
 MC_RPC_TIMEOUT_MS = _int("MC_RPC_TIMEOUT_MS", "Mooncake client RPC timeout, milliseconds", 30000)
 
 REGISTRY: tuple[EnvVar, ...] = tuple(v for v in list(globals().values()) if isinstance(v, EnvVar))

@@ -49,8 +49,8 @@ from devtools.bench.server import LaunchedServer  # noqa: E402
 from devtools.bench.workloads import BenchRequest, MultiTurnSpec, add_chat_arguments, chat_parts, chat_spec  # noqa: E402
 from devtools.testing.pd import PdServers  # noqa: E402
 from devtools.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
-from mooncake_sgl.hicache.cpu.adaptations import HOST_RESERVE_ENV  # noqa: E402
 from mooncake_sgl.pool.process import PoolProcess  # noqa: E402
+from mooncake_sgl_cpu.adaptations import HOST_RESERVE_ENV  # noqa: E402
 
 PAGE = 64
 SGLANG_THRESHOLD = 256  # SGLang's default prefetch_threshold

@@ -83,9 +83,9 @@ from devtools.bench.server import (  # noqa: E402
 )
 from devtools.bench.workloads import BenchRequest, MultiTurnSpec, add_chat_arguments, chat_parts, chat_spec  # noqa: E402
 from devtools.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
-from mooncake_sgl.hicache.cpu.adaptations import HOST_RESERVE_ENV  # noqa: E402
 from mooncake_sgl.metrics.scrape import ScrapeError, fetch  # noqa: E402
 from mooncake_sgl.units import parse_size  # noqa: E402
+from mooncake_sgl_cpu.adaptations import HOST_RESERVE_ENV  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACER = ROOT / "devtools" / "bench" / "prefetch_trace"

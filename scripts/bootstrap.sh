@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything the project needs on a fresh Debian machine (CPU or GPU):
-# .venv with torch, sglang 0.5.23 (lean install: no CUDA kernels it won't use here), the package in
-# editable mode, Debian's libibverbs1 for the mooncake wheel, and the real Mooncake Store wheel.
-# Re-running is cheap: a stamp of this file and pyproject.toml skips work already done.
+# .venv with torch, sglang 0.5.23 (lean install: no CUDA kernels it won't use here), the package and
+# the CPU-host adaptations' distribution (cpu_host/) in editable mode, Debian's libibverbs1 for the
+# mooncake wheel, and the real Mooncake Store wheel.
+# Re-running is cheap: a stamp of this file and both pyproject.toml skips work already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${MOONCAKE_SGL_VENV:-.venv}
 PY=${PYTHON:-python3}
-stamp="$VENV/.bootstrap-$(cat scripts/bootstrap.sh pyproject.toml | sha256sum | cut -c1-16)"
+stamp="$VENV/.bootstrap-$(cat scripts/bootstrap.sh pyproject.toml cpu_host/pyproject.toml | sha256sum | cut -c1-16)"
 [ -f "$stamp" ] && exit 0
 
 say() { printf '[bootstrap] %s\n' "$*" >&2; }
@@ -64,6 +65,19 @@ say "installing the real Mooncake Store wheel (mooncake_master, MooncakeDistribu
 "${PIP[@]}" sglang-router==0.3.2
 say "installing mooncake-sgl (editable) with its dev and bench extras"
 "${PIP[@]}" -c <(echo torch==2.14.1) -e ".[dev,bench]"
+# What the tests, the benchmarks, serve_cpu.sh and the main job run SGLang on the CPU with (off
+# unless MOONCAKE_SGL_CPU_ADAPTATIONS=1; docs/cpu-hosts.md). No deps: its two are installed above.
+say "installing mooncake-sgl-cpu (editable), the CPU-host adaptations"
+"${PIP[@]}" --no-deps -e cpu_host
+# NVIDIA Dynamo's standalone KV indexer, the real consumer of our router events
+# (tests/hicache/test_router_indexer.py, tests/live/test_live_router_events.py, scripts/bench_router.py).
+# A virtualenv of its own: it pins pydantic<=2.13.5, older than what sglang needs.
+DYNAMO=${MOONCAKE_SGL_DYNAMO_VENV:-.venv-dynamo}
+if ! "$DYNAMO/bin/python" -c "import dynamo.indexer" 2>/dev/null; then
+  say "creating $DYNAMO with Dynamo's KV indexer (ai-dynamo-runtime 1.6.1)"
+  "$PY" -m venv "$DYNAMO"
+  "$DYNAMO/bin/pip" install -q --disable-pip-version-check ai-dynamo-runtime==1.6.1
+fi
 rm -f "$VENV"/.bootstrap-*
 touch "$stamp"
 say "done"

@@ -37,9 +37,9 @@ from devtools.bench.console import run_script, stamped  # noqa: E402
 from devtools.bench.server import LaunchedServer, free_port, stop_all  # noqa: E402
 from devtools.bench.workloads import BenchRequest  # noqa: E402
 from devtools.tiny_model import write_tiny_llama  # noqa: E402
-from mooncake_sgl.hicache.cpu.adaptations import HOST_RESERVE_ENV  # noqa: E402
 from mooncake_sgl.metrics.model import Snapshot  # noqa: E402
 from mooncake_sgl.metrics.scrape import scrape  # noqa: E402
+from mooncake_sgl_cpu.adaptations import HOST_RESERVE_ENV  # noqa: E402
 
 PAGE_TOKENS = 64  # serve_cpu.sh's --page-size
 VOCAB = 32000

@@ -14,4 +14,12 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-$root/.venv/bin/python}
 [ -x "$py" ] || py=python3
+# Without a GPU, SGLang serves HiCache only with the CPU-host adaptations (docs/cpu-hosts.md), a
+# distribution of their own that scripts/bootstrap.sh installs; without them it fails deep in SGLang.
+if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; } &&
+   ! "$py" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("mooncake_sgl_cpu") is None)'; then
+  echo "serve_cpu.sh: no GPU and no mooncake-sgl-cpu here: run scripts/bootstrap.sh" \
+       "(or: $py -m pip install --no-deps -e $root/cpu_host)" >&2
+  exit 2
+fi
 exec "$py" -m devtools.bench.server "$@"

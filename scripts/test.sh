@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 started=$SECONDS
 bash scripts/bootstrap.sh
 set_up=$((SECONDS - started))
-.venv/bin/ruff check mooncake_sgl devtools scripts tests
+.venv/bin/ruff check mooncake_sgl cpu_host devtools scripts tests
 
 select=(-m "not chaos")
 # Two pytest-xdist workers: one runs every live-server and cluster test, one at a time; the other

@@ -21,7 +21,8 @@ The tier of a file is the first rule of ``TIERS`` whose path prefix it starts wi
 names is ``unit``. Rules name files only where a folder mixes tiers.
 
 The suite runs SGLang on this CPU host as an operator who opted in to the CPU adaptations would
-(``MOONCAKE_SGL_CPU_ADAPTATIONS=1``, inherited by every process a test starts); the tests of that
+(the ``mooncake-sgl-cpu`` distribution of ``cpu_host/``, which ``scripts/bootstrap.sh`` installs, and
+``MOONCAKE_SGL_CPU_ADAPTATIONS=1``, inherited by every process a test starts); the tests of that
 switch start their own interpreters with it unset.
 """
 
@@ -45,6 +46,7 @@ TIERS: tuple[tuple[str, str], ...] = (
     ("cluster/", "cluster"),
     ("tiers/test_bench_write_path.py", "bench"),
     ("sim/test_replay_script.py", "bench"),
+    ("hicache/test_router_indexer.py", "service"),
     ("hicache/", "sglang"),
     ("e2e/", "sglang"),
     ("pool/", "service"),
@@ -64,16 +66,18 @@ SLOW: tuple[str, ...] = (
     "e2e/test_prefetch_timeline.py::test_the_tracer_wraps_sglangs_staging_and_every_backends_calls_only_when_asked",
     "hicache/test_backend.py::test_attach_loads_sglangs_page_hash_before_the_first_request",
     "hicache/test_builtin_config_sharing.py",
-    "hicache/test_cpu_adaptations.py::test_installed_without_the_switch_sglang_is_untouched_but_for_the_backend_name",
     "hicache/test_cpu_adaptations.py::test_sgl_kernel_standin_lets_the_scheduler_import_without_cuda",
-    "hicache/test_cpu_adaptations.py::test_with_the_switch_every_adaptation_is_applied",
     "hicache/test_hybrid_differential.py",
+    "hicache/test_platform_selection.py",
     "hicache/test_restart.py",
     "hicache/test_split_heads.py::test_sglangs_own_backend_shares_heads_between_tp_sizes",
     "hicache/test_split_heads.py::test_tp_sizes_share_heads_both_ways_through_our_shared_tiers",
     "hicache/test_split_heads.py::test_without_a_shared_lcm_a_tp1_page_is_not_offered_to_tp2",
+    "hicache/test_touch_points.py::test_sglang_changes_exactly_as_the_lists_declare",
     "hicache/test_weight_updates.py::test_in_a_scheduler_process_the_plugin_hooks_sglangs_weight_updates_and_flush",
     "hicache/test_weight_updates.py::test_an_update_without_a_version_keys_every_mla_rank_alike",
+    "hicache/test_router_events.py",
+    "hicache/test_router_indexer.py",
     "metrics/test_backend_metrics.py",
     "metrics/test_multiprocess.py",
     "metrics/test_stats_url_bounds.py::test_a_trickling_endpoint_is_cut_at_the_timeout",

@@ -1,5 +1,5 @@
 """The wheel carries what a serving host needs: no module of it imports the dev tools or a package
-that only the ``bench`` extra installs."""
+that only the ``bench`` extra installs, and the CPU-host adaptations are not in it."""
 
 from __future__ import annotations
 
@@ -44,3 +44,10 @@ def test_benchmarks_and_test_helpers_live_outside_the_package() -> None:
     assert not [d for d in ("bench", "e2e", "testing") if (PACKAGE / d).exists()]
     assert not (PACKAGE / "hicache" / "hybrid_pools.py").exists()
     assert (ROOT / "devtools" / "testing" / "mooncake_master.py").is_file()
+
+
+def test_the_cpu_host_adaptations_are_a_distribution_of_their_own() -> None:
+    # The wheel's one entry point is its plug-in: tests/hicache/test_touch_points.py checks it.
+    assert not (PACKAGE / "hicache" / "cpu").exists()
+    assert [p for p in sorted(PACKAGE.rglob("*.py")) if "mooncake_sgl_cpu" in _imported_roots(p)] == []
+    assert (ROOT / "cpu_host" / "pyproject.toml").is_file()

@@ -10,10 +10,10 @@ A *variant* is one server configuration of a side-by-side run:
                           @PATH``).
 
 On a host without a GPU every command gets the flags a CPU server needs (``CPU_FLAGS``, plus the
-``direct`` io backend for HiCache variants, which is what ``mooncake_sgl.hicache.cpu.adaptations``
-supplies ops for) and ``SGLANG_USE_CPU_ENGINE=1``. ``scripts/serve_cpu.sh`` runs
-``python -m devtools.bench.server PORT MODEL_DIR TIERS_FILE [flags...]``: one server in the
-foreground, stopped with everything it started on SIGTERM/SIGINT.
+``direct`` io backend for HiCache variants, which is what the CPU-host distribution's
+``mooncake_sgl_cpu.adaptations`` supplies ops for) and ``SGLANG_USE_CPU_ENGINE=1``.
+``scripts/serve_cpu.sh`` runs ``python -m devtools.bench.server PORT MODEL_DIR TIERS_FILE
+[flags...]``: one server in the foreground, stopped with everything it started on SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from mooncake_sgl.procs import pick_port, says_bind_failed
 
 from .client import SglangClient
 
-# What a CPU server needs (hicache/cpu/adaptations.py explains the patches it also needs): the torch
+# What a CPU server needs (cpu_host/mooncake_sgl_cpu/ has the patches it also needs): the torch
 # attention backend, no CUDA graphs, token-id prompts, a KV budget a CPU host can hold (SGLang would
 # otherwise size it from RAM: 14.5M tokens), 64-token pages as on GPU deployments, and a scheduler
 # that sleeps while it has nothing to do: an idle SGLang scheduler otherwise spins a core, so on a

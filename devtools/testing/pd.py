@@ -17,7 +17,7 @@ deployment. ``colocated`` starts a plain (non-PD) server over our tiers, and ``r
 sglang-router in front of such servers, for the colocated cells of ``scripts/bench_pd.py``.
 
 On a host without a GPU the servers get the CPU flags and ``MOONCAKE_SGL_CPU_ADAPTATIONS=1``
-(``devtools.bench.server``), whose PD part is ``mooncake_sgl.hicache.cpu.disaggregation``.
+(``devtools.bench.server``), whose PD part is ``mooncake_sgl_cpu.disaggregation`` (``cpu_host/``).
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@
 - ``staging_room``   whether SGLang's host pool leaves storage hits room to be staged.
 - ``l3_layout``, ``call_metrics``, ``page_hash``  SGLang's layout query, ``get_stats``, and the page
                      hash loaded at attach.
-- ``cpu/``           opt-in adaptations for serving HiCache on a host without CUDA
-                     (``MOONCAKE_SGL_CPU_ADAPTATIONS=1``; applied by ``plugin`` when asked for).
+- ``touch_points``   every change made to SGLang, declared once and applied from that list.
+
+The adaptations for serving on a host without CUDA are a distribution of their own (``cpu_host/``).
 
 Nothing is imported here, so loading the entry point costs no more than ``plugin`` itself.
 """

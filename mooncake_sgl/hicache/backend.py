@@ -50,8 +50,10 @@ from . import (
     layout,
     namespace_board,
     page_objects,
+    router_events,
     sidecars,
     staging_room,
+    touch_points,
     weight_updates,
 )
 from .boundary import (
@@ -121,6 +123,7 @@ class MooncakeSglStorage(HiCacheStorage):
         self._watch: StoreWatch | None = None  # our /metrics series and the counter file
         self._board: namespace_board.BoardCheck | None = None  # built with the store
         self._curves: CurveFeed | None = None  # the store's capacity curves, where asked for
+        self._announcer: router_events.Announcer | None = None  # ``router_events: local``
         # ``dynamic`` passes a kwargs dict where ``mooncake`` passes the pool.
         if mem_pool_host is not None and not isinstance(mem_pool_host, dict):
             try:
@@ -148,6 +151,9 @@ class MooncakeSglStorage(HiCacheStorage):
             if self._store_config.policy.capacity_curves:
                 self._curves = CurveFeed(self._store.tiers, self._store.names, self._store.policy, "process")
                 self._store.observe(self._curves)
+            if self._store_config.router_events == "local":
+                self._announcer = router_events.Announcer(
+                    t for t, tier in enumerate(self._store.tiers) if not tier.capabilities.shared)
             self._board = namespace_board.BoardCheck(self._store.tiers)
         super().register_mem_pool_host(mem_pool_host)
         with self._pools_lock:
@@ -221,7 +227,18 @@ class MooncakeSglStorage(HiCacheStorage):
             self._post_namespace()
 
     def _post_namespace(self) -> None:
-        """This instance's namespace on the shared tiers' board (``namespace_board``)."""
+        """This instance's namespace on the shared tiers' board (``namespace_board``), and to the
+        router announcer: the pages it announces are this namespace's."""
+        if self._announcer is not None and self._kv is not None and self._store is not None:
+            # A hybrid model's KV page is no hit without its sidecars: nothing of it is announced.
+            kv = () if self._host_pools else (self._kv.head_groups or (self._ns,))
+            self._announcer.set_namespaces(ns.digest for ns in kv)
+            if not self._announcer.observing:
+                # Pages an SSD tier kept from an earlier run are this worker's too. Pages of a
+                # later namespace that a tier already holds (a weight update back to weights seen
+                # before) are not announced: the record is not read again.
+                self._announcer.observing = True
+                self._store.observe(self._announcer, with_current=True)
         if self._board is None or self._ns is None or self._kv is None:
             return
         record = namespace_board.record_for(self._ns, max(1, len(self._kv.head_groups)),
@@ -503,4 +520,4 @@ class MooncakeSglStorage(HiCacheStorage):
         return self._store.stats() if self._store is not None else {}
 
 
-l3_layout.serve_layout_queries(MooncakeSglStorage)
+touch_points.apply(touch_points.POINTS, touch_points.Phase.BACKEND)

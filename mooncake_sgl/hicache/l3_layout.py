@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import pkgutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,8 @@ from ..keys import KeyNamespace, page_key
 from ..store import TieredStore
 from ..tiers.mooncake_store import object_name
 from .layout import PoolGeometry
+from .plugin import BACKEND_CLASS, BACKEND_MODULE
+from .touch_points import BUILTIN_STORE, TouchPoint
 
 logger = logging.getLogger(__name__)
 
@@ -95,19 +98,32 @@ def _object_key_template(ns: KeyNamespace) -> str:
     return name[:-len(probe)].replace(digest, "{namespace_digest}", 1) + "{page_hash}"
 
 
-def serve_layout_queries(backend_cls: type) -> None:
-    """Let SGLang's scheduler ask us for our L3 layout.
+def builtin_store_imports() -> bool:
+    """True where SGLang's own ``MooncakeStore`` imports (another sglang, or a host without CUDA and
+    without the CPU distribution's ``sgl_kernel`` stand-in: its scheduler then answers for us)."""
+    try:
+        pkgutil.resolve_name(BUILTIN_STORE)
+    except Exception as e:
+        logger.info("mooncake_sgl: SGLang's MooncakeStore is not importable (%s); "
+                    "/get_hicache_l3_cache_layout will not reach this backend", e)
+        return False
+    return True
+
+
+def serve_layout_queries(point: TouchPoint) -> bool:
+    """Let SGLang's scheduler ask us for our L3 layout: our backend becomes a virtual subclass of
+    ``point.target`` (SGLang's ``MooncakeStore``). True if registered now.
 
     ``Scheduler._hicache_l3_layout`` (its startup info and ``GET /get_hicache_l3_cache_layout``)
     calls ``describe_l3_object_layout`` only on instances of the built-in ``MooncakeStore``; any
     other backend under the name ``mooncake`` is answered "Mooncake storage is not attached",
     which is false. A virtual subclass (``ABCMeta.register``) passes that check without
     inheriting any of the built-in's code; nothing else in sglang 0.5.23 tests for the class.
+    Runs while ``backend.py`` is being imported, whose class is defined by then.
     """
-    try:
-        from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
-    except Exception as e:  # another sglang: its scheduler then answers for us
-        logger.info("mooncake_sgl: SGLang's MooncakeStore is not importable (%s); "
-                    "/get_hicache_l3_cache_layout will not reach this backend", e)
-        return
-    abc.ABCMeta.register(MooncakeStore, backend_cls)
+    builtin = pkgutil.resolve_name(point.target)
+    ours = pkgutil.resolve_name(f"{BACKEND_MODULE}:{BACKEND_CLASS}")
+    if issubclass(ours, builtin):
+        return False
+    abc.ABCMeta.register(builtin, ours)
+    return True

@@ -43,6 +43,7 @@ from typing import Any
 from ..api import PagesRemoved, PagesStored, StoreEvent
 from ..keys import event_hash, namespace_of
 from ..tally import Tally
+from .touch_points import TouchPoint
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,6 @@ LEARN_FROM = (None, "GPU", "CPU_PINNED")
 # again (it recomputes or loads it).
 LEARN_CAPACITY = 65536
 FLUSH_S = 0.1  # our events wait at most this long for a batch of SGLang's to ride on
-TARGET = "sglang.srt.disaggregation.kv_events.EventPublisherFactory.create"
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,11 +212,20 @@ def wrap_publisher(result: Any, *_: Any, **__: Any) -> Any:
         return result
 
 
-def install() -> None:
-    """Register the hook (``load_plugins`` applies it); see ``touch_points``."""
+_hooked = False
+
+
+def install_hook(point: TouchPoint) -> bool:
+    """Register ``point``'s AFTER hook on SGLang's publisher factory (``load_plugins`` applies it
+    next); True if registered now. Idempotent."""
+    global _hooked
+    if _hooked:
+        return False
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    HookRegistry.register(TARGET, wrap_publisher, HookType.AFTER)
+    HookRegistry.register(point.target, wrap_publisher, HookType.AFTER)
+    _hooked = True
+    return True
 
 
 class Announcer:

@@ -6,9 +6,10 @@ and host caches but never tell the storage backend. The checkpoint fingerprint t
 (``fingerprint.py``) would go on naming the old weights' pages as this server's, and a prompt cached
 before the update would be answered from KV the new weights never computed.
 
-How: through SGLang's own plug-in hooks (``sglang.srt.plugins.hook_registry``; ``plugin.register``
-installs them in every SGLang process), around ``SchedulerWeightUpdaterManager``'s update methods
-and after ``Scheduler.flush_cache``:
+How: through SGLang's own plug-in hooks (``sglang.srt.plugins.hook_registry``), around
+``SchedulerWeightUpdaterManager``'s update methods and after ``Scheduler.flush_cache``, in every
+scheduler process (the targets, the condition and the cost are declared in
+``touch_points.POINTS``; ``install_hook`` registers one of them):
 
 1. When an update starts, every backend of this process stops serving: lookups and reads miss,
    writes are refused (``MooncakeSglStorage.weights_changing``). Nothing computed with either
@@ -34,27 +35,24 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import sys
 import uuid
 import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from .fingerprint import DIGEST_BYTES, Fingerprint, ModelSource, fingerprint
+from .touch_points import Kind, TouchPoint
 
 logger = logging.getLogger(__name__)
 
-MANAGER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
-UPDATES = ("disk", "tensor", "distributed", "ipc")
-SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
-FLUSH = f"{SCHEDULER_MODULE}.Scheduler.flush_cache"
+UPDATE_PREFIX = "update_weights_from_"
 
 
 @dataclasses.dataclass(frozen=True)
 class WeightUpdate:
     """One weight update as SGLang was asked for it, and how it ended."""
 
-    kind: str  # one of UPDATES
+    kind: str  # what follows ``update_weights_from_`` in the method's name: disk, tensor, ...
     model_path: str | None = None  # disk updates: the new checkpoint
     load_format: str | None = None
     version: str | None = None  # the caller's ``weight_version``
@@ -74,7 +72,7 @@ class WeightFollower(Protocol):
 
 
 _followers: weakref.WeakSet[Any] = weakref.WeakSet()
-_installed = False
+_hooked: set[str] = set()
 
 
 def follow(backend: WeightFollower) -> None:
@@ -162,21 +160,21 @@ def _after_flush(result: Any, *_: Any, **__: Any) -> None:
         _each(lambda b: b.cache_flushed(), "a cache flush")
 
 
-def install() -> None:
-    """Register the hooks with SGLang's hook registry (``load_plugins`` applies them next).
-
-    Only in a process that runs SGLang's scheduler: ``run_scheduler_process`` loads the plug-ins
-    from within ``sglang.srt.managers.scheduler``, so that module (and the weight updater it
-    imports) is there already, and the hooks are in place before the scheduler binds its request
-    handlers. Anywhere else the targets are never called, and resolving them would import the
-    scheduler's whole chain into every SGLang process. Idempotent.
-    """
-    global _installed
-    if _installed or SCHEDULER_MODULE not in sys.modules:
-        return
+def install_hook(point: TouchPoint) -> bool:
+    """Register the hook of ``point`` (an ``update_weights_from_*`` method: around it; ``flush_cache``:
+    after it) with SGLang's hook registry, which ``load_plugins`` applies next. True if registered
+    now; idempotent."""
+    if point.target in _hooked:
+        return False
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    for kind in UPDATES:
-        HookRegistry.register(f"{MANAGER}.update_weights_from_{kind}", _around_update(kind), HookType.AROUND)
-    HookRegistry.register(FLUSH, _after_flush, HookType.AFTER)
-    _installed = True
+    method = point.target.rsplit(".", 1)[1]
+    if point.kind is Kind.HOOK_AROUND and method.startswith(UPDATE_PREFIX):
+        HookRegistry.register(point.target, _around_update(method.removeprefix(UPDATE_PREFIX)),
+                              HookType.AROUND)
+    elif point.kind is Kind.HOOK_AFTER and method == "flush_cache":
+        HookRegistry.register(point.target, _after_flush, HookType.AFTER)
+    else:
+        raise ValueError(f"no weight-update hook for {point.kind.value} on {point.target}")
+    _hooked.add(point.target)
+    return True

@@ -1,7 +1,7 @@
-"""The no-CUDA adaptations a live CPU server needs (``mooncake_sgl.hicache.cpu.adaptations``): opt-in
-(without ``MOONCAKE_SGL_CPU_ADAPTATIONS`` an installed wheel changes nothing in SGLang but the
-backend's name), and each shown to be necessary: without it the same sglang code fails, with it it
-works. The live tests in tests/live/ run them all together in real servers."""
+"""The no-CUDA adaptations a live CPU server needs (the ``mooncake-sgl-cpu`` distribution,
+``cpu_host/``): opt-in, and each shown to be necessary: without it the same sglang code fails, with
+it it works. What they change in SGLang, and that nothing else is changed, is
+``test_touch_points.py``'s; the live tests in tests/live/ run them all together in real servers."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import textwrap
 import pytest
 import torch
 
-from mooncake_sgl.hicache.cpu import adaptations
-from mooncake_sgl.hicache.cpu.kvcacheio import DIRECT_OPS
+from mooncake_sgl_cpu import adaptations
+from mooncake_sgl_cpu import touch_points as cpu_points
+from mooncake_sgl_cpu.kvcacheio import DIRECT_OPS
 
 from . import pools
 
@@ -46,66 +47,6 @@ def _import_scheduler(mode: str) -> str:
 def test_sgl_kernel_standin_lets_the_scheduler_import_without_cuda() -> None:
     assert _import_scheduler("without") == "FAILED No module named 'sgl_kernel'"
     assert _import_scheduler("with") == "IMPORTED module True"
-
-
-# What every SGLang process does first (platform discovery, then ``load_plugins()``), then what each
-# adaptation would have changed. A module the plug-in never imported is one it did not patch: without
-# the switch sglang's pool and attention modules are not even importable here (no sgl_kernel).
-_LOOK_AT_SGLANG = textwrap.dedent("""
-    import json, os, sys
-    os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
-    from sglang.srt.platforms import current_platform
-    str(current_platform)
-    from sglang.srt.plugins import load_plugins
-    load_plugins()
-    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
-
-    def patched(module, owner, name, mark):
-        found = sys.modules.get(module)
-        target = getattr(getattr(found, owner), name) if found is not None and owner else \
-            getattr(found, name, None)
-        return bool(getattr(target, mark, False)) if mark else target is not None
-
-    print(json.dumps({
-        "backend": StorageBackendFactory._registry.get("mooncake", {}).get("class_name"),
-        "sgl_kernel": sys.modules.get("sgl_kernel") is not None,
-        "prefill_order": os.environ.get("SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP"),
-        "unpinned": patched("sglang.srt.mem_cache.pool_host.base", "HostKVCache", "__init__",
-                            "__mooncake_sgl_unpinned__"),
-        "attention": patched("sglang.srt.layers.attention.torch_native_backend", "TorchNativeAttnBackend",
-                             "_run_sdpa_forward_extend", "__mooncake_sgl_new_tokens__"),
-        "direct_ops": patched("sglang.srt.mem_cache.pool_host.mha", None,
-                              "transfer_kv_all_layer_direct_lf_pf", None),
-    }))
-""")
-
-
-def _look_at_sglang(switch: str | None) -> dict:
-    import json
-    import os
-
-    env = {k: v for k, v in os.environ.items()
-           if k not in (adaptations.SWITCH.name, adaptations.CONSECUTIVE_PREFILL_ENV)}
-    if switch is not None:
-        env[adaptations.SWITCH.name] = switch
-    out = subprocess.run([sys.executable, "-c", _LOOK_AT_SGLANG], capture_output=True, text=True,
-                         timeout=300, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.parametrize("switch", [None, "0"])
-def test_installed_without_the_switch_sglang_is_untouched_but_for_the_backend_name(
-        switch: str | None) -> None:
-    assert _look_at_sglang(switch) == {
-        "backend": "MooncakeSglStorage", "sgl_kernel": False, "prefill_order": None,
-        "unpinned": False, "attention": False, "direct_ops": False}
-
-
-def test_with_the_switch_every_adaptation_is_applied() -> None:
-    assert _look_at_sglang("1") == {
-        "backend": "MooncakeSglStorage", "sgl_kernel": True, "prefill_order": "1",
-        "unpinned": True, "attention": True, "direct_ops": True}
 
 
 def test_a_malformed_switch_is_logged_and_applies_nothing(monkeypatch: pytest.MonkeyPatch,
@@ -190,12 +131,14 @@ def test_the_host_pool_reserve_follows_the_environment(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(base, "HICACHE_HOST_MEMORY_RESERVE_BYTES", base.HICACHE_HOST_MEMORY_RESERVE_BYTES)
     monkeypatch.delenv(adaptations.HOST_RESERVE_ENV, raising=False)
-    assert adaptations.host_reserve() is None and base.HICACHE_HOST_MEMORY_RESERVE_BYTES == 10 << 30
+    assert not adaptations.host_reserve(cpu_points.HOST_RESERVE)
+    assert base.HICACHE_HOST_MEMORY_RESERVE_BYTES == 10 << 30
     monkeypatch.setenv(adaptations.HOST_RESERVE_ENV, str(1 << 30))
-    assert adaptations.host_reserve() == 1 << 30
+    assert adaptations.host_reserve(cpu_points.HOST_RESERVE)
     assert base.HICACHE_HOST_MEMORY_RESERVE_BYTES == 1 << 30
     monkeypatch.setenv(adaptations.HOST_RESERVE_ENV, "2GiB")
-    assert adaptations.host_reserve() == 2 << 30
+    assert adaptations.host_reserve(cpu_points.HOST_RESERVE)
+    assert base.HICACHE_HOST_MEMORY_RESERVE_BYTES == 2 << 30
 
 
 def test_a_malformed_host_pool_reserve_is_logged_and_changes_nothing(
@@ -205,7 +148,7 @@ def test_a_malformed_host_pool_reserve_is_logged_and_changes_nothing(
     monkeypatch.setattr(base, "HICACHE_HOST_MEMORY_RESERVE_BYTES", 10 << 30)
     monkeypatch.setenv(adaptations.HOST_RESERVE_ENV, "12XB")
     with caplog.at_level(logging.ERROR, logger=adaptations.logger.name):
-        assert adaptations.host_reserve() is None
+        assert not adaptations.host_reserve(cpu_points.HOST_RESERVE)
     assert base.HICACHE_HOST_MEMORY_RESERVE_BYTES == 10 << 30
     assert "MOONCAKE_SGL_HOST_RESERVE" in caplog.text and "12XB" in caplog.text
 
@@ -233,18 +176,18 @@ def test_a_prefills_tokens_go_out_before_the_next_prefill_runs(
     monkeypatch.delenv(adaptations.CONSECUTIVE_PREFILL_ENV, raising=False)
     assert _overlaps_consecutive_prefills()
     with caplog.at_level(logging.WARNING, logger=adaptations.__name__):
-        assert adaptations.consecutive_prefills_in_order()
+        assert adaptations.consecutive_prefills_in_order(cpu_points.PREFILL_ORDER)
     assert f"{adaptations.CONSECUTIVE_PREFILL_ENV}=1" in caplog.text  # the operator sees it
     assert not _overlaps_consecutive_prefills()
-    assert not adaptations.consecutive_prefills_in_order()  # already set: nothing to do
+    assert not adaptations.consecutive_prefills_in_order(cpu_points.PREFILL_ORDER)  # already set
 
     monkeypatch.setenv(adaptations.CONSECUTIVE_PREFILL_ENV, "0")  # the operator's choice stands
-    assert not adaptations.consecutive_prefills_in_order()
+    assert not adaptations.consecutive_prefills_in_order(cpu_points.PREFILL_ORDER)
     assert _overlaps_consecutive_prefills()
 
 
 def test_apply_sets_the_prefill_order_where_it_adapts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(adaptations.CONSECUTIVE_PREFILL_ENV, raising=False)
     applied = adaptations.apply()
-    assert f"consecutive prefills in order (${adaptations.CONSECUTIVE_PREFILL_ENV}=1)" in applied
+    assert cpu_points.PREFILL_ORDER in applied
     assert not _overlaps_consecutive_prefills()

@@ -1,4 +1,4 @@
-"""The ``torch_native`` extend adaptation (``mooncake_sgl.hicache.cpu.attention``): the rows SGLang's
+"""The ``torch_native`` extend adaptation (``mooncake_sgl_cpu.attention``): the rows SGLang's
 own extend computes, from the new tokens' queries alone. Without it a cached prefix saves no
 attention: SGLang attends from every token of the sequence."""
 
@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mooncake_sgl.hicache.cpu import adaptations
-from mooncake_sgl.hicache.cpu import attention as cpu_attention
+from mooncake_sgl_cpu import adaptations
+from mooncake_sgl_cpu import attention as cpu_attention
+from mooncake_sgl_cpu.touch_points import ATTENTION
 
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 32
 # (cached prefix, new tokens) per sequence: a cold prefill and two storage hits, lengths whose query
-# blocks in torch's CPU kernel all hold four rows or more (see cpu.attention: then bit-identical).
+# blocks in torch's CPU kernel all hold four rows or more (see attention.py: then bit-identical).
 SEQUENCES = ((0, 96), (640, 70), (257, 40))
 # Any lengths: one-token extends and blocks of one to three rows, where rounding may differ.
 ANY_SEQUENCES = ((0, 33), (1219, 1), (1280, 3), (300, 130), (5, 2))
@@ -109,13 +110,13 @@ def test_adaptation_is_installed_once_and_only_for_the_checked_signature(
 
     installed = TorchNativeAttnBackend._run_sdpa_forward_extend
     assert getattr(installed, "__mooncake_sgl_new_tokens__", False)
-    assert adaptations.extend_attention_new_tokens() is False  # already there: not wrapped twice
+    assert adaptations.extend_attention_new_tokens(ATTENTION) is False  # already there: not wrapped twice
 
     def other_contract(self: object, query: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         return output
 
     monkeypatch.setattr(TorchNativeAttnBackend, "_run_sdpa_forward_extend", other_contract)
-    assert adaptations.extend_attention_new_tokens() is False
+    assert adaptations.extend_attention_new_tokens(ATTENTION) is False
     assert TorchNativeAttnBackend._run_sdpa_forward_extend is other_contract
 
 

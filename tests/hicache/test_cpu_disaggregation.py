@@ -1,5 +1,5 @@
 """The prefill send path of prefill/decode disaggregation on a host without CUDA
-(``mooncake_sgl.hicache.cpu.disaggregation``): each adaptation applied by the plug-in in this
+(``mooncake_sgl_cpu.disaggregation``): each adaptation applied by the plug-in in this
 process, and the sglang code it steers around shown to fail here."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mooncake_sgl.hicache.cpu import disaggregation
+from mooncake_sgl_cpu import disaggregation
+from mooncake_sgl_cpu.touch_points import EARLY_SEND, PLAIN_PAGE_INDICES, ROOM_GONE
 
 PAGE = 64
 
@@ -22,7 +23,7 @@ def test_the_mooncake_sender_takes_the_plain_page_index_path() -> None:
     with pytest.raises(RuntimeError, match="(?i)nvidia|cuda"):
         torch.empty(4, dtype=torch.int64, pin_memory=True)
     assert MooncakeKVSender.supports_host_tensor_indices is False  # the plug-in ran in this process
-    assert disaggregation.plain_page_indices() is False  # already so: nothing to do twice
+    assert disaggregation.plain_page_indices(PLAIN_PAGE_INDICES) is False  # already so: nothing to do twice
 
 
 def _prefill_scheduler(sent: list[int]) -> SimpleNamespace:
@@ -52,7 +53,7 @@ def test_the_early_send_of_a_cached_prefix_records_no_cuda_event() -> None:
     assert sent == [3 * PAGE]  # the early send still happens, the whole cached prefix
     assert not hasattr(req.disagg_kv_sender, "_early_send_wait_event")
     assert scheduler.enable_overlap is True  # the scheduler's own setting is back after the call
-    assert disaggregation.early_send_without_event() is False  # not wrapped twice
+    assert disaggregation.early_send_without_event(EARLY_SEND) is False  # not wrapped twice
 
 
 def test_a_room_cleared_under_the_transfer_worker_reads_as_concluded() -> None:
@@ -84,4 +85,4 @@ def test_a_room_cleared_under_the_transfer_worker_reads_as_concluded() -> None:
     assert torn_down(MooncakeKVManager.check_status)  # the plug-in ran in this process
     live = SimpleNamespace(request_status={room: KVPoll.Transferring})
     assert MooncakeKVManager.check_status(live, room) == KVPoll.Transferring  # a live room as before
-    assert disaggregation.room_gone_is_concluded() is False  # not patched twice
+    assert disaggregation.room_gone_is_concluded(ROOM_GONE) is False  # not patched twice

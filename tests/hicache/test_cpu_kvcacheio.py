@@ -1,4 +1,4 @@
-"""The torch ``direct`` io ops (``mooncake_sgl.hicache.cpu.kvcacheio``) through a real sglang host pool:
+"""The torch ``direct`` io ops (``mooncake_sgl_cpu.kvcacheio``) through a real sglang host pool:
 whole aligned pages (what HiCache moves) take the page path, anything else the token path, and both
 put the same bytes in the same places."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mooncake_sgl.hicache.cpu import kvcacheio as cpu_kvcacheio
+from mooncake_sgl_cpu import kvcacheio as cpu_kvcacheio
 
 from . import pools
 

@@ -20,7 +20,7 @@ import pytest
 
 from devtools.bench.server import LaunchedServer, free_port, stop_all
 from devtools.tiny_model import write_tiny_llama
-from mooncake_sgl.hicache.cpu.adaptations import HOST_RESERVE_ENV
+from mooncake_sgl_cpu.adaptations import HOST_RESERVE_ENV
 
 from .probe import LiveClient
 

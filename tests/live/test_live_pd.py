@@ -21,8 +21,8 @@ import pytest
 
 from devtools.bench.server import LaunchedServer
 from devtools.testing.pd import PdServers
-from mooncake_sgl.hicache.cpu.adaptations import HOST_RESERVE_ENV
 from mooncake_sgl.pool.process import PoolProcess
+from mooncake_sgl_cpu.adaptations import HOST_RESERVE_ENV
 
 from .conftest import HEALTH_TIMEOUT_S, TEST_HOST_RESERVE, wait_for, write_tiers
 from .probe import LiveClient, Output, prompt, reusable

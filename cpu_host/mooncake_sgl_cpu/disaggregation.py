@@ -29,7 +29,9 @@ switch and gates as ``adaptations``.
    CPU switch because this package does not change SGLang's transfer path on a GPU host.
 
 None changes an output: (1) and (2) choose between two ways sglang itself has of doing the same
-send, (3) gives the answer sglang gives a room it saw gone a moment earlier.
+send, (3) gives the answer sglang gives a room it saw gone a moment earlier. (3) is SGLang's bug,
+written up with a minimal reproduction for upstream in ``docs/sglang-touch-points.md``. Each is a
+record of ``touch_points.POINTS``, whose ``target`` names what the function given it patches.
 """
 
 from __future__ import annotations
@@ -39,34 +41,36 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from mooncake_sgl.hicache.touch_points import TouchPoint, owner_of
+
 logger = logging.getLogger(__name__)
 
 _EARLY_SEND_MARK = "__mooncake_sgl_no_event__"
 _ROOM_GONE_MARK = "__mooncake_sgl_room_gone__"
 
 
-def plain_page_indices() -> bool:
+def plain_page_indices(point: TouchPoint) -> bool:
     """The Mooncake KV sender takes the plain page-index path. True if changed now."""
     try:
-        from sglang.srt.disaggregation.mooncake.conn import MooncakeKVSender
+        sender, name = owner_of(point.target)
     except ImportError:  # no mooncake transfer backend here: nothing sends through it
         return False
-    if MooncakeKVSender.supports_host_tensor_indices is False:
+    if getattr(sender, name) is False:
         return False
-    MooncakeKVSender.supports_host_tensor_indices = False
+    setattr(sender, name, False)
     return True
 
 
-def early_send_without_event() -> bool:
+def early_send_without_event(point: TouchPoint) -> bool:
     """The cached-prefix early send records no CUDA event. True if patched now."""
     try:
-        from sglang.srt.disaggregation.prefill import SchedulerDisaggregationPrefillMixin as Mixin
+        mixin, name = owner_of(point.target)
     except ImportError:
         return False
-    original = Mixin.maybe_send_cached_prefix_chunk
+    original = getattr(mixin, name)
     if getattr(original, _EARLY_SEND_MARK, False):
         return False
-    Mixin.maybe_send_cached_prefix_chunk = _without_overlap(original)  # type: ignore[method-assign]
+    setattr(mixin, name, _without_overlap(original))
     return True
 
 
@@ -85,31 +89,20 @@ def _without_overlap(original: Callable[..., None]) -> Callable[..., None]:
     return send
 
 
-def room_gone_is_concluded() -> bool:
+def room_gone_is_concluded(point: TouchPoint) -> bool:
     """The Mooncake KV manager answers ``Failed`` for a room cleared under it. True if patched now."""
     try:
         from sglang.srt.disaggregation.base.conn import KVPoll
-        from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
+
+        manager, name = owner_of(point.target)
     except ImportError:
         return False
-    if getattr(MooncakeKVManager.check_status, _ROOM_GONE_MARK, False):
+    if getattr(getattr(manager, name), _ROOM_GONE_MARK, False):
         return False
 
     def check_status(self: Any, bootstrap_room: int) -> Any:
         return self.request_status.get(bootstrap_room, KVPoll.Failed)
 
     setattr(check_status, _ROOM_GONE_MARK, True)
-    MooncakeKVManager.check_status = check_status  # type: ignore[method-assign]
+    setattr(manager, name, check_status)
     return True
-
-
-def apply() -> list[str]:
-    """The three adaptations, for ``adaptations.apply`` (which checked the switch and the gates)."""
-    applied = []
-    if plain_page_indices():
-        applied.append("PD: plain page indices in the Mooncake KV sender")
-    if early_send_without_event():
-        applied.append("PD: early send of a cached prefix without a CUDA event")
-    if room_gone_is_concluded():
-        applied.append("PD: a room cleared under the transfer worker reads as concluded")
-    return applied
