@@ -505,7 +505,7 @@ class MooncakeSglStorage(HiCacheStorage):
                 return disabled_l3_layout("no host pool registered yet (register_mem_pool_host)",
                                           backend="mooncake", page_size=page_size)
             return l3_layout.describe(self._ns, self._geometry, self._store, self._store_config.tiers,
-                                      list(self._host_pools), page_size)
+                                      list(self._host_pools), page_size, self._store_config.router_events)
         except Exception as e:
             return disabled_l3_layout(f"mooncake_sgl could not describe its layout: "
                                       f"{type(e).__name__}: {e}", backend="mooncake", page_size=page_size)

@@ -26,7 +26,8 @@ logger = logging.getLogger(__name__)
 
 
 def describe(ns: KeyNamespace, geometry: PoolGeometry, store: TieredStore, tier_configs: Sequence[Any],
-             sidecar_pools: Sequence[str], page_size: int | None) -> dict[str, Any]:
+             sidecar_pools: Sequence[str], page_size: int | None,
+             router_events: str = "off") -> dict[str, Any]:
     """The reply to ``describe_l3_object_layout`` for a backend keyed by ``ns``, over ``store``
     (tiers configured by ``tier_configs``) with ``sidecar_pools`` registered.
 
@@ -49,6 +50,7 @@ def describe(ns: KeyNamespace, geometry: PoolGeometry, store: TieredStore, tier_
         "tiers": [{"kind": tier_kind(cfg), "name": name, "shared": tier.capabilities.shared}
                   for cfg, name, tier in zip(tier_configs, store.names, store.tiers, strict=True)],
         "sidecar_pools": sorted(sidecar_pools),
+        "router_events": _router_events(router_events, store, bool(sidecar_pools)),
     }
     return {
         "enabled": False,
@@ -60,6 +62,23 @@ def describe(ns: KeyNamespace, geometry: PoolGeometry, store: TieredStore, tier_
         "hicache_object_layout": {"pools": [], "is_mla_backend": ns.rank_replicated,
                                   "pp_rank": ns.pp_rank, "pp_size": ns.pp_size,
                                   "mooncake_sgl": ours},
+    }
+
+
+def _router_events(mode: str, store: TieredStore, hybrid: bool) -> dict[str, Any]:
+    """What this backend announces on SGLang's KV event stream (``router_events``, docs/routing.md)."""
+    if mode == "off":
+        return {"mode": "off"}
+    return {
+        "mode": mode,
+        "medium": "DISK",
+        "tiers": [name for name, tier in zip(store.names, store.tiers) if not tier.capabilities.shared],
+        "block_hash": "SGLang's own: the first 16 hex digits of the page hash as a signed 64-bit "
+                      "integer; tokens and parent learned from SGLang's BlockStored events",
+        "announced": "no pages: a hybrid model's KV pages are no hit without their sidecars" if hybrid
+                     else "pages of requests without a LoRA adapter or cache_salt, once SGLang has "
+                          "published their hash",
+        "not_announced": "shared tiers (pool, Mooncake Store): every instance on them reads them",
     }
 
 

@@ -59,6 +59,15 @@ def test_layout_says_disabled_and_how_an_outsider_finds_our_objects(make_backend
     _, sizes = pool.get_page_buffer_meta(pool.alloc(PAGE))
     assert ours["page_bytes"] == sum(sizes) and sum(ours["page_segments"]) == sum(sizes)
     assert [(t["kind"], t["shared"]) for t in ours["tiers"]] == [("host", False), ("lmdb", False)]
+    assert ours["router_events"] == {"mode": "off"}
+
+
+def test_layout_says_what_router_events_announce(make_backend, tmp_path) -> None:
+    extra = {**pools.extra_config(tmp_path), "router_events": "local"}
+    backend, _ = make_backend("mha", "page_first", extra=extra)
+    said = _layout(backend)["hicache_object_layout"]["mooncake_sgl"]["router_events"]
+    assert (said["mode"], said["medium"], said["tiers"]) == ("local", "DISK", ["host", "lmdb"])
+    assert "cache_salt" in said["announced"] and "shared tiers" in said["not_announced"]
 
 
 def test_layout_is_one_reply_for_every_rank(make_backend, tmp_path) -> None:

@@ -22,7 +22,8 @@ PROMPT_TOKENS = 640
 
 def indexed(port: int, tokens: list[int], check: Callable[[dict[str, int]], bool]) -> dict[str, int] | None:
     """The indexer's answer for worker 1 when ``check`` holds for it, else ``None``."""
-    got = call(port, "/query", {"token_ids": tokens, "model_name": "m"})["instances"].get("1", {})
+    nothing = {"longest_matched": 0, "gpu": 0, "cpu": 0, "disk": 0}  # an instance matching no token
+    got = call(port, "/query", {"token_ids": tokens, "model_name": "m"})["instances"].get("1", nothing)
     return got if check(got) else None
 
 
@@ -65,8 +66,15 @@ def test_a_prompt_in_our_ssd_tier_is_seen_as_disk_and_its_eviction_removes_it(se
         wait_for(lambda: scrape(server.url).store_total("router_removed_pages") >= stored // PAGE_TOKENS,
                  120, "our tiers to evict the first prompt")
         t0 = time.monotonic()
-        gone = wait_for(lambda: indexed(index_port, first, lambda q: q.get("disk", 0) < stored),
-                        5, "the indexer to drop the evicted pages")
+        try:
+            gone = wait_for(lambda: indexed(index_port, first, lambda q: q.get("disk", 0) < stored),
+                            5, "the indexer to drop the evicted pages")
+        except AssertionError:
+            snap = scrape(server.url)
+            raise AssertionError(
+                f"indexer: {indexed(index_port, first, lambda q: True)}; ours: "
+                f"{ {f: snap.store_total(f'router_{f}') for f in ('announced_pages', 'removed_pages')} }; "
+                f"tiers: {snap.by_tier()}") from None
         print(f"indexer /query for the prompt: stored {seen}; after SGLang's flush {after_flush}; "
               f"after our eviction {gone} ({time.monotonic() - t0:.2f} s after the removal was counted)")
         snap = scrape(server.url)
