@@ -14,7 +14,7 @@ Runs interleave (A B C C B A by default); each one starts from empty caches and 
 prompt tokens served from SGLang's caches and from our storage, TTFT mean and p90, the load and
 the prefill rate. ``--json PATH`` writes every request.
 
-    python scripts/bench_router.py                       # 2 servers, 8 conversations x 4 turns
+    python scripts/bench_router.py                       # 2 servers, 7 conversations x 4 turns
     python scripts/bench_router.py --order indexer,round_robin --turns 3 --json router.json
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -193,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--order", default="round_robin,indexer,cache_aware,cache_aware,indexer,round_robin",
                    help="policies, one run each, in this order (default: A B C C B A)")
     p.add_argument("--servers", type=int, default=2)
-    p.add_argument("--conversations", type=int, default=8)
+    # Coprime with --servers: with a multiple of it, round robin would send every turn of a
+    # conversation to the same server (the same position in each round), affinity by accident.
+    p.add_argument("--conversations", type=int, default=7)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--first-turn-tokens", type=int, default=1024)
     p.add_argument("--user-tokens", type=int, default=256)
@@ -207,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     bad = [x for x in order if x not in POLICIES]
     if bad or args.servers < 2:
         p.error(f"--order takes {', '.join(POLICIES)} (got {bad}); --servers at least 2")
+    if math.gcd(args.conversations, args.servers) != 1:
+        p.error("--conversations must share no factor with --servers, or round robin sends every turn "
+                "of a conversation to one server")
     rounds = multiturn(MultiTurnSpec(conversations=args.conversations, turns=args.turns,
                                      first_turn_tokens=args.first_turn_tokens, user_tokens=args.user_tokens,
                                      output_tokens=16))
