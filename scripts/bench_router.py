@@ -8,7 +8,9 @@ pool (each round starts with ``/flush_cache`` on every server), routed by one po
                    server's KV event stream, which carries our DISK events) credits with the longest
                    match of the prompt over device, host pool and our tiers (``/query``);
 - ``cache_aware``  ``sglang-router --policy cache_aware`` (its own approximate tree of the requests
-                   it routed; it sees no engine events and no storage tier).
+                   it routed; it sees no engine events and no storage tier), started afresh for
+                   each run; ``--routers N`` puts N of them in front of the same servers, requests
+                   taking turns, as a deployment with several router replicas does.
 
 Runs interleave (A B C C B A by default); each one starts from empty caches and tiers. Per run:
 prompt tokens served from SGLang's caches and from our storage, TTFT mean and p90, the load and
@@ -135,11 +137,46 @@ def start_servers(n: int, model: Path, work: Path, args: argparse.Namespace
     return servers, streams
 
 
+class Routers:
+    """``n`` sglang-router processes with ``cache_aware`` in front of ``servers``; each request goes
+    to the next one."""
+
+    def __init__(self, n: int, servers: list[LaunchedServer], logs: Path) -> None:
+        self._procs, self.clients = [], []
+        for i in range(n):
+            port = free_port()
+            self._procs.append(subprocess.Popen(router_command(port, [s.url for s in servers], "cache_aware"),
+                                                stdout=(logs / f"router{i}.log").open("ab"),
+                                                stderr=subprocess.STDOUT))
+            wait_router_ready(f"http://127.0.0.1:{port}", len(servers), 120)
+            self.clients.append(SglangClient(f"http://127.0.0.1:{port}", timeout_s=600))
+        self._next = count()
+
+    def pick(self) -> SglangClient:
+        return self.clients[next(self._next) % len(self.clients)]
+
+    def close(self) -> None:
+        for proc in self._procs:
+            proc.terminate()
+            proc.wait(10)
+
+
 def run_policy(policy: str, rounds: list[list[BenchRequest]], clients: list[SglangClient],
-               router: SglangClient | None, indexer: Indexer, max_parallel: int) -> dict[str, Any]:
+               servers: list[LaunchedServer], indexer: Indexer, args: argparse.Namespace,
+               logs: Path) -> dict[str, Any]:
     for c in clients:
         c.flush_cache()
         c.clear_storage()
+    routers = Routers(args.routers, servers, logs) if policy == "cache_aware" else None
+    try:
+        return _run(policy, rounds, clients, routers, indexer, args.max_parallel)
+    finally:
+        if routers is not None:
+            routers.close()
+
+
+def _run(policy: str, rounds: list[list[BenchRequest]], clients: list[SglangClient], routers: Routers | None,
+         indexer: Indexer, max_parallel: int) -> dict[str, Any]:
     turn = count()
     load = os.getloadavg()[0]
     results: list[dict[str, Any]] = []
@@ -152,8 +189,8 @@ def run_policy(policy: str, rounds: list[list[BenchRequest]], clients: list[Sgla
             if policy == "indexer":
                 instance, matched = indexer.best(req.input_ids)
                 target = clients[instance - 1] if instance and matched else None
-            if policy == "cache_aware":
-                target = router
+            if routers is not None:
+                target = routers.pick()
             if target is None:
                 target = clients[next(turn) % len(clients)]
             res: RequestResult = target.generate(req)
@@ -169,7 +206,8 @@ def run_policy(policy: str, rounds: list[list[BenchRequest]], clients: list[Sgla
     later = [r for r in results if r["turn"] > 0 and not r["error"]]
     ttft = [r["ttft_s"] for r in later]
     computed = sum(r["prompt_tokens"] - r["cached_tokens"] for r in later)
-    return {"policy": policy, "load": round((load + os.getloadavg()[0]) / 2, 2),
+    name = f"{policy} x{len(routers.clients)}" if routers is not None and len(routers.clients) > 1 else policy
+    return {"policy": name, "load": round((load + os.getloadavg()[0]) / 2, 2),
             "errors": sum(1 for r in results if r["error"]),
             "reusable_tokens": sum(r["reusable_tokens"] for r in later),
             "cached_tokens": sum(r["cached_tokens"] for r in later),
@@ -179,11 +217,11 @@ def run_policy(policy: str, rounds: list[list[BenchRequest]], clients: list[Sgla
 
 
 def table(runs: list[dict[str, Any]]) -> str:
-    lines = [f"{'policy':<13}{'load':>6}{'reusable':>10}{'cached':>9}{'storage':>9}{'share':>7}"
+    lines = [f"{'policy':<16}{'load':>6}{'reusable':>10}{'cached':>9}{'storage':>9}{'share':>7}"
              f"{'TTFT mean':>11}{'p90':>8}{'prefill tok/s':>15}"]
     for r in runs:
         share = r["cached_tokens"] / r["reusable_tokens"] if r["reusable_tokens"] else 0.0
-        lines.append(f"{r['policy']:<13}{r['load']:>6.2f}{r['reusable_tokens']:>10}{r['cached_tokens']:>9}"
+        lines.append(f"{r['policy']:<16}{r['load']:>6.2f}{r['reusable_tokens']:>10}{r['cached_tokens']:>9}"
                      f"{r['storage_tokens']:>9}{share:>7.0%}{r['ttft_mean_s']:>10.3f}s{r['ttft_p90_s']:>7.3f}s"
                      f"{r['prefill_tokens_per_s']:>15,.0f}")
     return "\n".join(lines)
@@ -203,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-parallel", type=int, default=2)
     p.add_argument("--device-tokens", type=int, default=8192, help="each server's --max-total-tokens")
     p.add_argument("--health-timeout", type=float, default=600.0)
+    p.add_argument("--routers", type=int, default=1, help="cache_aware routers in front of the servers")
     p.add_argument("--dynamo-python", type=Path, default=DYNAMO)
     p.add_argument("--json", type=Path, help="write every run and request here")
     args = p.parse_args(argv)
@@ -221,27 +260,14 @@ def main(argv: list[str] | None = None) -> int:
         model = write_tiny_llama(work / "model")
         indexer = Indexer(args.dynamo_python, work)
         servers: list[LaunchedServer] = []
-        router_proc = None
         try:
             log(f"starting {args.servers} servers (logs under {work})")
             servers, streams = start_servers(args.servers, model, work, args)
             for i, (events, replay) in enumerate(streams, start=1):
                 indexer.register(i, events, replay)
             clients = [SglangClient(s.url, timeout_s=600) for s in servers]
-            router = None
-            if "cache_aware" in order:
-                port = free_port()
-                router_proc = subprocess.Popen(
-                    router_command(port, [s.url for s in servers], "cache_aware"),
-                    stdout=(work / "router.log").open("wb"), stderr=subprocess.STDOUT)
-                wait_router_ready(f"http://127.0.0.1:{port}", len(servers), 120)
-                router = SglangClient(f"http://127.0.0.1:{port}", timeout_s=600)
-            runs = [run_policy(policy, rounds, clients, router, indexer, args.max_parallel)
-                    for policy in order]
+            runs = [run_policy(policy, rounds, clients, servers, indexer, args, work) for policy in order]
         finally:
-            if router_proc is not None:
-                router_proc.terminate()
-                router_proc.wait(10)
             stop_all(servers)
             indexer.close()
     print(f"{args.conversations} conversations x {args.turns} turns over {args.servers} CPU servers; "
