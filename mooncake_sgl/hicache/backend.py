@@ -66,6 +66,7 @@ from .boundary import (
 )
 from .call_metrics import CallMetrics, StorageMetrics
 from .page_hash import load_page_hash
+from .sglang_config import StorageRank
 
 logger = logging.getLogger(__name__)
 
@@ -84,14 +85,15 @@ class MooncakeSglStorage(HiCacheStorage):
 
     def __init__(self, storage_config: HiCacheStorageConfig, mem_pool_host: Any = None):
         self.storage_config = storage_config
+        self._rank = StorageRank.read(storage_config)
         self._errors = FailureLog(logger)
-        resolved = resolve_config(getattr(storage_config, "extra_config", None), storage_config)
+        resolved = resolve_config(self._rank.extra_config, storage_config)
         logger.info("mooncake_sgl: %s", resolved.describe())
         if resolved.check_server_url:  # SGLang's built-in check_server: wait for a store server
             wait_for_store_server(resolved.check_server_url)
         self._store_config = resolved.config
-        self._writer = layout.is_storage_writer(storage_config)
-        self._metrics_on = bool(getattr(storage_config, "enable_storage_metrics", False))
+        self._writer = self._rank.is_storage_writer
+        self._metrics_on = self._rank.enable_storage_metrics
         self._calls = CallMetrics(self._metrics_on)
         self._geometry: layout.PoolGeometry | None = None
         self._ns: KeyNamespace | None = None
@@ -147,7 +149,7 @@ class MooncakeSglStorage(HiCacheStorage):
         logical = kv.logical
         if self._store is None:
             self._store = build_store(layout.sized_for_pages(self._store_config, kv.object_nbytes),
-                                      layout.rank_suffix(self.storage_config))
+                                      layout.rank_suffix(self._rank))
             if self._store_config.policy.capacity_curves:
                 self._curves = CurveFeed(self._store.tiers, self._store.names, self._store.policy, "process")
                 self._store.observe(self._curves)
@@ -163,10 +165,10 @@ class MooncakeSglStorage(HiCacheStorage):
             self._register_buffers(mem_pool_host)
         if self._watch is None:
             self._watch = observe_store(self._store, self.storage_config, self._metrics_on,
-                                        layout.reports_local_usage(self.storage_config))
+                                        layout.reports_local_usage(self._rank))
         logger.info("mooncake_sgl: namespace %s, %d-byte pages in %d segments, local files '%s'; "
                     "model fingerprint %s", self._ns.describe(), geometry.page_nbytes,
-                    len(geometry.segment_sizes), layout.rank_suffix(self.storage_config),
+                    len(geometry.segment_sizes), layout.rank_suffix(self._rank),
                     self._weights.summary)
         if kv.head_groups:
             logger.info("mooncake_sgl: split heads: each page stored as %d head groups of %d bytes, "
@@ -174,7 +176,7 @@ class MooncakeSglStorage(HiCacheStorage):
                         ",".join(str(g.tp_rank) for g in kv.head_groups), kv.head_groups[0].tp_size)
         self._post_namespace()
         staging_room.check(mem_pool_host, namespace_board.sglang_role(),
-                           getattr(self.storage_config, "extra_config", None))
+                           self._rank.extra_config)
 
     def _kv_binding(self, mem_pool_host: Any) -> tuple[KeyNamespace, Any, page_objects.PoolObjects]:
         """The KV namespace, pool geometry and page objects of ``mem_pool_host`` under the weights
@@ -183,9 +185,9 @@ class MooncakeSglStorage(HiCacheStorage):
         logical = getattr(mem_pool_host, "kv_buffer", None) is None
         geometry = (page_objects.logical_geometry(mem_pool_host) if logical
                     else layout.pool_geometry(mem_pool_host))
-        ns = layout.key_namespace(self.storage_config, geometry, self._store_config.namespace_tag,
+        ns = layout.key_namespace(self._rank, geometry, self._store_config.namespace_tag,
                                   self._weights.digest)
-        split = 1 if logical else layout.head_split(self.storage_config, mem_pool_host)
+        split = 1 if logical else layout.head_split(self._rank, mem_pool_host)
         return ns, geometry, page_objects.kv_objects(mem_pool_host, geometry, ns, split)
 
     # ------------------------------------------------------------------ weight updates
@@ -295,7 +297,7 @@ class MooncakeSglStorage(HiCacheStorage):
             if key not in self._host_pools:
                 raise KeyError(f"pool {key!r} was never registered (register_mem_host_pool_v2); "
                                f"registered: {sorted(self._host_pools)}")
-            objects = sidecars.sidecar_objects(self.storage_config, self._kv, key, self._host_pools[key])
+            objects = sidecars.sidecar_objects(self._rank, self._kv, key, self._host_pools[key])
             self._register_buffers(objects.pool)
             self._sidecars[key] = objects
             return objects

@@ -11,8 +11,9 @@
 - ``head_split`` / ``head_group_views``: SGLang's split heads, each page as one object per head group
   of the lcm grid (``keys.KeyNamespace.head_groups`` names them).
 
-Everything reads SGLang objects through ``getattr`` with defaults, so configs and pools of older
-releases (0.5.5 had no PP/CP/DCP fields) still work.
+SGLang's storage config arrives as ``sglang_config.StorageRank``, read once at attach. Host pools
+are probed with ``getattr`` where pool classes differ (an MLA pool has no heads, only DCP pools a
+logical page size).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..buffers import pages_from_pointers, view_at
 from ..config import HbmTierConfig, HostTierConfig, StoreConfig
 from ..errors import ConfigError
 from ..keys import KeyNamespace
+from .sglang_config import StorageRank
 
 
 @dataclass(frozen=True)
@@ -163,29 +165,20 @@ def flat_page_view(geometry: PoolGeometry, flat: torch.Tensor) -> PageView:
             for j, pos in enumerate(geometry.flat_order)]
 
 
-def _cp_coordinates(cfg: Any) -> tuple[int, int]:
+def _cp_coordinates(cfg: StorageRank) -> tuple[int, int]:
     # Attention CP (NSA) and decode CP (DCP, MLA only) each shard a page's bytes; fold both into
     # one coordinate so either one changing changes the namespace.
-    dcp_size = int(getattr(cfg, "dcp_size", 1) or 1)
-    dcp_rank = int(getattr(cfg, "dcp_rank", 0) or 0)
-    cp_size = int(getattr(cfg, "attn_cp_size", 1) or 1)
-    cp_rank = int(getattr(cfg, "attn_cp_rank", 0) or 0)
-    return cp_rank * dcp_size + dcp_rank, cp_size * dcp_size
+    dcp_size = max(1, cfg.dcp_size)
+    cp_size = max(1, cfg.attn_cp_size)
+    return cfg.attn_cp_rank * dcp_size + cfg.dcp_rank, cp_size * dcp_size
 
 
-def is_rank_replicated(cfg: Any) -> bool:
+def is_rank_replicated(cfg: StorageRank) -> bool:
     """MLA (and other replicated) KV: every TP rank holds the same page bytes."""
-    return bool(getattr(cfg, "is_mla_model", False))
+    return cfg.is_mla_model
 
 
-def is_storage_writer(cfg: Any) -> bool:
-    writer = getattr(cfg, "is_storage_writer", None)
-    if writer is not None:
-        return bool(writer)
-    return not is_rank_replicated(cfg) or int(getattr(cfg, "tp_rank", 0)) == 0
-
-
-def head_split(cfg: Any, pool: Any) -> int:
+def head_split(cfg: StorageRank, pool: Any) -> int:
     """Head groups per page this rank stores apart: ``tp_lcm_size // tp_size`` where SGLang set
     ``should_split_heads`` (an MHA pool in the ``page_head`` layout with ``tp_lcm_size > tp_size``),
     else 1.
@@ -198,15 +191,15 @@ def head_split(cfg: Any, pool: Any) -> int:
             do not divide into the groups (a model with fewer KV heads than ``tp_lcm_size``: SGLang
             replicates those heads, so no lcm-grid rank owns a distinct share of them).
     """
-    tp_size = int(getattr(cfg, "tp_size", 1) or 1)
-    lcm = int(getattr(cfg, "tp_lcm_size", 0) or 0)
+    tp_size = max(1, cfg.tp_size)
+    lcm = cfg.tp_lcm_size
     pool_layout = str(getattr(pool, "layout", ""))
     if lcm > tp_size and not is_rank_replicated(cfg) and pool_layout != "page_head":
         raise ConfigError(f"tp_lcm_size {lcm} splits pages by head, which only the page_head host "
                           f"layout can, but the host pool has layout {pool_layout!r}; start SGLang "
                           "with --hicache-mem-layout page_head, or drop tp_lcm_size",
                           key="tp_lcm_size", source="--hicache-storage-backend-extra-config")
-    if not getattr(cfg, "should_split_heads", False):
+    if not cfg.should_split_heads:
         return 1
     if lcm <= tp_size or lcm % tp_size:
         raise ValueError(f"split heads: tp_lcm_size {lcm} must be a multiple of tp_size {tp_size} "
@@ -241,7 +234,7 @@ def head_group_views(page: PageView, split: int) -> list[PageView]:
             for g in range(split)]
 
 
-def key_namespace(cfg: Any, geometry: PoolGeometry, tag: str = "", weights: str = "") -> KeyNamespace:
+def key_namespace(cfg: StorageRank, geometry: PoolGeometry, tag: str = "", weights: str = "") -> KeyNamespace:
     """The namespace every key of this process lives in (model and its checkpoint fingerprint
     ``weights``, dtype, layout, page, ranks, tag).
 
@@ -250,14 +243,14 @@ def key_namespace(cfg: Any, geometry: PoolGeometry, tag: str = "", weights: str 
     """
     cp_rank, cp_size = _cp_coordinates(cfg)
     return KeyNamespace(
-        model=str(getattr(cfg, "model_name", None) or ""),
+        model=cfg.model_name,
         dtype=geometry.dtype,
         layout=geometry.layout,
         page_size=geometry.page_size,
-        tp_rank=int(getattr(cfg, "tp_rank", 0)),
-        tp_size=int(getattr(cfg, "tp_size", 1)),
-        pp_rank=int(getattr(cfg, "pp_rank", 0) or 0),
-        pp_size=int(getattr(cfg, "pp_size", 1) or 1),
+        tp_rank=cfg.tp_rank,
+        tp_size=cfg.tp_size,
+        pp_rank=cfg.pp_rank,
+        pp_size=max(1, cfg.pp_size),
         cp_rank=cp_rank,
         cp_size=cp_size,
         rank_replicated=is_rank_replicated(cfg),
@@ -266,7 +259,7 @@ def key_namespace(cfg: Any, geometry: PoolGeometry, tag: str = "", weights: str 
     )
 
 
-def rank_suffix(cfg: Any) -> str:
+def rank_suffix(cfg: StorageRank) -> str:
     """Directory name of this process's local files (e.g. its LMDB environment).
 
     MHA: one per TP/PP/CP/DP rank, so every writer owns its file and its capacity accounting.
@@ -275,25 +268,24 @@ def rank_suffix(cfg: Any) -> str:
     """
     cp_rank, cp_size = _cp_coordinates(cfg)
     shared = _tp_ranks_share_local_files(cfg)
-    parts = [] if shared else [f"tp{int(getattr(cfg, 'tp_rank', 0))}"]
-    parts.append(f"pp{int(getattr(cfg, 'pp_rank', 0) or 0)}")
+    parts = [] if shared else [f"tp{cfg.tp_rank}"]
+    parts.append(f"pp{cfg.pp_rank}")
     if cp_size > 1:
         parts.append(f"cp{cp_rank}")
-    dp_rank = int(getattr(cfg, "dp_rank", 0) or 0)
-    if dp_rank:
-        parts.append(f"dp{dp_rank}")
+    if cfg.dp_rank:
+        parts.append(f"dp{cfg.dp_rank}")
     if shared:
         parts.insert(0, "mla")
     return "_".join(parts)
 
 
-def reports_local_usage(cfg: Any) -> bool:
+def reports_local_usage(cfg: StorageRank) -> bool:
     """Whether this rank reports the usage of its local files (``rank_suffix``'s directory), so that
     a sum over ranks counts each byte once: where TP ranks share the directory, TP rank 0 does."""
-    return not _tp_ranks_share_local_files(cfg) or int(getattr(cfg, "tp_rank", 0)) == 0
+    return not _tp_ranks_share_local_files(cfg) or cfg.tp_rank == 0
 
 
-def _tp_ranks_share_local_files(cfg: Any) -> bool:
+def _tp_ranks_share_local_files(cfg: StorageRank) -> bool:
     # The one statement of which ranks share a directory (``rank_suffix``, ``reports_local_usage``).
     return is_rank_replicated(cfg)
 

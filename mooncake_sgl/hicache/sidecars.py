@@ -41,6 +41,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from . import layout
 from .page_objects import PoolObjects, part_key
+from .sglang_config import StorageRank
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ logger = logging.getLogger(__name__)
 _TP_SHARDED_POOLS = frozenset({PoolName.MAMBA.value})
 
 
-def is_rank_replicated(cfg: Any, name: str, pool: Any) -> bool:
+def is_rank_replicated(cfg: StorageRank, name: str, pool: Any) -> bool:
     """Do all TP ranks hold the same bytes for this pool's pages (so they share its keys)?
 
     As MLA KV: the sidecars of a rank-replicated model are replicated (DSA indexer, DeepSeek V4
@@ -61,7 +62,7 @@ def is_rank_replicated(cfg: Any, name: str, pool: Any) -> bool:
     return not hasattr(pool, "v_buffer")
 
 
-def sidecar_objects(cfg: Any, kv: PoolObjects, name: str, pool: Any) -> PoolObjects:
+def sidecar_objects(cfg: StorageRank, kv: PoolObjects, name: str, pool: Any) -> PoolObjects:
     """A sidecar pool in the namespace derived from the KV pool's; parts of one KV page each."""
     geometry = layout.pool_geometry(pool)
     chunk = kv.object_nbytes or geometry.page_nbytes

@@ -23,6 +23,7 @@ from sglang.srt.observability.metrics_collector import StorageMetrics
 from devtools.testing import hybrid_pools
 from mooncake_sgl.hicache import layout, plugin
 from mooncake_sgl.hicache.backend import MooncakeSglStorage
+from mooncake_sgl.hicache.sglang_config import StorageRank
 
 from . import pools
 from .pools import KINDS, LAYOUTS, PAGE
@@ -195,7 +196,8 @@ def test_key_namespace_covers_model_ranks_and_layout(tmp_path) -> None:
     mla_geo = layout.pool_geometry(pools.build_pool("mla", "page_first"))
 
     def ns(kind, geo, **kw):
-        return layout.key_namespace(pools.storage_config(kind, "page_first", tmp_path, **kw), geo)
+        cfg = StorageRank.read(pools.storage_config(kind, "page_first", tmp_path, **kw))
+        return layout.key_namespace(cfg, geo)
 
     assert ns("mha", mha_geo, tp_rank=0, tp_size=2) != ns("mha", mha_geo, tp_rank=1, tp_size=2)
     assert ns("mha", mha_geo) != ns("mha", mha_geo, model="other/model")
@@ -203,10 +205,12 @@ def test_key_namespace_covers_model_ranks_and_layout(tmp_path) -> None:
     assert ns("mha", mha_geo).page_size == PAGE and ns("mha", mha_geo).dtype == "bfloat16"
     # MLA pages are identical on every TP rank: one namespace and one local file for all of them.
     assert ns("mla", mla_geo, tp_rank=0, tp_size=2).digest == ns("mla", mla_geo, tp_rank=1, tp_size=2).digest
-    assert layout.rank_suffix(pools.storage_config("mla", "page_first", tmp_path, tp_rank=1, tp_size=2)) == \
-        layout.rank_suffix(pools.storage_config("mla", "page_first", tmp_path, tp_rank=0, tp_size=2))
-    assert layout.rank_suffix(pools.storage_config("mha", "page_first", tmp_path, tp_rank=1, tp_size=2)) != \
-        layout.rank_suffix(pools.storage_config("mha", "page_first", tmp_path, tp_rank=0, tp_size=2))
+    def suffix(kind: str, tp_rank: int) -> str:
+        return layout.rank_suffix(StorageRank.read(pools.storage_config(kind, "page_first", tmp_path,
+                                                                        tp_rank=tp_rank, tp_size=2)))
+
+    assert suffix("mla", 1) == suffix("mla", 0)
+    assert suffix("mha", 1) != suffix("mha", 0)
 
 
 @pytest.mark.parametrize("mla", [False, True])
@@ -214,11 +218,13 @@ def test_each_local_directory_has_exactly_one_rank_reporting_its_usage(mla: bool
     # Whatever ranks share a directory (``rank_suffix``), one of them reports it: the fact that
     # metrics/attach.py used to restate on its own.
     from collections import Counter
-    from types import SimpleNamespace
 
     reporters: Counter[str] = Counter()
     for tp, pp, dp in itertools.product(range(4), range(2), range(2)):
-        cfg = SimpleNamespace(tp_rank=tp, tp_size=4, pp_rank=pp, pp_size=2, dp_rank=dp, is_mla_model=mla)
+        cfg = StorageRank(tp_rank=tp, tp_size=4, pp_rank=pp, pp_size=2, attn_cp_rank=0, attn_cp_size=1,
+                          dcp_rank=0, dcp_size=1, dp_rank=dp, is_mla_model=mla, is_storage_writer=True,
+                          tp_lcm_size=0, should_split_heads=False, model_name="m",
+                          enable_storage_metrics=False, extra_config=None)
         reporters[layout.rank_suffix(cfg)] += layout.reports_local_usage(cfg)
     assert set(reporters.values()) == {1}
     assert len(reporters) == (4 if mla else 16)
@@ -365,3 +371,17 @@ def test_dcp_ranks_each_store_their_shard_of_a_logical_page(tmp_path) -> None:
         finally:
             backend.close()
     assert len(namespaces) == 2  # one shard per DCP rank, shared by the TP ranks of that shard
+
+
+def test_a_storage_config_missing_a_field_sglang_declares_fails_the_attach_naming_it(tmp_path) -> None:
+    """SGLang's config is read once, field by field: a renamed field is an error at attach, never a
+    silent default (a missing should_split_heads would have stored split pages whole)."""
+    import dataclasses
+
+    from mooncake_sgl.errors import ConfigError
+
+    cfg = pools.storage_config("mha", "page_first", tmp_path)
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "should_split_heads"}
+    renamed = type("OlderStorageConfig", (), {**fields, "is_storage_writer": True})()
+    with pytest.raises(ConfigError, match="no field 'should_split_heads'.*at 'should_split_heads'"):
+        MooncakeSglStorage(renamed, pools.build_pool("mha", "page_first"))

@@ -26,6 +26,7 @@ from devtools.testing import MooncakeMaster
 from mooncake_sgl.errors import ConfigError
 from mooncake_sgl.hicache import layout
 from mooncake_sgl.hicache.backend import MooncakeSglStorage
+from mooncake_sgl.hicache.sglang_config import StorageRank
 from mooncake_sgl.pool.process import PoolProcess
 
 from . import pools
@@ -222,9 +223,9 @@ def test_tp_lcm_size_on_a_layout_other_than_page_head_fails_the_attach(tmp_path:
 def test_tp_lcm_size_is_no_error_for_mla_or_without_a_split(tmp_path: Path) -> None:
     mla = storage_config(0, 1, 2, pools.extra_config(tmp_path / "mla"))
     mla = dataclasses.replace(mla, is_mla_model=True, should_split_heads=False)
-    assert layout.head_split(mla, pools.build_pool("mla", "layer_first")) == 1
+    assert layout.head_split(StorageRank.read(mla), pools.build_pool("mla", "layer_first")) == 1
     same = dataclasses.replace(storage_config(0, 2, 2, {}), should_split_heads=False)
-    assert layout.head_split(same, pools.build_pool("mha", "layer_first", heads=HEADS)) == 1
+    assert layout.head_split(StorageRank.read(same), pools.build_pool("mha", "layer_first", heads=HEADS)) == 1
 
 
 def test_split_pages_through_the_copy_path_are_the_zero_copy_objects(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
 
 from mooncake_sgl.hicache import page_objects, sidecars
 from mooncake_sgl.hicache.backend import MooncakeSglStorage
+from mooncake_sgl.hicache.sglang_config import StorageRank
 
 from . import hybrid, pools
 from .pools import PAGE
@@ -77,8 +78,8 @@ def test_parts_cover_a_page_exactly_in_order() -> None:
 
 
 def test_which_sidecars_tp_ranks_share(tmp_path) -> None:
-    mla = pools.storage_config("mla", "page_first", tmp_path, tp_rank=1, tp_size=2)
-    mha = pools.storage_config("mha", "page_first", tmp_path, tp_rank=1, tp_size=2)
+    mla = StorageRank.read(pools.storage_config("mla", "page_first", tmp_path, tp_rank=1, tp_size=2))
+    mha = StorageRank.read(pools.storage_config("mha", "page_first", tmp_path, tp_rank=1, tp_size=2))
     mha_pool = pools.build_pool("mha", "page_first")
     mla_pool = pools.build_pool("mla", "page_first")
     assert sidecars.is_rank_replicated(mla, "indexer", mla_pool)
