@@ -22,6 +22,7 @@ import torch
 
 from ..api import PageKey, PageView
 from ..keys import KV_POOL, KeyNamespace, page_key
+from ..store import TieredStore
 from . import layout
 
 
@@ -140,7 +141,7 @@ def part_key(objects: PoolObjects, prior: str | None) -> PageKey | None:
 
 
 
-def move(store: Any, objects: PoolObjects, hashes: Sequence[str], pages: Sequence[PageView],
+def move(store: TieredStore, objects: PoolObjects, hashes: Sequence[str], pages: Sequence[PageView],
          prior: str | None, write: bool) -> list[bool]:
     """Store (``write``) or load the whole ``pages`` of ``hashes`` (one page each); one bool per
     page, ``True`` when every object of it moved (or, for a write, was already there).

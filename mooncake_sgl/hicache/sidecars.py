@@ -39,6 +39,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransferResult,
 )
 
+from ..store import TieredStore
 from . import layout
 from .page_objects import PoolObjects, part_key
 from .sglang_config import StorageRank
@@ -172,7 +173,7 @@ def refuse_session_id(extra_info: Any) -> bool:
 # ``store`` is the backend's ``TieredStore``; these raise on a broken call and the backend turns
 # that into the pool's miss.
 
-def evidence(store: Any, objects: PoolObjects, transfer: PoolTransfer, keys: Sequence[str],
+def evidence(store: TieredStore, objects: PoolObjects, transfer: PoolTransfer, keys: Sequence[str],
              kv_pages: int, prior: str | None) -> PoolEvidence:
     """What the store holds of one transfer's pool over the KV hit (``batch_exists_v2``).
 
@@ -191,7 +192,7 @@ def evidence(store: Any, objects: PoolObjects, transfer: PoolTransfer, keys: Seq
                         group_pages=int(transfer.group_pages))
 
 
-def heat_trailing(store: Any, looked_up: Sequence[tuple[PoolObjects, PoolTransfer]],
+def heat_trailing(store: TieredStore, looked_up: Sequence[tuple[PoolObjects, PoolTransfer]],
                   found: Sequence[PoolEvidence], keys: Sequence[str], hit: int) -> None:
     """A prefetch of ``hit`` pages loads each trailing pool's window ending there: look those
     objects up as an access, so they heat with their KV pages (``contains`` teaches nothing)."""
