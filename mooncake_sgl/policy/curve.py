@@ -1,96 +1,100 @@
 """Capacity curves, online: the prefix hit ratio each tier would have had at sizes around its own.
 
-An operator sizing a tier asks what twice (or half) the capacity would have served. The policy's
-shadows (``shadow``) already answer "which expert" from miniature caches; the same construction
-over several sizes answers "how big": for each multiple ``m`` of a tier's capacity ``C`` in
-``MULTIPLIERS``, a miniature of the policy runs on the pages whose key hash falls in a fraction
-``R_m`` of the hash space, at ``R_m * m * C`` pages (SHARDS, fixed-size variant, and its "miniature
-simulation": Waldspurger et al., USENIX ATC 2017). ``R_m`` is chosen so each miniature holds at most
-``SHADOW_PAGES`` pages, which bounds memory and the work per looked-up page (at most one sampled
-page per miniature) whatever the tier's size; a miniature of a small tier is the tier itself
-(``R_m`` = 1, exact).
+An operator sizing a tier asks what twice (or half) the capacity would have served. For each
+multiple ``m`` of a tier's capacity ``C`` in ``MULTIPLIERS`` a curve reports the prefix hits a tier
+of ``m * C`` pages would have had over every page looked up so far (a page hits when it and every
+page before it in its lookup are resident, as SGLang counts the leading run).
 
-What each size reports: the sampled pages looked up and the sampled prefix hits (a sampled page
-hits when it and every sampled page before it in the request are resident, as SGLang counts the
-leading run), scaled by ``1 / R_m`` to the whole stream.
+LRU (``lru``): one pass of ``stack.PrefixStack`` gives every size at once: a page is resident in an
+LRU cache of ``C`` pages when fewer than ``C`` pages were used since it was, so a larger cache never
+hits less. Exact for LRU touching every page of a lookup head first; ``LruPolicy`` leaves pages
+resident past a miss where they were, which differs only for a chain caught across the eviction
+boundary or longer than the tier (docs/capacity_curves.md). Tiers whose 8x reaches past half of
+``stack.TRACKED_PAGES`` pages are sampled (SHARDS), their positions still exact.
 
-Which miniature stands for which policy:
+The other policies are no stack algorithm (a page's standing depends on the cache's size), so each
+size runs a model of the policy on a sample of the key space (SHARDS' "miniature simulation":
+Waldspurger et al., USENIX ATC 2017): the pages whose key hash falls in a fraction ``R_m`` of the
+hash space, in a tier of ``R_m * m * C`` pages. ``R_m`` keeps the miniature at
+``MINIATURE_PAGES`` pages, which bounds the work per looked-up page whatever the tier's size; a
+size of at most that many pages is its own miniature. A sampled miniature alone is biased: hits
+are counted on sampled pages only, so a chain whose first page missed still hits in the miniature
+past it, and a few shared heads (system prompts, hit by most lookups) swing the count with
+whichever the hash drew (docs/capacity_curves.md: up to 5 points on traces of one-off documents
+among conversations, or of several tenants). So beside the model runs LRU's miniature
+(``LruMiniature``) on the same sample, and the size reports the exact LRU stack's hit ratio plus
+the model's lead over LRU's miniature: the sampling errors the two share cancel (a control
+variate), what the policy does better or worse than LRU remains.
 
-- ``lru`` (and the simulator's ``arc``, ``lirs``, ``lfuda``): its eviction expert alone
-  (``shadow.ShadowCache``); the expert is the policy. Given several experts, a size reports the
-  best one's hits.
-- ``heat`` and ``adaptive``: no single expert is their order (heat's probation, ghosts and sketch;
-  adaptive's switches between experts, which the best expert alone does not pay for), so the
-  miniature is the policy itself on a ``policy.ledger.Ledger``, fed the lookups and write-backs the
-  store would give it (``miniature.PolicyMiniature``). What the policy sizes by its capacity (heat's
-  sketch, ghosts and reuse watch; adaptive's experts, shadows and decay window) scales with ``R_m``
-  as the stream does. It runs with the policy's own config and without a clock (the store hands
-  over lookups, not time). Exact at ``R_m`` = 1; within 1.7 points of an
-  exact replay where measured; it costs about the policy's own work once per size.
+The models:
 
-docs/capacity_curves.md has the accuracy and cost measured (``scripts/bench_capacity_curves.py``).
+- ``heat``: the policy itself (``miniature.PolicyMiniature``), fed the lookups and write-backs the
+  store would give it, with its own config and without a clock (the ``decay`` sketch and pin TTLs
+  do not advance); exact where the miniature is the whole tier. What heat sizes by its capacity
+  (sketch, ghosts, reuse watch) scales with ``R_m`` as the stream does, but not how its probation
+  and its one-leaf-per-chain victim pass meet the shorter chains of a sample: its lead over LRU
+  grows as the sample shrinks, which the control does not cancel.
+- ``adaptive``: ``FollowTheLeader``, its four experts alone (the ARC, LIRS and LFU-DA its shadows
+  run, and the control for its LRU), its election (``shadow.Tournament``'s tests), and per lookup
+  the hits of the expert it follows. Three times cheaper than a miniature of the policy, whose
+  evidence thresholds do not scale with the sample (sampled, it kept LRU long after the policy
+  changed leaders); what the policy loses while its tier converges to a new leader is not counted.
+- ``arc``, ``lirs``, ``lfuda`` (the simulator's): their expert alone (``shadow.ShadowCache``).
 
 Tiers are modelled as one cache each, fed every lookup: in a write-through store a slower tier holds
 what the faster ones evicted, so "found in this tier or a faster one" behaves as one cache of this
 tier's size. Counts are cumulative (Prometheus counters; a window is a ``rate()`` away).
 
-Thread context: in a server, in a process of their own (``curve_process``: this module's work is
-too much for the serving process); in the simulator, fed under the residency lock
-(``store.residency``), like the policy, so a replay is deterministic.
+Thread context: in a server, in a process of their own (``curve_process``); in the simulator, on
+the thread that feeds the store (``policy.curve_feed``), so a replay is deterministic.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from ..api import PageKey, PlacementPolicy
 from ..config import PolicyConfig
-from .adaptive import AdaptivePolicy
 from .experts import EXPERTS, ArcExpert, Expert, LfuDaExpert, LirsExpert, LruExpert
 from .heat import HeatPolicy
 from .miniature import PolicyMiniature
-from .shadow import ShadowCache, key_hash
+from .shadow import (
+    MIN_EVIDENCE,
+    MIN_LEAD,
+    SWITCH_SIGMAS,
+    WINDOW_TURNOVERS,
+    ShadowCache,
+    key_hash,
+    sample_rate,
+)
+from .stack import TRACKED_PAGES, PrefixStack
 
 # Sizes reported, as multiples of the tier's capacity: three halvings and three doublings.
 MULTIPLIERS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
-# Most pages one miniature holds. SHARDS' fixed-size variant reports miss ratio curves within a
-# point at a few thousand sampled pages; here 2,048 missed a generated RAG trace's 8x point by 11
-# points (long shared documents: few sampled chains) and 4,096 by 1 (docs/capacity_curves.md).
-# Memory is bounded at about 7 sizes x experts x this many entries per tier.
-SHADOW_PAGES = 4096
-
+# Pages of one sampled miniature, by policy: the work per looked-up page is about the sum over
+# sizes of ``R_m`` times the model's own work per page, and at least one call per size per lookup
+# on a small tier. The experts' 32 pages were within 2 points of exact replays on every generated
+# shape; heat's miniatures are not scale-free (its lead over LRU grows as the sample shrinks: on
+# one-off documents among conversations it missed by 7.6 points at 128 pages, 6.9 at 1,024, 3.6 at
+# 4,096), so they stay as large as before, at the cost before (docs/capacity_curves.md).
+MINIATURE_PAGES = {"heat": 4096, "adaptive": 32, "arc": 32, "lirs": 32, "lfuda": 32}
 
 # Builds a policy for one tier of so many one-byte pages (a miniature's ``PolicyMiniature``).
 PolicyFactory = Callable[[int], PlacementPolicy]
 
 
-def curve_experts(policy_name: str) -> tuple[type[Expert], ...]:
-    """The eviction experts whose miniatures stand for ``policy_name`` (see the module docstring);
-    none for a policy modelled by a miniature of itself (``curve_policy``)."""
-    if curve_policy(policy_name) is not None:
-        return ()
-    return {"adaptive": tuple(EXPERTS), "arc": (ArcExpert,), "lirs": (LirsExpert,),
-            "lfuda": (LfuDaExpert,)}.get(policy_name, (LruExpert,))
-
-
 def curve_policy(policy_name: str, config: PolicyConfig | None = None) -> PolicyFactory | None:
-    """How to build the miniature of a policy that no single eviction expert is (``heat``,
-    ``adaptive``), with ``config`` (its defaults when ``None``); ``None`` for the policies an expert
-    models."""
-    cls = {"heat": HeatPolicy, "adaptive": AdaptivePolicy}.get(policy_name)
-    if cls is None:
+    """How to build the miniature of ``heat`` with ``config`` (its defaults when ``None``); ``None``
+    for the other policies."""
+    if policy_name != "heat":
         return None
     config = config or PolicyConfig(name=policy_name)
-    return lambda pages: cls([pages], config)
-
-
-def head_first(policy_name: str) -> bool:
-    """Whether ``policy_name`` touches a chain's pages head first (``LruPolicy``: the tail ends most
-    recent, so a small tier loses heads first); the others go tail first."""
-    return policy_name == "lru"
+    return lambda pages: HeatPolicy([pages], config)
 
 
 @dataclass(frozen=True)
@@ -108,70 +112,280 @@ class CurvePoint:
         return self.hits / self.lookups if self.lookups else 0.0
 
 
-class _Miniature(Protocol):
-    """What a size reads of its miniatures (``shadow.ShadowCache``, ``miniature.PolicyMiniature``)."""
-
-    hits: int
+class _Model(Protocol):
+    """A policy on one sample of the key space (``PolicyMiniature``, ``ShadowCache``,
+    ``FollowTheLeader``, ``LruMiniature``)."""
 
     def access(self, keys: Sequence[PageKey]) -> int: ...
 
     def entries(self) -> int: ...
 
 
+class LruMiniature:
+    """LRU on a miniature of ``capacity_pages`` pages, every page of a lookup touched tail first:
+    the model of ``PrefixStack(head_first=False)``, on the same sample as a policy's miniature."""
+
+    __slots__ = ("capacity", "order", "last")
+
+    def __init__(self, capacity_pages: int):
+        self.capacity = capacity_pages
+        self.order: OrderedDict[PageKey, None] = OrderedDict()
+        self.last = 0  # the prefix hits of the request last seen
+
+    def access(self, keys: Sequence[PageKey]) -> int:
+        """A request's sampled pages, in chain order; returns its prefix hits in this miniature."""
+        order = self.order
+        run = 0
+        for key in keys:
+            if key not in order:
+                break
+            run += 1
+        for key in reversed(keys):
+            order[key] = None
+            order.move_to_end(key)
+        while len(order) > self.capacity:
+            order.popitem(last=False)
+        self.last = run
+        return run
+
+    def entries(self) -> int:
+        return len(self.order)
+
+
+class _Election:
+    """The adaptive policy's choice of leader (``shadow.Tournament``'s tests, thresholds and decayed
+    window, the same code in effect) over expert miniatures on a sample ``1 / scale`` as large as
+    the one its own shadows would see: hits count ``scale`` times, so evidence builds as fast.
+
+    Cheaper than the tournament for being kept beside seven sizes: the decay is one factor for
+    every sum (``_log``: what they are all to be multiplied by), pairs are counted once, and the
+    leader is only reconsidered after a request the experts did not hit alike (equal hits only
+    weaken every challenger's case)."""
+
+    __slots__ = ("shadows", "scale", "leader", "score", "spread", "discord", "differ", "_log",
+                 "_log_keep")
+
+    def __init__(self, experts: Sequence[Expert], scale: float):
+        self.shadows = [ShadowCache(e) for e in experts]
+        self.scale = scale
+        n = len(experts) + 1  # LRU first, its hits brought by the caller
+        self.leader = 0  # LRU, which the policy follows until another expert has evidence
+        self.score = [0.0] * n
+        # By pair (i < j): sums of the squared differences of their hits, of the absolute ones, and
+        # the requests where they differ (``Tournament``'s ``spread``, ``discord``, ``differ``).
+        self.spread = [[0.0] * n for _ in range(n)]
+        self.discord = [[0.0] * n for _ in range(n)]
+        self.differ = [[0.0] * n for _ in range(n)]
+        self._log = 0.0
+        self._log_keep = math.log1p(-1.0 / (WINDOW_TURNOVERS * max(s.capacity for s in self.shadows)))
+
+    def observe(self, keys: Sequence[PageKey], lru: int) -> list[int]:
+        """A request's sampled pages, and LRU's prefix hits on them: every shadow replays them, the
+        leader may change; returns each expert's prefix hits, LRU's first."""
+        runs = [lru, *(shadow.access(keys) for shadow in self.shadows)]
+        self._log += self._log_keep * len(keys)
+        if self._log < -600.0:  # fold the factor in before it underflows
+            self._fold()
+        inflate = math.exp(-self._log)
+        scale = self.scale
+        weight = scale * inflate
+        score = self.score
+        for i, run in enumerate(runs):
+            score[i] += run * weight
+        if min(runs) == max(runs):
+            return runs
+        spread, discord, differ = self.spread, self.discord, self.differ
+        for i, run in enumerate(runs):
+            for j in range(i + 1, len(runs)):
+                d = abs(run - runs[j]) * scale
+                if d:
+                    spread[i][j] += d * d * inflate
+                    discord[i][j] += d * inflate
+                    differ[i][j] += weight
+        self._elect()
+        return runs
+
+    def _fold(self) -> None:
+        keep = math.exp(self._log)
+        self.score = [v * keep for v in self.score]
+        for table in (self.spread, self.discord, self.differ):
+            for row in table:
+                row[:] = [v * keep for v in row]
+        self._log = 0.0
+
+    def _elect(self) -> None:
+        """``Tournament._elect`` on the decayed sums."""
+        keep = math.exp(self._log)
+        lead = self.leader
+        score = [v * keep for v in self.score]
+        best, margin = lead, 0.0
+        floor = MIN_LEAD * score[lead]
+        for i, s in enumerate(score):
+            gap = s - score[lead]
+            if gap <= margin or gap < floor or s < MIN_EVIDENCE:
+                continue
+            a, b = min(i, lead), max(i, lead)
+            many = self.differ[a][b] * keep >= MIN_EVIDENCE
+            if (gap > SWITCH_SIGMAS * math.sqrt(s + score[lead])
+                    or (many and gap > SWITCH_SIGMAS * math.sqrt(self.spread[a][b] * keep))
+                    or (many and gap > SWITCH_SIGMAS * math.sqrt(self.discord[a][b] * keep))):
+                best, margin = i, gap
+        self.leader = best
+
+    def entries(self) -> int:
+        return sum(s.entries() for s in self.shadows)
+
+
+class FollowTheLeader:
+    """``adaptive`` on a sample: its experts alone (LRU, ARC, LIRS, LFU-DA: ``experts.EXPERTS``),
+    rated as its shadows rate them, and the hits of the one it follows at each request. What the
+    policy loses while its tier converges to a new leader's pages is not counted."""
+
+    __slots__ = ("election", "lru")
+
+    def __init__(self, capacity_pages: int, scale: float, lru: LruMiniature):
+        # LRU is the control's miniature (tail first, as the LRU expert), run once for both.
+        self.election = _Election([cls(capacity_pages) for cls in EXPERTS if cls is not LruExpert],
+                                  scale)
+        self.lru = lru
+
+    def access(self, keys: Sequence[PageKey]) -> int:
+        leader = self.election.leader
+        return self.election.observe(keys, self.lru.access(keys))[leader]
+
+    def entries(self) -> int:
+        return self.election.entries()
+
+
 class _Size:
-    """The miniatures of one size, on one sample of the key space: one per expert, or the policy's."""
+    """One size: the policy's model on one sample of the key space, and beside it, unless the model
+    is the policy itself on the whole stream, LRU's miniature on the same sample."""
 
-    __slots__ = ("multiplier", "pages", "threshold", "rate", "shadows", "lookups")
+    __slots__ = ("multiplier", "pages", "rate", "threshold", "model", "control", "hits",
+                 "control_hits", "lookups", "_fed")
 
-    def __init__(self, multiplier: float, pages: int, experts: Sequence[type[Expert]], head_first: bool,
-                 policy: PolicyFactory | None):
+    def __init__(self, multiplier: float, pages: int, miniature_pages: int,
+                 build: Build, exact: bool):
         self.multiplier = multiplier
         self.pages = pages
-        self.rate = min(1.0, SHADOW_PAGES / pages)
+        self.rate = min(1.0, miniature_pages / pages)
         self.threshold = int(self.rate * (1 << 64))
-        shadow_pages = max(1, round(pages * self.rate))
-        self.shadows: list[_Miniature] = [ShadowCache(cls(shadow_pages), head_first=head_first)
-                                          for cls in experts]
-        if policy is not None:
-            self.shadows.append(PolicyMiniature(policy(shadow_pages), shadow_pages))
-        self.lookups = 0
+        small = max(1, round(pages * self.rate))
+        self.control = None if exact and self.rate == 1.0 else LruMiniature(small)
+        self.model = build(small, self.rate, self.control)
+        self._fed = isinstance(self.model, FollowTheLeader)  # it feeds the control itself
+        self.hits = self.control_hits = self.lookups = 0
+
+    def access(self, keys: Sequence[PageKey]) -> None:
+        self.hits += self.model.access(keys)
+        control = self.control
+        if control is not None:
+            self.control_hits += control.last if self._fed else control.access(keys)
+        self.lookups += len(keys)
+
+    def ratio(self, lru: float) -> float:
+        """The policy's hit ratio at this size, given LRU's (the stack's) over the whole stream."""
+        if not self.lookups:
+            return lru
+        if self.control is None:
+            return self.hits / self.lookups
+        return min(1.0, max(0.0, lru + (self.hits - self.control_hits) / self.lookups))
+
+    def entries(self) -> int:
+        return self.model.entries() + (self.control.entries() if self.control is not None else 0)
+
+
+def _evidence_scale(pages: int, rate: float) -> float:
+    """What a hit in an expert's miniature of ``pages`` pages at sample ``rate`` counts for in the
+    election. The policy's own shadows sample its tier at ``shadow.sample_rate``, ``1 / rate``
+    times as much: counted that many times, the miniatures' noisier evidence (which keys the hash
+    drew) changed leaders far earlier than the policy did; counted once, far later. The geometric
+    mean was within 2 points of exact replays on every generated shape (docs/capacity_curves.md)."""
+    return math.sqrt(sample_rate(round(pages / rate)) / rate)
+
+
+# Builds a policy's model for a miniature of so many pages, sampled at a rate, beside LRU's
+# miniature on the same sample (``None`` where the model is exact).
+Build = Callable[[int, float, "LruMiniature | None"], _Model]
+
+
+def _model(policy_name: str, config: PolicyConfig | None) -> tuple[Build, bool] | None:
+    """How to build a policy's model for a miniature of so many pages at a sample rate, and whether
+    it is the policy itself; ``None`` for the policies LRU's stack stands for."""
+    policy = curve_policy(policy_name, config)
+    if policy is not None:
+        return (lambda pages, rate, lru: PolicyMiniature(policy(pages), pages)), True
+    if policy_name == "adaptive":
+        def follow(pages: int, rate: float, lru: LruMiniature | None) -> _Model:
+            assert lru is not None  # the model is not the policy: LRU's miniature is always beside it
+            return FollowTheLeader(pages, _evidence_scale(pages, rate), lru)
+
+        return follow, False
+    expert = {"arc": ArcExpert, "lirs": LirsExpert, "lfuda": LfuDaExpert}.get(policy_name)
+    if expert is not None:
+        return (lambda pages, rate, lru: ShadowCache(expert(pages))), True
+    return None
 
 
 class CapacityCurve:
-    """One tier's curve: miniatures of ``capacity_pages * m`` pages for every ``m`` in
-    ``multipliers``, of the experts ``experts`` (touching chains ``head_first`` or tail first) and
-    of the policy ``policy`` builds, if any."""
+    """One tier's curve: the hit ratio of ``policy_name`` (run with ``config``) at
+    ``capacity_pages * m`` pages for every ``m`` in ``multipliers``.
 
-    def __init__(self, capacity_pages: int, experts: Sequence[type[Expert]],
+    Args:
+        stack_pages: most pages the LRU stack tracks before it samples (``stack.TRACKED_PAGES``).
+    """
+
+    def __init__(self, capacity_pages: int, policy_name: str, config: PolicyConfig | None = None,
                  multipliers: Sequence[float] = MULTIPLIERS, page_bytes: int = 1,
-                 head_first: bool = False, policy: PolicyFactory | None = None):
+                 stack_pages: int = TRACKED_PAGES):
         if capacity_pages < 1:
             raise ValueError(f"a capacity curve needs a tier of at least one page, not {capacity_pages}")
-        if not experts and policy is None:
-            raise ValueError("a capacity curve needs experts or a policy to model")
         self.capacity_pages = capacity_pages
         self.page_bytes = page_bytes
-        self._sizes = [_Size(m, max(1, round(capacity_pages * m)), experts, head_first, policy)
-                       for m in multipliers]
+        self._multipliers = list(multipliers)
+        self._pages = [max(1, round(capacity_pages * m)) for m in multipliers]
+        model = _model(policy_name, config)
+        # LRU's own curve is the head-first stack; the others' control is tail-first LRU, the
+        # order in which they touch and insert chains.
+        self.stack = PrefixStack(self._pages, head_first=model is None, budget=stack_pages)
+        self._sizes: list[_Size] = []
+        if model is not None:
+            build, exact = model
+            self._sizes = [_Size(m, p, MINIATURE_PAGES[policy_name], build, exact)
+                           for m, p in zip(multipliers, self._pages)]
+        sampled = [s.threshold for s in self._sizes if s.rate < 1.0]
+        self._widest = max(sampled) if sampled else 0
 
     def observe(self, keys: Sequence[PageKey], hashes: Sequence[int]) -> None:
         """A lookup of a chain, in order, with each key's ``key_hash``."""
+        self.stack.observe(hashes)
+        if not self._sizes:
+            return
+        widest = self._widest
+        drawn = [(k, h) for k, h in zip(keys, hashes) if h < widest] if widest else []
         for size in self._sizes:
-            threshold = size.threshold
-            sampled = [k for k, h in zip(keys, hashes) if h < threshold]
-            if not sampled:
-                continue
-            size.lookups += len(sampled)
-            for shadow in size.shadows:
-                shadow.access(sampled)
+            if size.rate < 1.0:
+                threshold = size.threshold
+                sampled = [k for k, h in drawn if h < threshold]
+                if sampled:
+                    size.access(sampled)
+            else:
+                size.access(keys)
 
     def points(self) -> list[CurvePoint]:
-        return [CurvePoint(s.multiplier, s.pages, s.pages * self.page_bytes, s.lookups / s.rate,
-                           max(sh.hits for sh in s.shadows) / s.rate) for s in self._sizes]
+        stack = self.stack
+        looked = float(stack.lookups)
+        out = []
+        for i, (m, pages) in enumerate(zip(self._multipliers, self._pages)):
+            hits = stack.hits[i]
+            if self._sizes and looked:
+                hits = self._sizes[i].ratio(hits / looked) * looked
+            out.append(CurvePoint(m, pages, pages * self.page_bytes, looked, hits))
+        return out
 
     def entries(self) -> int:
-        """Keys held by the miniatures (their memory is about 100-300 bytes each)."""
-        return sum(sh.entries() for s in self._sizes for sh in s.shadows)
+        """Keys held by the stack and the miniatures (their memory is about 100-300 bytes each)."""
+        return self.stack.entries() + sum(s.entries() for s in self._sizes)
 
 
 class TierCurves:
@@ -180,7 +394,8 @@ class TierCurves:
     Args:
         capacities: per tier (fastest first), its capacity in bytes, ``None`` for a tier that
             evicts on its own (its size is not ours to choose).
-        policy_name: the placement policy's name (``curve_experts``, ``curve_policy``).
+        policy_name: the placement policy's name (``lru``, ``heat``, ``adaptive``, or the
+            simulator's ``arc``, ``lirs``, ``lfuda``; any other is modelled as ``lru``).
         config: the policy's config, which a miniature of the policy runs with (its defaults when
             ``None``).
     """
@@ -188,23 +403,21 @@ class TierCurves:
     def __init__(self, capacities: Sequence[int | None], policy_name: str,
                  config: PolicyConfig | None = None):
         self._capacities = list(capacities)
-        self._experts = curve_experts(policy_name)
-        self._policy = curve_policy(policy_name, config)
-        self._head_first = head_first(policy_name)
+        self._policy = policy_name
+        self._config = config
         self.curves: list[CapacityCurve | None] = [None] * len(capacities)
         self.page_bytes = 0
-        # CPU time fed to the miniatures, so an operator sees what the curves cost (a scheduler's
-        # time under the GIL: they run where the policy is fed).
+        # Seconds spent feeding the curves (where they run: their process's, or the simulator's).
         self.busy_seconds = 0.0
 
     def start(self, page_bytes: int) -> None:
-        """Size the miniatures for pages of ``page_bytes`` (the first page stored); once."""
+        """Size the curves for pages of ``page_bytes`` (the first page stored); once."""
         if self.page_bytes or page_bytes <= 0:
             return
         self.page_bytes = page_bytes
         self.curves = [None if c is None else
-                       CapacityCurve(max(1, c // page_bytes), self._experts, page_bytes=page_bytes,
-                                     head_first=self._head_first, policy=self._policy)
+                       CapacityCurve(max(1, c // page_bytes), self._policy, self._config,
+                                     page_bytes=page_bytes)
                        for c in self._capacities]
 
     def on_lookup(self, keys: Sequence[PageKey]) -> None:

@@ -11,7 +11,7 @@ same ``TierCurves`` at a lower scheduling priority and sends its points back.
 
 Bounds: at most ``max_pending_pages`` keys wait in this process; past that whole lookups are left
 out and counted (``dropped_pages``): the curve then covers less than the stream, which ``stats``
-shows. The child holds what ``TierCurves`` holds (bounded by ``curve.SHADOW_PAGES`` per size).
+shows. The child holds what ``TierCurves`` holds (bounded per tier: ``policy/curve.py`` says how).
 
 Failure: the child dying (killed, out of memory) ends the curves: the last points stay, one warning
 is logged, and ``stopped`` says why. Nothing reaches the store's callers: every method here returns

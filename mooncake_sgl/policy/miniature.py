@@ -2,14 +2,16 @@
 simulation": Waldspurger et al., "Cache Modeling and Optimization using Miniature Simulations",
 USENIX ATC 2017).
 
-The capacity curves (``curve``) model a policy at other sizes. An eviction expert stands in well for
-a policy that is one (``lru``), not for one whose order has no expert (``heat``'s probation, main,
-ghosts and sketch): there the only faithful model is the policy itself, on the sampled stream, in a
-tier scaled by the sample rate. Its record of residency is a ``policy.ledger.Ledger`` (pages of one
-byte, so capacities and counts are in pages), and it is fed what the store feeds a single-tier
-policy for each request (``sim.simulator``, ``store.residency``): the lookup with where each page
-is, then the write-back of the pages past the leading run of hits, room made first by the policy's
-own victims, the batch's tail lost when the room cannot be made (the store writes what fits).
+The capacity curves (``curve``) model a policy at other sizes. LRU's stack gives every size of LRU at
+once, an expert's miniature models a policy that is one, but no expert has ``heat``'s order
+(probation, main, ghosts and sketch): there the only faithful model is the policy itself, on the
+sampled stream, in a tier scaled by the sample rate (beside LRU's miniature on the same sample,
+which corrects what sampling alone gets wrong: ``curve``). Its record of residency is a
+``policy.ledger.Ledger`` (pages of one byte, so capacities and counts are in pages), and it is fed
+what the store feeds a single-tier policy for each request (``sim.simulator``,
+``store.residency``): the lookup with where each page is, then the write-back of the pages past
+the leading run of hits, room made first by the policy's own victims, the batch's tail lost when
+the room cannot be made (the store writes what fits).
 
 The policy sizes what it keeps from its capacity (heat's count-min sketch ages every 10 increments
 per page and is 8 counters wide per page; its ghosts and reuse watch hold as many pages as the

@@ -2,7 +2,13 @@
 
 - ``chat``  multi-turn chat sessions over shared system prompts (``synth.chat_sessions``);
 - ``agent`` tool/agent loops re-sending a growing context (``gen_agent.agent_loops``);
-- ``rag``   retrieval over a large document pool with Zipf popularity (``gen_rag.rag_requests``).
+- ``rag``   retrieval over a large document pool with Zipf popularity (``gen_rag.rag_requests``);
+- ``scan``  conversations with one-off long documents among them (``gen_mixed.scan_workload``);
+- ``mix``   two tenants: conversations and Zipf-popular document re-reads (``gen_mixed.mix_workload``);
+- ``tenants`` chat, agent and RAG tenants side by side, scaled up (``gen_mixed.tenants_workload``).
+
+The last three are ten times the first three's distinct blocks: a tier at a few percent of them
+holds thousands of pages, where the capacity curves sample (``policy.curve``).
 
 ``python -m mooncake_sgl.sim.gen_suite NAME OUT.jsonl [--seed N]`` writes one in Mooncake format;
 ``scripts/replay_trace.py gen:NAME`` replays one without a file.
@@ -15,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .gen_agent import agent_loops
+from .gen_mixed import mix_workload, scan_workload, tenants_workload
 from .gen_rag import rag_requests
 from .synth import chat_sessions, write_records
 from .trace import Request, block_key
@@ -23,9 +30,12 @@ GENERATORS: dict[str, Callable[[int], list[dict]]] = {
     "chat": lambda seed: chat_sessions(seed=seed),
     "agent": lambda seed: agent_loops(seed=seed),
     "rag": lambda seed: rag_requests(seed=seed),
+    "scan": lambda seed: scan_workload(seed=seed),
+    "mix": lambda seed: mix_workload(seed=seed),
+    "tenants": lambda seed: tenants_workload(seed=seed),
 }
 # The seed each workload's documented figures use.
-DEFAULT_SEEDS = {"chat": 7, "agent": 11, "rag": 13}
+DEFAULT_SEEDS = {"chat": 7, "agent": 11, "rag": 13, "scan": 17, "mix": 19, "tenants": 23}
 
 
 def generate(name: str, seed: int | None = None) -> list[dict]:

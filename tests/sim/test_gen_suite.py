@@ -11,6 +11,15 @@ import pytest
 
 from mooncake_sgl.sim import gen_suite
 from mooncake_sgl.sim.gen_agent import AgentShape, agent_loops
+from mooncake_sgl.sim.gen_mixed import (
+    ConversationShape,
+    ReReadShape,
+    ScanShape,
+    merge_tenants,
+    mix_workload,
+    scan_workload,
+    tenants_workload,
+)
 from mooncake_sgl.sim.gen_rag import RagShape, rag_requests
 from mooncake_sgl.sim.synth import ChainIds
 from mooncake_sgl.sim.trace import load_trace
@@ -21,6 +30,12 @@ def small(name: str, seed: int) -> list[dict]:
         return agent_loops(seed, AgentShape(agents=60))
     if name == "rag":
         return rag_requests(seed, RagShape(requests=600, documents=3000, queries=4000))
+    if name == "scan":
+        return scan_workload(seed, ScanShape(ConversationShape(sessions=100), documents=150))
+    if name == "mix":
+        return mix_workload(seed, ConversationShape(sessions=100), ReReadShape(requests=300))
+    if name == "tenants":
+        return tenants_workload(seed, scale=0.1)
     return gen_suite.GENERATORS[name](seed)[:600]
 
 
@@ -74,6 +89,31 @@ def test_rag_documents_follow_zipf_popularity():
     top = [c for _, c in firsts.most_common()]
     assert top[0] >= 10 * top[len(top) // 2]  # a popular core and a long tail
     assert len(firsts) > 0.3 * len(recs)  # a large pool: most first documents are rare
+
+
+def test_scan_documents_are_long_and_read_once_among_conversations():
+    recs = scan_workload(5, ScanShape(ConversationShape(sessions=200), documents=200))
+    seen = Counter(h for r in recs for h in r["hash_ids"])
+    documents = [r for r in recs if len(r["hash_ids"]) >= 42 and seen[r["hash_ids"][-1]] == 1
+                 and all(seen[h] == 1 for h in r["hash_ids"][2:])]
+    assert len(documents) >= 190  # every document: one-off past its short instruction
+    turns = [r for r in recs if r not in documents]
+    # Conversations come back: most turns extend an earlier turn of their session.
+    prefixes = {tuple(r["hash_ids"]) for r in turns}
+    grown = sum(any(tuple(r["hash_ids"][:n]) in prefixes for n in range(len(r["hash_ids"]) - 8,
+                                                                          len(r["hash_ids"])))
+                for r in turns)
+    assert grown >= 0.5 * len(turns)
+
+
+def test_tenants_share_no_block_and_keep_their_order():
+    a = [{"timestamp": t, "hash_ids": [0, 1]} for t in (0, 5, 9)]
+    b = [{"timestamp": t, "hash_ids": [0, 2]} for t in (1, 5)]
+    merged = merge_tenants([a, b])
+    assert [r["timestamp"] for r in merged] == [0, 1, 5, 5, 9]
+    assert merged[2]["hash_ids"] == [0, 1] and merged[3]["hash_ids"] == [2, 3]  # ties: tenant order
+    recs = mix_workload(3, ConversationShape(sessions=50), ReReadShape(requests=100))
+    assert len(recs) > 150 and all(r["hash_ids"] for r in recs)
 
 
 def test_cli_writes_a_replayable_trace(tmp_path: Path):
