@@ -128,6 +128,9 @@ class _Hub:
         """SGLang's ``batch``: learn from it, then send it with our pending events after its own."""
         from sglang.srt.disaggregation.kv_events import AllBlocksCleared, BlockStored
 
+        if not self._announcers:  # router_events off in this process: SGLang's batch as it is
+            self._publisher.publish(batch)
+            return
         fresh: list[int] = []
         cleared = False
         with self._learn_lock:

@@ -108,3 +108,23 @@ def test_a_retired_namespace_removes_what_it_announced(stream) -> None:
     removed = ours(sub.batches(0.5))
     assert sorted(h for e in removed for h in e.block_hashes) == sorted(
         event_hash(page_key(NS, h)) for h in nodes[0].hash_value)
+
+
+def test_without_an_announcer_sglangs_batches_pass_through_and_nothing_is_learned() -> None:
+    class Recording:
+        def __init__(self) -> None:
+            self.batches: list[Any] = []
+
+        def publish(self, batch: Any) -> None:
+            self.batches.append(batch)
+
+        def shutdown(self) -> None:
+            pass
+
+    hub = re._Hub()
+    inner = Recording()
+    publisher = hub.wrap(inner)
+    batch = KVEventBatch(ts=time.time(), events=recorded(chain(list(range(700, 708)), [])))
+    publisher.publish(batch)
+    assert inner.batches == [batch] and len(batch.events) == 1
+    assert hub.learned(batch.events[0].block_hashes[0]) is None
