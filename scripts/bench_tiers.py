@@ -19,6 +19,9 @@ Modes (``--modes``, comma separated; default ``steady``):
   (``--user-view-pages``; ``devtools/bench/ssd/read_path.py``).
 - ``backlog``: pages offered at a GPU-like rate (``--backlog-rate`` GB/s) to the tier and to the raw
   disk in the same run: stored, refused, dropped, queue lag (``devtools/bench/ssd/write_path.py``).
+- ``disk-speed``: one ``put_from`` of every page of a size into a new directory in a fresh process,
+  then one cold ``get_into`` in a new one, against ``dd`` with ``oflag=direct`` / ``iflag=direct``
+  on the same file system right before and after, as ratios (``devtools/bench/ssd/disk_speed.py``).
 - ``steady``: steady state, within one process, described below.
 
 Steady state: for each page size, batches of ``--batch-size`` pages (two segments each, like SGLang's K and V)
@@ -49,6 +52,7 @@ in GB/s (10^9 bytes/s).
     python scripts/bench_tiers.py --modes put-profile,backlog --json write-path.json
     python scripts/bench_tiers.py --modes throttled --throttle-mbps 0,300 --batches 4   # root
     python scripts/bench_tiers.py --modes put-profile,get-profile --json profile.json
+    python scripts/bench_tiers.py --modes disk-speed --batches 3 --json disk.json   # root: drop_caches
 """
 
 from __future__ import annotations
@@ -69,10 +73,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from devtools.bench.console import human, log, run_script  # noqa: E402
-from devtools.bench.ssd import read_path as ssd_read_path  # noqa: E402
-from devtools.bench.ssd import throttled as ssd_throttled  # noqa: E402
-from devtools.bench.ssd import user_view as ssd_user_view  # noqa: E402
-from devtools.bench.ssd import write_path as ssd_write_path  # noqa: E402
+from devtools.bench.ssd import modes as ssd_modes  # noqa: E402
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, parse_size  # noqa: E402
 from mooncake_sgl.tiers.host import HostTier  # noqa: E402
 from mooncake_sgl.tiers.ssd import LmdbTier  # noqa: E402
@@ -382,51 +383,13 @@ def table(results: dict[str, dict[str, dict[str, float]]], cold: bool) -> str:
     return "\n".join(lines)
 
 
-def _children(argv: list[str]) -> bool:
-    """The child processes of the user-view and restart modes run this script with a verb."""
-    if argv[:1] == ["_user-view"]:
-        ssd_user_view.child_main(argv[1:])
-    elif argv[:1] == ["_restart"]:
-        ssd_user_view.restart_child(argv[1], int(argv[2]))
-    elif argv[:1] == ["_restart-fill"]:
-        ssd_user_view.restart_fill(argv[1], *map(int, argv[2:6]))
-    elif argv[:1] == ["_put-profile"]:
-        ssd_write_path.profile_child(argv[1], *map(int, argv[2:5]), argv[5] == "1")
-    elif argv[:1] == ["_get-profile"]:
-        ssd_read_path.profile_child(argv[1], *map(int, argv[2:5]))
-    elif argv[:1] == ["_backlog"]:
-        ssd_write_path.backlog_child(argv[1], argv[2], int(argv[3]), int(argv[4]), float(argv[5]),
-                                     float(argv[6]), int(argv[7]), int(argv[8]))
-    else:
-        return False
-    return True
-
-
 def main(argv: list[str] | None = None) -> int:
-    if _children(sys.argv[1:] if argv is None else argv):
+    if ssd_modes.child(sys.argv[1:] if argv is None else argv):
         return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", default="steady",
-                   help="steady, user-view, throttled, restart, put-profile, get-profile, backlog "
-                        "(comma separated)")
-    p.add_argument("--user-view-pages", default="64KiB:2048,1MiB:512,8MiB:96",
-                   help="user-view page sizes and counts, SIZE:COUNT comma separated")
-    p.add_argument("--throttle-mbps", default="0,300", help="throttled: the loop device's read and "
-                   "write limits in MB/s, a user-view run each, comma separated (0: unthrottled)")
-    p.add_argument("--restart-gib", type=float, default=10.0, help="restart mode: GiB of pages on disk")
-    p.add_argument("--restart-page", default="8MiB", help="restart mode: page size")
-    p.add_argument("--backlog-rate", default=None, help="backlog: GB/s offered, comma separated for "
-                   "several runs (default 1.5, --quick 0.2; a GPU's write-through: 10k tokens/s of "
-                   "Llama-3-8B is about 1.3)")
-    p.add_argument("--backlog-page", default="8MiB", help="backlog: page size")
-    p.add_argument("--backlog-batch", type=int, default=16, help="backlog: pages per offered batch")
-    p.add_argument("--backlog-seconds", type=float, default=4.0, help="backlog: seconds of offering")
-    p.add_argument("--backlog-queue", default="1GiB", help="backlog: bytes the queue holds before "
-                   "offered batches are dropped (arbitrary)")
-    p.add_argument("--backlog-capacity", default="2GiB", help="backlog: disk each consumer writes "
-                   "in a ring (the tier's capacity)")
-    p.add_argument("--backlog-direct-io", default="auto", help="backlog: the tier's direct_io "
-                   "settings to run, a row each (auto, direct, buffered; comma separated)")
+                   help=f"steady, {', '.join(ssd_modes.MODES)} (comma separated)")
+    ssd_modes.add_arguments(p)
     p.add_argument("--sizes", default="64KiB,1MiB,8MiB", help="page sizes, comma separated")
     p.add_argument("--batch-size", type=int, default=128, help="pages per put/get call (SGLang: 128)")
     p.add_argument("--batches", type=int, default=3, help="timed rounds (batches) per measurement")
@@ -443,34 +406,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.batch_size, args.batches = "64KiB,1MiB", 16, 1
-        args.user_view_pages, args.restart_gib, args.restart_page = "64KiB:64,1MiB:16", 0.0625, "1MiB"
-        args.backlog_page, args.backlog_batch, args.backlog_seconds = "1MiB", 4, 0.5
-        args.backlog_queue, args.backlog_capacity = "16MiB", "32MiB"
-        args.backlog_rate = args.backlog_rate or "0.2"
-    args.backlog_rate = args.backlog_rate or "1.5"
+        ssd_modes.quick(args)
     modes = {m.strip() for m in args.modes.split(",") if m.strip()}
-    known = {"steady", "user-view", "throttled", "restart", "put-profile", "get-profile", "backlog"}
+    known = {"steady", *ssd_modes.MODES}
     if not modes or modes - known:
         p.error(f"--modes: expected some of {', '.join(sorted(known))}, got {args.modes!r}")
-    try:
-        uv_sizes = [(parse_size(a), int(b)) for a, b in
-                    (item.split(":") for item in args.user_view_pages.split(",") if item.strip())]
-    except ValueError:
-        p.error(f"--user-view-pages: expected SIZE:COUNT pairs like 1MiB:512, got {args.user_view_pages!r}")
-    if any(s % 2 or s <= 0 or c <= 0 for s, c in uv_sizes):
-        p.error("--user-view-pages: sizes must be positive and even, counts positive")
-    try:
-        backlog_rates = [float(r) for r in args.backlog_rate.split(",") if r.strip()]
-    except ValueError:
-        p.error(f"--backlog-rate: expected GB/s figures like 1.5,0.5, got {args.backlog_rate!r}")
-    if not backlog_rates or any(r <= 0 for r in backlog_rates):
-        p.error(f"--backlog-rate: every rate must be positive, got {args.backlog_rate!r}")
-    try:
-        throttle_rates = ssd_throttled.parse_rates(args.throttle_mbps)
-    except ValueError:
-        p.error(f"--throttle-mbps: expected MB/s figures like 0,300 (0 or more), got {args.throttle_mbps!r}")
-    if "throttled" in modes and (why := ssd_throttled.unavailable()):
-        p.error(f"--modes throttled {why}")
+    ssd_values = ssd_modes.parsed(p, args, modes)
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if any(s % 2 or s <= 0 for s in sizes):
         p.error("page sizes must be positive and even (two segments per page)")
@@ -482,28 +423,10 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="bench_tiers.", dir=args.dir))
     results: dict[str, dict[str, dict[str, float]]] = {}
-    user_view = throttled = restart = profile = get_prof = backlog = None
     started = time.perf_counter()
     script = str(Path(__file__).resolve())
     try:
-        if "user-view" in modes:
-            user_view = ssd_user_view.user_view(script, uv_sizes, args.batches, args.batch_size, workdir,
-                                                not args.no_hicache_file)
-        if "throttled" in modes:
-            throttled = ssd_throttled.throttled(script, uv_sizes, args.batches, args.batch_size,
-                                                throttle_rates, workdir, not args.no_hicache_file)
-        if "put-profile" in modes:
-            profile = ssd_write_path.put_profile(script, uv_sizes, args.batch_size, workdir)
-        if "get-profile" in modes:
-            get_prof = ssd_read_path.get_profile(script, uv_sizes, args.batch_size, workdir)
-        if "backlog" in modes:
-            backlog = ssd_write_path.backlog(
-                script, parse_size(args.backlog_page), args.backlog_batch, backlog_rates,
-                args.backlog_seconds, parse_size(args.backlog_queue), parse_size(args.backlog_capacity),
-                args.batches, workdir, [m.strip() for m in args.backlog_direct_io.split(",") if m.strip()])
-        if "restart" in modes:
-            restart = ssd_user_view.restart(script, args.restart_gib, parse_size(args.restart_page),
-                                            args.batch_size, workdir)
+        ssd = ssd_modes.run(modes, args, ssd_values, script, workdir, not args.no_hicache_file)
         if "steady" in modes:
             for size in sizes:
                 results[human(size)] = run_size(size, args, workdir)
@@ -511,22 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"scratch on {workdir.parent}; load average at the end {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} CPUs")
-    if user_view is not None:
-        print(ssd_user_view.user_view_table(user_view))
-    if throttled is not None:
-        print(ssd_throttled.throttled_table(throttled))
-    if profile is not None:
-        print(ssd_write_path.put_profile_table(profile))
-    if get_prof is not None:
-        print(ssd_read_path.get_profile_table(get_prof))
-    for at_rate in backlog or []:
-        print(ssd_write_path.backlog_table(at_rate))
-    if restart is not None:
-        print(f"restart: {restart['pages_written']} pages of {restart['page']} "
-              f"({restart['bytes_on_disk'] / 2**30:.1f} GiB on disk, cache dropped by "
-              f"{restart['cache_dropped_by']}): first hit {restart['first_hit_s']:.3f}s after open "
-              f"(open {restart['open_s']:.3f}s), {restart['pages_recovered']} pages recovered, "
-              f"listed in {restart['scan_s']:.3f}s")
+    for text in ssd_modes.tables(ssd):
+        print(text)
     if "steady" in modes:
         reads = "cold and warm" if args.drop_caches else "warm (page cache)"
         print(f"steady state (one process, rewriting freed space): GB/s, {args.batch_size} pages per "
@@ -547,8 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({
             "unit": "GB/s", "batch_size": args.batch_size, "rounds": args.batches,
             "cold_reads": args.drop_caches, "loadavg": os.getloadavg()[0], "results": results,
-            "metrics_overhead": overhead, "user_view": user_view, "throttled": throttled, "restart": restart,
-            "put_profile": profile, "get_profile": get_prof, "backlog": backlog}, indent=2))
+            "metrics_overhead": overhead, **ssd}, indent=2))
     return 0
 
 

@@ -231,3 +231,45 @@ def test_throttled_mode_parses_rates_and_prints_ours_against_each_reference_per_
     assert "300 MB/s   1MiB x512    ours" in text and "none       1MiB x512" in text
     assert "2.50x [2.00-3.00]" in text  # put vs HiCacheFile: the rounds' ratios, median and range
     assert "1.25x [1.00-1.50]" in text  # cold get vs HiCacheFile
+
+
+def test_disk_speed_children_put_one_batch_and_read_it_back_from_any_memory(tmp_path: Path, capsys) -> None:
+    from devtools.bench.ssd import disk_speed
+
+    for memory in ("aligned", "unaligned"):
+        d = tmp_path / memory
+        d.mkdir()
+        disk_speed.child(["put", str(d), str(256 << 10), "8", memory])
+        put = json.loads(capsys.readouterr().out.splitlines()[-1])
+        assert 0 < put["put_s"] <= put["put_synced_s"] and put["put_cpu_s"] >= 0
+        disk_speed.child(["get", str(d), str(256 << 10), "8", memory])  # checks the bytes itself
+        assert json.loads(capsys.readouterr().out.splitlines()[-1])["get_s"] > 0
+
+
+def test_disk_speed_table_gives_each_ratio_over_the_rounds_against_dd() -> None:
+    from devtools.bench.ssd.disk_speed import disk_speed_table, summary
+
+    def run(put: float, get: float) -> dict:
+        return {"load": 1.5, "dd_write": 2.0, "dd_read": 2.0, "put": put, "put_synced": put / 2,
+                "get_cold": get, "put_vs_dd": put / 2.0, "put_synced_vs_dd": put / 4.0,
+                "get_cold_vs_dd": get / 2.0, "put_cpu_s": 0.1, "get_cpu_s": 0.2}
+
+    res = {"cache_dropped_by": "drop_caches", "rounds": 3, "dd_bs": "8MiB", "memory": "aligned",
+           "cpus": 2, "results": {"8MiB x96": summary([run(1.6, 1.8), run(2.0, 1.9), run(1.8, 2.2)])}}
+    text = disk_speed_table(res)
+    assert "dd bs=8MiB oflag=direct" in text and "load 1.5-1.5 on 2 CPUs" in text
+    row = next(line for line in text.splitlines() if line.strip().startswith("8MiB x96"))
+    assert "0.90x [0.80-1.00]" in row  # put over dd: median [lowest-highest] of the rounds
+    assert "0.95x [0.90-1.10]" in row  # cold get over dd
+    assert row.endswith("0.10/0.20")
+
+
+def test_disk_speed_options_are_checked_by_name(tmp_path: Path) -> None:
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_tiers.py"
+    for flag, bad in (("--disk-speed-pages", "8MiB:0"), ("--disk-speed-pages", "big"),
+                      ("--disk-speed-dd-bs", "huge"), ("--disk-speed-loop-readahead", "-1")):
+        run = subprocess.run([sys.executable, str(script), "--modes", "disk-speed", flag, bad,
+                              "--dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2 and flag in run.stderr, (flag, bad, run.stderr[-500:])

@@ -37,7 +37,7 @@ def test_backlog_and_put_profile_account_for_every_page(tmp_path: Path) -> None:
     assert set(profile) == {"64KiB x64", "1MiB x16"}
     for row in profile.values():
         assert row["put_s"] > 0 and row["writeback_s"] >= 0
-        assert {"checksum (caller)", "page bytes written (checksums included)",
+        assert {"checksum (caller)", "page bytes written (checksums, index puts included)",
                 "extent allocation"} <= set(row["phases"])
         assert row["profile"], "the cProfile lines are missing"
     assert not any(p.name.startswith(("backlog", "put-profile")) for p in tmp_path.rglob("*")

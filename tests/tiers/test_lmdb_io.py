@@ -1,6 +1,7 @@
-"""The SSD tier's page data path (``page_io``): O_DIRECT where pages allow it and the page cache would
-throttle, the buffered path otherwise, checksums made alongside the writes and verified on every
-read, and the seconds the tier's writer is busy reaching ``/metrics``."""
+"""The SSD tier's page data path (``page_io``, ``direct``): O_DIRECT from and into any memory (a bounce
+buffer where it is not aligned), the page cache where it is faster, cold reads with O_DIRECT and
+warm ones from the page cache, checksums made alongside the writes and verified on every read, and
+the seconds the tier's writer is busy reaching ``/metrics``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from mooncake_sgl.config import LmdbTierConfig
 from mooncake_sgl.metrics.source import tier_sample
-from mooncake_sgl.tiers.ssd import LmdbTier, page_io, write_route
+from mooncake_sgl.tiers.ssd import LmdbTier, direct, page_io, readers, write_route
 
 PAGE = 256 << 10
 
@@ -56,16 +57,28 @@ def test_aligned_pages_go_to_disk_with_o_direct_and_read_back_exact(tmp_path: Pa
     tier.close()
 
 
-def test_unaligned_pages_take_the_buffered_path_beside_aligned_ones(tmp_path: Path) -> None:
+def test_unaligned_pages_go_o_direct_through_a_bounce_buffer_beside_aligned_ones(tmp_path: Path,
+                                                                                monkeypatch) -> None:
     tier = tier_at(tmp_path, "direct")
     buf, pages = aligned_pages(4, seed=2)
     odd = bytearray(PAGE + 1)
     odd[:] = os.urandom(PAGE + 1)
-    shifted = memoryview(odd)[1:]  # one byte past a page boundary: O_DIRECT cannot write it
-    batch = [pages[0], [shifted], pages[1], [memoryview(bytes(5000))], pages[2], pages[3]]
+    shifted = memoryview(odd)[1:]  # one byte past a page boundary: O_DIRECT cannot take it as it is
+    tail = memoryview(bytearray(os.urandom(5000)))  # not whole 4 KiB blocks: padded in the bounce
+    batch = [pages[0], [shifted], pages[1], [tail], pages[2], pages[3]]
     names = [b"mixed-%d" % i for i in range(len(batch))]
+    written: list[int] = []
+    write = direct.pwritev_all
+
+    def noted(fd: int, segments, offset: int) -> None:
+        write(fd, segments, offset)  # the kernel refuses the segments as they are: EINVAL
+        if fd == tier._io._direct_fd:
+            assert offset % 4096 == 0 and all(s.nbytes % 4096 == 0 for s in segments)
+            written.append(len(segments))
+
+    monkeypatch.setattr(direct, "pwritev_all", noted)
     assert tier.put_from(names, batch) == [True] * len(batch)
-    assert tier.stats()["direct_pages"] == 4
+    assert tier.stats()["direct_pages"] == len(batch) and written == [1]  # one request, bounced
     for name, page in zip(names, batch):
         want = b"".join(bytes(s) for s in page)
         out = memoryview(bytearray(len(want)))
@@ -136,14 +149,14 @@ def test_a_device_refusing_the_o_direct_alignment_gets_the_pages_buffered(tmp_pa
                                                                           monkeypatch) -> None:
     tier = tier_at(tmp_path, "direct")
     buf, pages = aligned_pages(4, seed=6)
-    write = page_io._pwritev_all
+    write = direct.pwritev_all
 
     def refuse_direct(fd: int, segments, offset: int) -> None:
         if fd == tier._io._direct_fd:  # a device whose logical block is larger than 4 KiB
             raise OSError(errno.EINVAL, "Invalid argument")
         write(fd, segments, offset)
 
-    monkeypatch.setattr(page_io, "_pwritev_all", refuse_direct)
+    monkeypatch.setattr(direct, "pwritev_all", refuse_direct)
     names = [b"einval-%d" % i for i in range(4)]
     assert tier.put_from(names, pages) == [True] * 4
     ok, out = read_all(tier, names, 4)
@@ -192,14 +205,14 @@ def test_a_batch_is_read_by_the_calling_thread_and_the_pool_alike(tmp_path: Path
     names = [b"gang-%03d" % i for i in range(n)]
     assert tier.put_from(names, pages) == [True] * n
     readers: set[str] = set()
-    read = page_io._preadv_all
+    read = direct.preadv_all
 
-    def noted(fd: int, segments, offset: int, *flags: int) -> int:
+    def noted(fd: int, segments, offset: int) -> int:
         readers.add(threading.current_thread().name)
         time.sleep(0.02)  # long enough for a pool thread to wake and take a run
-        return read(fd, segments, offset, *flags)
+        return read(fd, segments, offset)
 
-    monkeypatch.setattr(page_io, "_preadv_all", noted)
+    monkeypatch.setattr(direct, "preadv_all", noted)
     ok, out = read_all(tier, names, n)
     assert ok == [True] * n and np.array_equal(out, buf)
     assert threading.current_thread().name in readers
@@ -220,14 +233,14 @@ def test_readers_of_a_shared_batch_each_read_through_a_descriptor_of_their_own(t
     names = [b"own-fd-%03d" % i for i in range(n)]
     assert tier.put_from(names, pages) == [True] * n
     reads: list[tuple[str, int, int]] = []
-    read = page_io._preadv_all
+    read = direct.preadv_all
 
     def noted(fd: int, segments, offset: int) -> int:
         reads.append((threading.current_thread().name, fd, offset))
         time.sleep(0.02)  # long enough for a pool thread to wake and take a run
         return read(fd, segments, offset)
 
-    monkeypatch.setattr(page_io, "_preadv_all", noted)
+    monkeypatch.setattr(direct, "preadv_all", noted)
     used: list[set[int]] = []
     for _ in range(2):
         reads.clear()
@@ -248,12 +261,12 @@ def test_readers_of_a_shared_batch_each_read_through_a_descriptor_of_their_own(t
 
 
 def test_each_reader_takes_its_own_stretch_in_order_then_the_ends_of_the_others() -> None:
-    both = page_io._Stretches(10, 2)
+    both = readers.Stretches(10, 2)
     assert [(both.next(0), both.next(1)) for _ in range(5)] == [(i, 5 + i) for i in range(5)]
     assert both.next(0) is None and both.next(1) is None
-    alone = page_io._Stretches(10, 2)  # the helper never started: the caller takes it all
+    alone = readers.Stretches(10, 2)  # the helper never started: the caller takes it all
     assert [alone.next(0) for _ in range(11)] == [0, 1, 2, 3, 4, 9, 8, 7, 6, 5, None]
-    three = page_io._Stretches(9, 3)
+    three = readers.Stretches(9, 3)
     assert three.next(2) == 6 and [three.next(0) for _ in range(3)] == [0, 1, 2]
     assert three.next(0) == 5  # the stretch with the most left gives up its last task
     taken = [three.next(w) for w in (1, 2, 0, 1, 2)]
@@ -299,3 +312,138 @@ def test_a_flipped_byte_anywhere_in_a_large_page_is_a_miss(tmp_path: Path, where
     assert np.array_equal(out[size:], data[size:])
     assert tier.stats()["corrupt_pages"] == 1
     tier.close()
+
+
+def _read_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        while f.read(8 << 20):
+            pass
+
+
+def test_a_cold_batch_is_read_with_o_direct_and_a_warm_one_from_the_page_cache(tmp_path: Path,
+                                                                              monkeypatch) -> None:
+    """On a disk with the kernel's usual 128 KiB readahead, runs not wholly in the page cache go
+    O_DIRECT straight into aligned memory; other memory is read buffered; cached runs are memory
+    copies."""
+    monkeypatch.setattr(direct, "readahead_of", lambda fd: 128 << 10)
+    tier = tier_at(tmp_path, "direct")
+    n = (32 << 20) // PAGE  # a batch the pool's threads share (``page_io._GANG_MIN_BYTES``)
+    buf, pages = aligned_pages(n, seed=12)
+    names = [b"cold-%03d" % i for i in range(n)]
+    assert tier.put_from(names, pages) == [True] * n  # O_DIRECT: nothing of it is in the page cache
+    reads: list[tuple[bool, int]] = []
+    read = direct.preadv_all
+
+    def noted(fd: int, segments, offset: int) -> int:
+        got = read(fd, segments, offset)  # a refused O_DIRECT read raises before it is noted
+        reads.append((fd == tier._io._direct_fd, got))
+        return got
+
+    monkeypatch.setattr(direct, "preadv_all", noted)
+    out, dst = aligned_pages(n, seed=0)  # SGLang's host pool: page-aligned
+    assert tier.get_into(names, dst) == [True] * n and np.array_equal(out, buf)
+    # Adjacent pages, one request of page_io._DIRECT_READ bytes each, all O_DIRECT.
+    assert reads == [(True, page_io._DIRECT_READ)] * ((32 << 20) // page_io._DIRECT_READ)
+    reads.clear()
+    raw = np.zeros(n * PAGE + 4096 + 64, dtype=np.uint8)
+    start = -raw.ctypes.data % 4096 + 64  # where malloc puts a large array: never on a block
+    shifted = memoryview(raw[start:start + n * PAGE])
+    assert tier.get_into(names, [[shifted[i * PAGE:(i + 1) * PAGE]] for i in range(n)]) == [True] * n
+    assert np.array_equal(raw[start:start + n * PAGE], buf)
+    assert reads and not any(through_direct for through_direct, _ in reads)
+    reads.clear()
+    _read_file(tmp_path / "pages.bin")  # now every page is in the page cache
+    ok, out = read_all(tier, names, n)
+    assert ok == [True] * n and np.array_equal(out, buf)
+    assert reads and not any(through_direct for through_direct, _ in reads)
+    tier.close()
+
+
+def test_a_disk_reading_ahead_as_far_as_a_request_keeps_cold_reads_buffered(tmp_path: Path,
+                                                                            monkeypatch) -> None:
+    """The kernel's asynchronous readahead keeps an O_DIRECT request's worth in flight itself there
+    (the development VM's disk: ``read_ahead_kb`` 8192), and leaves the pages cached."""
+    monkeypatch.setattr(direct, "readahead_of", lambda fd: page_io._DIRECT_READ)
+    tier = tier_at(tmp_path, "direct")
+    n = (32 << 20) // PAGE
+    buf, pages = aligned_pages(n, seed=15)
+    names = [b"ahead-%03d" % i for i in range(n)]
+    assert tier.put_from(names, pages) == [True] * n
+    fds: list[int] = []
+    read = direct.preadv_all
+
+    def noted(fd: int, segments, offset: int) -> int:
+        fds.append(fd)
+        return read(fd, segments, offset)
+
+    monkeypatch.setattr(direct, "preadv_all", noted)
+    out, dst = aligned_pages(n, seed=0)
+    assert tier.get_into(names, dst) == [True] * n and np.array_equal(out, buf)
+    assert fds and tier._io._direct_fd not in fds
+    tier.close()
+
+
+def test_a_device_refusing_o_direct_reads_gets_them_buffered(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(direct, "readahead_of", lambda fd: None)  # no block device to ask
+    tier = tier_at(tmp_path, "direct")
+    n = (32 << 20) // PAGE
+    buf, pages = aligned_pages(n, seed=13)
+    names = [b"einval-read-%03d" % i for i in range(n)]
+    assert tier.put_from(names, pages) == [True] * n
+    read = direct.preadv_all
+    refused: list[int] = []
+
+    def refuse_direct(fd: int, segments, offset: int) -> int:
+        if fd == tier._io._direct_fd:  # a logical block larger than 4 KiB
+            refused.append(offset)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return read(fd, segments, offset)
+
+    monkeypatch.setattr(direct, "preadv_all", refuse_direct)
+    out, dst = aligned_pages(n, seed=0)
+    assert tier.get_into(names, dst) == [True] * n and np.array_equal(out, buf)
+    assert refused and tier.stats()["disk_errors"] == 0
+    tier.close()
+
+
+@pytest.mark.parametrize("call", ["cachestat", "mincore"])
+def test_residency_says_whether_a_range_is_wholly_in_the_page_cache(tmp_path: Path, call: str) -> None:
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(4 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        resident = direct.Residency(fd)
+        resident._cachestat = call == "cachestat"
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert resident.cached(0, 4 << 20) is False
+        os.pread(fd, 1 << 20, 1 << 20)  # the second MiB only (no readahead past it: see below)
+        os.posix_fadvise(fd, 2 << 20, 2 << 20, os.POSIX_FADV_DONTNEED)
+        assert resident.cached(1 << 20, 1 << 20) is True
+        assert resident.cached((1 << 20) + 4096, 8192) is True
+        assert resident.cached(0, 4 << 20) is False
+        _read_file(path)
+        assert resident.cached(0, 4 << 20) is True
+    finally:
+        os.close(fd)
+
+
+def test_bounced_writes_move_every_byte_at_any_alignment(tmp_path: Path) -> None:
+    try:
+        fd = os.open(tmp_path / "b.bin", os.O_RDWR | os.O_CREAT | getattr(os, "O_DIRECT", 0), 0o644)
+    except OSError as e:
+        pytest.skip(f"the file system under {tmp_path} has no O_DIRECT ({e})")
+    size = 2 * direct.BOUNCE_BYTES + 5000  # three bounce loads, the last one padded with zeros
+    end = -(-size // 4096) * 4096
+    data = np.random.default_rng(14).integers(0, 256, size + 3, dtype=np.uint8)
+    mv = memoryview(data)
+    try:
+        os.posix_fallocate(fd, 0, end + 4096)
+        direct.write_direct(fd, [mv[3:1001], mv[1001:size - 7000], mv[size - 7000:]], 0)  # odd addresses
+        direct.write_direct(fd, [memoryview(bytes(data[:4096]))], end)  # read-only memory
+    finally:
+        os.close(fd)
+    written = (tmp_path / "b.bin").read_bytes()
+    assert written[:size] == data[3:].tobytes()
+    assert written[size:end] == bytes(end - size)
+    assert written[end:end + 4096] == data[:4096].tobytes()

@@ -1,6 +1,7 @@
 """``direct_io: auto``'s choice per write batch (``write_route``): the page cache while it takes
-batches faster than the disk does, O_DIRECT once the kernel throttles it, back once the kernel
-has written back, and the disk's rate measured rather than assumed."""
+batches faster than the disk does, O_DIRECT once the kernel throttles it or the disk is faster,
+back once the kernel has written back, both rates measured rather than assumed, and a large batch
+timing the ways it has no recent rate for before it writes the rest the faster one."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from mooncake_sgl.config import LmdbTierConfig
-from mooncake_sgl.tiers.ssd import LmdbTier, page_io, write_route
+from mooncake_sgl.tiers.ssd import LmdbTier, direct, write_route
 from mooncake_sgl.tiers.ssd.write_route import WriteRoute
 
 MIB = 1 << 20
@@ -84,18 +85,24 @@ def test_a_throttled_page_cache_sends_batches_direct_until_half_its_dirty_bytes_
 
 
 def test_a_page_cache_throttled_from_its_first_batch_is_found_out_by_the_disks_rate() -> None:
-    r, room, _ = route()
+    r, room, clock = route()
     room.dirty_bytes = 1 << 30
-    assert [write(r, 0.5, 1.5) for _ in range(4)] == [True, False, True, False]
+    assert [write(r, 0.5, 1.5) for _ in range(4)] == [True, False, False, False]
+    clock.now += write_route._RETRY_S  # both rates old: the page cache is timed again, and is throttled
+    assert [write(r, 0.5, 1.5) for _ in range(3)] == [False, True, False]
     assert r.throttled == 1
 
 
 def test_a_slow_batch_with_little_dirty_is_cpu_contention_not_throttling() -> None:
-    r, room, _ = route()
+    """A busy CPU slows the page cache's copy, not the disk: no writeback to wait for, but once the
+    page cache's recent rate is below the disk's, the batches go O_DIRECT."""
+    r, room, clock = route()
     assert [write(r, 3.0, 1.0) for _ in range(2)] == [True, False]
     room.dirty_bytes = 64 * MIB  # below write_route._THROTTLE_MIN_DIRTY
-    assert [write(r, 0.3, 1.0) for _ in range(3)] == [True] * 3
+    assert [write(r, 0.3, 1.0) for _ in range(4)] == [True, True, False, False]
     assert r.throttled == 0
+    clock.now += write_route._RETRY_S  # the CPU may be free again: both ways are timed again
+    assert [write(r, 3.0, 1.0) for _ in range(3)] == [False, True, True]
 
 
 def test_the_page_cache_is_tried_again_after_the_retry_time_when_dirty_bytes_never_drain() -> None:
@@ -147,69 +154,93 @@ def test_no_room_below_the_ceiling_means_direct_whatever_the_rates() -> None:
     assert [write(r, 3.0, 1.0) for _ in range(3)] == [False] * 3
 
 
-def test_a_tier_whose_buffered_writes_are_throttled_moves_to_o_direct_and_reads_back_exact(
-        tmp_path: Path, monkeypatch) -> None:
+def test_a_large_batch_times_each_way_it_has_no_recent_rate_for_first() -> None:
+    r, room, clock = route()
+    assert r.probes(BATCH) == [False, True]  # a fresh tier: the disk first, then the page cache
+    r.wrote(False, write_route.PROBE_BYTES, write_route.PROBE_BYTES / (1.0 * GB))
+    r.wrote(True, write_route.PROBE_BYTES, write_route.PROBE_BYTES / (3.0 * GB))
+    assert r.probes(BATCH) == [] and r.buffered(BATCH)  # the faster way for the rest
+    clock.now += write_route._RETRY_S
+    assert r.probes(BATCH) == [False, True]
+    room.room = False
+    assert r.probes(BATCH) == [False]  # the page cache may not take it: only the disk is timed
+    r2, room2, _ = throttled_route()
+    assert r2.probes(BATCH) == []  # throttled: O_DIRECT, its rate fresh
+
+
+def _tier_and_pages(tmp_path: Path, batches: int, n: int, seed: int):
     import mmap
+
+    tier = LmdbTier(LmdbTierConfig(path=str(tmp_path), capacity="1GiB", direct_io="auto"))
+    if not tier._io.direct:
+        tier.close()
+        pytest.skip(f"the file system under {tmp_path} has no O_DIRECT")
+    buf = np.frombuffer(mmap.mmap(-1, batches * n * MIB), dtype=np.uint8)
+    buf[:] = np.random.default_rng(seed).integers(0, 256, buf.size, dtype=np.uint8)
+    mv = memoryview(buf)
+    return tier, buf, [[mv[i * MIB:(i + 1) * MIB]] for i in range(batches * n)]
+
+
+def _slowed(monkeypatch, tier: LmdbTier, delays: dict[str, float]) -> None:
+    """Each write request through the page cache (``"buffered"``) or O_DIRECT (``"direct"``)
+    sleeps as long as ``delays`` says at the time."""
     import time
 
-    tier = LmdbTier(LmdbTierConfig(path=str(tmp_path), capacity="1GiB", direct_io="auto"))
-    if not tier._io.direct:
-        tier.close()
-        pytest.skip(f"the file system under {tmp_path} has no O_DIRECT")
-    page, n = 1 * MIB, 32  # 32 MiB batches: each one judged (write_route._JUDGED_BYTES)
-    buf = np.frombuffer(mmap.mmap(-1, 4 * n * page), dtype=np.uint8)
-    buf[:] = np.random.default_rng(5).integers(0, 256, buf.size, dtype=np.uint8)
-    mv = memoryview(buf)
-    monkeypatch.setattr(write_route.DirtyRoom, "takes", lambda self, nbytes: True)
-    monkeypatch.setattr(write_route.DirtyRoom, "dirty", lambda self: 2 << 30)
-    write = page_io._pwritev_all
-    throttle = {"on": False}
+    write = direct.pwritev_all
 
     def kernel(fd: int, segments, offset: int) -> None:
-        if throttle["on"] and fd == tier._file.fd:
-            time.sleep(0.5)  # balance_dirty_pages holding a buffered writer
+        time.sleep(delays["buffered" if fd == tier._file.fd else "direct"])
         write(fd, segments, offset)
 
-    monkeypatch.setattr(page_io, "_pwritev_all", kernel)
-    names = [b"route-%02d" % i for i in range(4 * n)]
-    pages = [[mv[i * page:(i + 1) * page]] for i in range(4 * n)]
-    for b in range(4):
-        throttle["on"] = b == 2  # the first batch buffered, the second direct (the disk's rate)
-        assert tier.put_from(names[b * n:(b + 1) * n], pages[b * n:(b + 1) * n]) == [True] * n
-    stats = tier.stats()
-    assert stats["buffered_throttled"] == 1
-    assert stats["direct_pages"] == 2 * n  # the probe and the batch after the throttled one
+    monkeypatch.setattr(direct, "pwritev_all", kernel)
+
+
+def _read_back(tier: LmdbTier, buf: np.ndarray, names: list[bytes]) -> None:
     out = np.zeros_like(buf)
     dst = memoryview(out)
-    assert tier.get_into(names, [[dst[i * page:(i + 1) * page]] for i in range(4 * n)]) == [True] * (4 * n)
+    pages = [[dst[i * MIB:(i + 1) * MIB]] for i in range(len(names))]
+    assert tier.get_into(names, pages) == [True] * len(names)
     assert np.array_equal(out, buf)
-    tier.close()
 
 
-def test_a_rate_probe_writes_only_its_first_window_with_o_direct(tmp_path: Path, monkeypatch) -> None:
-    """The route learns the disk's rate from one judged window, not a whole batch: a 128 MiB batch
-    sent O_DIRECT on a 300 MB/s disk took 0.43 s where the page cache took it as a memory copy
-    (``bench_tiers.py --modes throttled``), so a probe is its batch's first ``PROBE_BYTES``."""
-    import mmap
-
-    tier = LmdbTier(LmdbTierConfig(path=str(tmp_path), capacity="1GiB", direct_io="auto"))
-    if not tier._io.direct:
+def test_a_fresh_tiers_first_large_batch_times_both_ways_then_writes_the_rest_the_faster(
+        tmp_path: Path, monkeypatch) -> None:
+    """One large batch into a new directory (a fresh server's first write-through): 32 MiB
+    O_DIRECT, 32 MiB through the page cache, the rest the faster way; never both at once (on one
+    file they contend for its inode lock)."""
+    n = 128  # 128 MiB: two probes and as much again
+    probe = write_route.PROBE_BYTES // MIB
+    for slow, direct_pages in (("direct", probe), ("buffered", n - probe)):
+        d = tmp_path / slow
+        d.mkdir()
+        tier, buf, pages = _tier_and_pages(d, 1, n, seed=5)
+        monkeypatch.setattr(write_route.DirtyRoom, "takes", lambda self, nbytes: True)
+        monkeypatch.setattr(write_route.DirtyRoom, "dirty", lambda self: 0)
+        _slowed(monkeypatch, tier, {"buffered": 0.0, "direct": 0.0, slow: 0.05})
+        names = [b"fresh-%03d" % i for i in range(n)]
+        assert tier.put_from(names, pages) == [True] * n
+        assert tier.stats()["direct_pages"] == direct_pages, slow
+        assert tier.stats()["buffered_throttled"] == 0
+        _read_back(tier, buf, names)
         tier.close()
-        pytest.skip(f"the file system under {tmp_path} has no O_DIRECT")
-    page = 1 * MIB
-    n = 4 * write_route.PROBE_BYTES // page  # a batch four probes long
-    buf = np.frombuffer(mmap.mmap(-1, 2 * n * page), dtype=np.uint8)
-    buf[:] = np.random.default_rng(7).integers(0, 256, buf.size, dtype=np.uint8)
-    mv = memoryview(buf)
+
+
+def test_a_tier_whose_buffered_writes_are_throttled_moves_to_o_direct_and_reads_back_exact(
+        tmp_path: Path, monkeypatch) -> None:
+    n = 96  # 96 MiB batches: the first one probes both ways
+    tier, buf, pages = _tier_and_pages(tmp_path, 3, n, seed=6)
     monkeypatch.setattr(write_route.DirtyRoom, "takes", lambda self, nbytes: True)
-    names = [b"probe-%03d" % i for i in range(2 * n)]
-    pages = [[mv[i * page:(i + 1) * page]] for i in range(2 * n)]
-    # The first batch goes through the page cache and is judged; the next one probes the disk.
-    for b in range(2):
-        assert tier.put_from(names[b * n:(b + 1) * n], pages[b * n:(b + 1) * n]) == [True] * n
-    assert tier.stats()["direct_pages"] == write_route.PROBE_BYTES // page
-    out = np.zeros_like(buf)
-    dst = memoryview(out)
-    assert tier.get_into(names, [[dst[i * page:(i + 1) * page]] for i in range(2 * n)]) == [True] * (2 * n)
-    assert np.array_equal(out, buf)
+    monkeypatch.setattr(write_route.DirtyRoom, "dirty", lambda self: 2 << 30)
+    delays = {"buffered": 0.0, "direct": 0.05}  # a page cache faster than the disk (4 in flight: 320 MB/s)
+    _slowed(monkeypatch, tier, delays)
+    names = [b"route-%02d" % i for i in range(3 * n)]
+    assert tier.put_from(names[:n], pages[:n]) == [True] * n
+    probe = write_route.PROBE_BYTES // MIB
+    assert tier.stats()["direct_pages"] == probe and tier.stats()["buffered_throttled"] == 0
+    delays["buffered"] = 0.03  # balance_dirty_pages holding the writer: 4 MiB per 30 ms
+    assert tier.put_from(names[n:2 * n], pages[n:2 * n]) == [True] * n  # through the page cache
+    assert tier.stats()["direct_pages"] == probe and tier.stats()["buffered_throttled"] == 1
+    assert tier.put_from(names[2 * n:], pages[2 * n:]) == [True] * n  # O_DIRECT alone
+    assert tier.stats()["direct_pages"] == probe + n
+    _read_back(tier, buf, names)
     tier.close()

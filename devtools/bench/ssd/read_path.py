@@ -9,8 +9,9 @@ more than the get's wall time:
 
 - ``index lookup``: ``get_into`` outside ``PageIO.read`` (the read transaction, ``txn.get`` and
   record parsing per key, counting);
-- ``read syscalls``: ``preadv`` into the destination's segments (the copy out of the page cache,
-  and on a cold read the wait for the disk);
+- ``read syscalls``: ``preadv`` into the destination's segments or a bounce buffer, buffered (the
+  copy out of the page cache) or with O_DIRECT (a cold run of a large batch), and on a cold read
+  the wait for the disk;
 - ``readahead hints``: ``posix_fadvise(WILLNEED)`` calls (the read path makes none now; a row
   here would say it does again);
 - ``checksum``: xxh3 of every page (one-shot and streaming).
@@ -84,7 +85,7 @@ def profile_child(directory: str, size: int, n: int, batch: int) -> None:
 
     import xxhash
 
-    from mooncake_sgl.tiers.ssd import page_io
+    from mooncake_sgl.tiers.ssd import direct, page_io
 
     from .write_path import _tier
 
@@ -99,7 +100,7 @@ def profile_child(directory: str, size: int, n: int, batch: int) -> None:
     views = page_views(dst, size, n)
     tier.get_into(names[:1], views[:1])  # untimed: the first call's imports and thread start
     phases = _Phases()
-    phases.wrap(page_io, "_preadv_all", "read syscalls")
+    phases.wrap(direct, "preadv_all", "read syscalls")
     phases.wrap(page_io.os, "posix_fadvise", "readahead hints",
                 only=lambda fd, off, length, advice: advice == os.POSIX_FADV_WILLNEED)
     phases.wrap(page_io, "checksum", "checksum")

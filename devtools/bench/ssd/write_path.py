@@ -2,9 +2,10 @@
 
 Put profile: per page size, a fresh process puts N pages into a fresh directory (as a new server
 meets the tier) with each phase of the put timed where it runs on the calling thread: the checksums,
-the write of the page bytes (``PageIO.write``: the wait for the writer threads, the checksums
-included), extent allocation, preallocation of the page file, the index's disk check; the rest of
-the put is the index transaction (``txn.put``, the commit) and Python. Then ``os.sync`` times the
+the write of the page bytes (``PageIO.write``: the wait for the writer threads, the checksums and
+the index's ``txn.put`` of each page included, as they run while the bytes are written), extent
+allocation, preallocation of the page file, the index's disk check; the rest of the put is the
+index transaction (the lookups, the commit) and Python. Then ``os.sync`` times the
 page-cache writeback the put left behind. The top functions of a ``cProfile`` of the same puts
 follow (a second fresh process, so the profiler's cost is not in the phases).
 
@@ -51,7 +52,7 @@ from .user_view import keys, page_data, page_views, run_profile_child
 
 GB = 1e9
 _CHUNK = 4 << 20  # raw O_DIRECT request size, as ssd_user_view's raw rows
-_IN_FLIGHT = 4  # raw O_DIRECT requests at once in the backlog, as the tier's writer (page_io._IO_THREADS)
+_IN_FLIGHT = 4  # raw O_DIRECT requests at once in the backlog, as the tier's writer (page_io._DIRECT_LANE)
 
 
 def _tier(directory: str, capacity: int | str = "64GiB", direct_io: str = "auto"):
@@ -82,7 +83,7 @@ def profile_child(directory: str, size: int, n: int, batch: int, with_cprofile: 
 
     if not with_cprofile:
         timed(page_io, "checksum", "checksum (caller)")
-        timed(page_io.PageIO, "write", "page bytes written (checksums included)")
+        timed(page_io.PageIO, "write", "page bytes written (checksums, index puts included)")
         timed(extents.ExtentAllocator, "allocate", "extent allocation")
         timed(extents.ExtentFile, "reserve", "page file preallocation")
         timed(index.LmdbIndex, "room", "index disk check")
@@ -143,7 +144,7 @@ def put_profile_table(prof: dict) -> str:
             accounted += s if not name.startswith("checksum") else 0.0
             lines.append(f"    {name:<42} {s * 1e3:8.1f} ms {s / put:5.0%}")
         rest = put - accounted
-        lines.append(f"    {'index transaction, commit, Python':<42} {rest * 1e3:8.1f} ms {rest / put:5.0%}")
+        lines.append(f"    {'index lookups, commit, Python':<42} {rest * 1e3:8.1f} ms {rest / put:5.0%}")
         lines.extend("    | " + line for line in row["profile"])
     return "\n".join(lines)
 

@@ -8,9 +8,12 @@ Why each choice:
 
 - *Disk speed.* Page bytes never pass through LMDB's memory map: a put writes the caller's
   segments into preallocated extents from writer threads while it checksums them, through the page
-  cache while the kernel takes them freely and with ``O_DIRECT`` once it would throttle; a get
-  reads into the destination's segments and hashes each piece as it lands, leaving readahead
-  to the kernel (``page_io``).
+  cache or with ``O_DIRECT``, whichever the batches measured faster (a fresh tier's first large
+  batch times both first; ``O_DIRECT`` from any memory, through a bounce buffer where it is not
+  aligned); a get reads into the destination's segments and hashes them as they land, from the page
+  cache where the pages are in it and, for a large batch, with ``O_DIRECT`` requests in flight where
+  they are not (``page_io``, ``direct``). ``scripts/bench_tiers.py --modes disk-speed`` measures one
+  batch of a fresh tier against ``dd`` on the same disk.
   Measured the way a user meets the tier (writer process, page cache dropped, new reader
   process), values kept in LMDB read 1.4-2.3x slower and were written 2-7x slower at 64 KiB and
   8 MiB than this; ``scripts/bench_tiers.py --modes user-view`` compares it with SGLang's

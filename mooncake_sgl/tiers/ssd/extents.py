@@ -12,9 +12,10 @@ How the bytes move (writer threads, checksums alongside, O_DIRECT under dirty-me
 ``page_io``'s; this module owns where they go. Choices, each measured (writer process, page cache
 dropped, reader process; 64 KiB / 1 MiB / 8 MiB pages on the development VM's virtio disk):
 
-- Extents start on 4 KiB boundaries, so no two pages share a file-system block and an aligned
-  page can be written with ``O_DIRECT``. Reads are buffered: ``O_DIRECT`` reads were 4x slower at
-  64 KiB and no faster at 8 MiB, and need aligned destinations.
+- Extents start on 4 KiB boundaries, so no two pages share a file-system block and a page can be
+  written and read with ``O_DIRECT``. Reads of single pages were 4x slower with ``O_DIRECT`` at
+  64 KiB and no faster at 8 MiB, so only a large batch's runs not in the page cache go that way,
+  merged into 8 MiB requests with several in flight (``page_io``).
 - Preallocation (``posix_fallocate``) ahead of the high-water mark: fresh puts 1.2-1.7x faster
   than writing into a sparse file, and a full disk shows up as a refused page at allocation instead
   of a failed write. The step doubles with the file (from ``_GROW_MIN`` up to ``_GROW_MAX``), so a

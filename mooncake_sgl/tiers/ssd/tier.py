@@ -253,7 +253,9 @@ class LmdbTier(Tier):
         try:
             oldest = oldest_reader(self._index.env) if self._alloc.free_extents() else None
             # Allocate every page first, so pages in fresh extents go to disk in one pwritev.
-            planned: list[tuple[int, int, int, tuple[int, int, int] | None]] = []
+            # Each planned page: its position in ``todo``, index, offset, size, and the record it
+            # replaces (parsed, and its bytes to put back should the write fail).
+            planned: list[tuple[int, int, int, int, tuple[int, int, int] | None, bytes | None]] = []
             seen: set[PageKey] = set()
             checked = False
             for pos, i in enumerate(todo):
@@ -277,21 +279,33 @@ class LmdbTier(Tier):
                     continue
                 seen.add(keys[i])
                 allocated.append((offset, nbytes))
-                planned.append((pos, i, offset, old_rec))
-            stored, digests = self._io.write([keys[i] for _, i, _, _ in planned],
-                                             [(offset, pages[i]) for _, i, offset, _ in planned])
-            for (pos, i, offset, old_rec), ok, digest in zip(planned, stored, digests):
-                nbytes = page_nbytes(pages[i])
-                if not ok:
-                    self._counters.add(io_errors=1)
+                planned.append((pos, i, offset, nbytes, old_rec, None if old is None else bytes(old)))
+
+            def name(digests: list[int]) -> None:
+                # Runs while the page bytes are still being written: nothing commits before the
+                # write returns, and a page whose bytes failed is taken out again below.
+                for (pos, i, offset, nbytes, _, _), digest in zip(planned, digests):
+                    try:
+                        txn.put(keys[i], pack_record(offset, nbytes, digest))
+                    except lmdb.MapFullError:
+                        raise IndexFull(pos) from None
+
+            stored, _ = self._io.write([keys[i] for _, i, _, _, _, _ in planned],
+                                       [(offset, pages[i]) for _, i, offset, _, _, _ in planned], name)
+            for (pos, i, _, _, old_rec, old), ok in zip(planned, stored):
+                if ok:
+                    if old_rec is not None:
+                        replaced.append(old_rec[:2])
+                    written.append(i)
                     continue
-                try:
-                    txn.put(keys[i], pack_record(offset, nbytes, digest))
+                self._counters.add(io_errors=1)
+                try:  # the key names what it named before, or nothing
+                    if old is None:
+                        txn.delete(keys[i])
+                    else:
+                        txn.put(keys[i], old)
                 except lmdb.MapFullError:
                     raise IndexFull(pos) from None
-                if old_rec is not None:
-                    replaced.append(old_rec[:2])
-                written.append(i)
             if written and self._config.sync:
                 self._file.sync()  # the bytes are on disk before the index names them
             try:
@@ -310,9 +324,9 @@ class LmdbTier(Tier):
                 self._alloc.release(off, n)
             raise
         self._index.committed(tid, bool(written))
-        for (_, i, off, _), ok in reversed(list(zip(planned, stored))):
+        for (_, _, off, nbytes, _, _), ok in reversed(list(zip(planned, stored))):
             if not ok:  # allocated, but its write failed: nothing names it
-                self._alloc.release(off, page_nbytes(pages[i]))
+                self._alloc.release(off, nbytes)
         for off, n in replaced:
             self._alloc.free(off, n, tid)
         return written, existing, len(replaced)

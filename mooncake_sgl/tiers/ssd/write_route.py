@@ -1,5 +1,5 @@
 """Which way the SSD tier's next write batch goes under ``direct_io: auto``: through the page cache
-or with O_DIRECT. Policy only: ``page_io`` moves the bytes and reports each batch's time here.
+or with O_DIRECT. Policy only: ``page_io`` moves the bytes and reports each way's time here.
 
 A buffered write is a memory copy while the kernel lets the writer run free, and is throttled to
 the kernel's writeback speed once it does not. Where that starts cannot be read off the kernel's
@@ -9,17 +9,25 @@ thresholds: on the development VM (24 GiB, ``vm.dirty_background_ratio`` 10, ``v
 (``scripts/bench_tiers.py --modes backlog``). So the route is measured, not assumed:
 
 - buffered while the page cache is below that ceiling (``DirtyRoom``) and the batches it takes
-  run faster than O_DIRECT ones do;
+  run faster than O_DIRECT ones do: once both ways have a rate less than ``_RETRY_S`` old, the
+  faster one. A busy CPU slows the page cache's memory copy, not the disk: on the 2-vCPU VM at
+  load 4-5, one batch of 96 pages of 8 MiB went through the page cache at 1.2-2.5 GB/s and with
+  O_DIRECT at 1.9-3.0 (``dd``: 1.6-2.3), with 0.24 s of CPU against 0.10;
 - rates are of batches that went the same way one after another, judged once they add up to
   ``_JUDGED_BYTES`` (so a short put of small pages is never split to measure anything);
-- the disk's rate comes from O_DIRECT batches: after the first buffered bytes that were judged, and
-  again whenever the last O_DIRECT ones are ``_RETRY_S`` old, batches go O_DIRECT to learn it
-  (without it a page cache throttled from the first batch on, as it was on the VM when its disk
-  slowed, would never be found out). Such a probe is only the first ``PROBE_BYTES`` of its batch
-  (``probing``), the rest goes through the page cache: a whole batch at the disk's speed cost the
-  put most on a slow disk, where a buffered batch is a memory copy (``bench_tiers.py --modes
-  throttled``, 300 MB/s, 1 MiB pages in 128 MiB batches: puts 0.84 GB/s against HiCacheFile's
-  1.76-3.37, the one 128 MiB probe taking 0.43 s);
+- a large batch times the ways it has no rate for (or only an old one) first: ``probes`` names
+  them, ``PROBE_BYTES`` each, O_DIRECT first, and the rest of the batch goes the way ``buffered``
+  then picks. A fresh tier's first batch thus learns both rates and writes the rest the faster
+  way (before, it went through the page cache whole: on the VM at load 3, 96 pages of 8 MiB put at
+  0.75-1.3x ``dd``, and 0.45-0.71x until they were on the disk). A probe is only its 32 MiB, not
+  a whole batch: a whole 128 MiB batch O_DIRECT on a 300 MB/s disk took 0.43 s where the page
+  cache took it as a memory copy (``bench_tiers.py --modes throttled``). The two ways are timed one
+  after the other, never side by side: on one file they contend for its inode lock (ext4 holds it
+  shared through each O_DIRECT write, a buffered write needs it alone), which on that disk slowed
+  the page cache to the disk's pace;
+- small batches go one way only: after the first buffered bytes that were judged, and again
+  whenever the last O_DIRECT ones are ``_RETRY_S`` old, one goes O_DIRECT to learn the disk's rate
+  (``probing``);
 - a buffered batch that ran slower than the O_DIRECT ones, or at under half the fastest buffered
   batch seen, while the kernel held enough dirty bytes to be the cause, was throttled: from then on
   O_DIRECT, until the kernel has written back half of what was dirty then (O_DIRECT writes over
@@ -46,10 +54,10 @@ _THROTTLED_SHARE = 0.5
 # Dirty bytes below which a slow buffered batch is not the kernel's throttling (it throttles only
 # once writeback has work) but CPU contention; those batches change nothing.
 _THROTTLE_MIN_DIRTY = 128 << 20
-# Bytes of a batch written with O_DIRECT to learn the disk's rate: one judged window.
+# Bytes of a batch written one way to learn its rate: one judged window.
 PROBE_BYTES = _JUDGED_BYTES
-# Weight of the newest O_DIRECT batch in the disk's rate.
-_DIRECT_WEIGHT = 0.5
+# Weight of the newest judged window in a way's rate.
+_WEIGHT = 0.5
 # Seconds after a throttled batch before the page cache is tried again whatever is still dirty, and
 # the age at which the disk's rate is measured again.
 _RETRY_S = 30.0
@@ -120,13 +128,14 @@ class WriteRoute:
         self._fastest_buffered = 0.0  # bytes/s
         self._direct: float | None = None  # bytes/s, recent O_DIRECT batches
         self._direct_at = 0.0  # clock() of the last one timed
+        self._buffered: float | None = None  # bytes/s, recent buffered batches
+        self._buffered_at = 0.0
         self._buffered_timed = False
         self._resume_below: int | None = None  # dirty bytes; set while throttled
         self._retry_at = 0.0  # clock() when the page cache is tried again regardless
         self.throttled = 0  # times a buffered batch was found throttled (``stats``)
         self._window: tuple[bool, int, float] | None = None  # (buffered, bytes, seconds) not yet judged
-        # Set by ``buffered``: the batch it sent O_DIRECT is a probe, of which only ``PROBE_BYTES``
-        # need go that way.
+        # Set by ``buffered``: it said O_DIRECT to learn the disk's rate.
         self.probing = False
 
     def buffered(self, nbytes: int) -> bool:
@@ -141,7 +150,25 @@ class WriteRoute:
         if self._buffered_timed and (self._direct is None or now - self._direct_at >= _RETRY_S):
             self.probing = True  # the disk's rate, to compare the page cache's with
             return False
-        return self._room.takes(nbytes)
+        if not self._room.takes(nbytes):
+            return False
+        if self._buffered is not None and now - self._buffered_at < _RETRY_S and \
+                self._direct is not None and now - self._direct_at < _RETRY_S:
+            return self._buffered >= self._direct
+        return True
+
+    def probes(self, nbytes: int) -> list[bool]:
+        """The ways (``True``: through the page cache) a large batch of ``nbytes`` times first,
+        ``PROBE_BYTES`` each, before ``buffered`` picks the way of the rest: those with no rate or
+        one ``_RETRY_S`` old, O_DIRECT first; the page cache only while it may take the batch."""
+        now = self._clock()
+        out = []
+        if self._direct is None or now - self._direct_at >= _RETRY_S:
+            out.append(False)
+        if (self._buffered is None or now - self._buffered_at >= _RETRY_S) and \
+                self._resume_below is None and self._room.takes(nbytes):
+            out.append(True)
+        return out
 
     def wrote(self, buffered: bool, nbytes: int, seconds: float) -> None:
         """A batch of ``nbytes`` went the way ``buffered`` says, written in ``seconds``."""
@@ -152,14 +179,19 @@ class WriteRoute:
             self._window = (buffered, nbytes, seconds)
             return
         self._window = None
-        if seconds <= 0:
-            return
-        rate = nbytes / seconds
+        if seconds > 0:
+            self._judge(buffered, nbytes / seconds)
+
+    def _judge(self, buffered: bool, rate: float) -> None:
+        """A rate (bytes/s) of the way ``buffered`` says, over enough bytes to go by."""
         if not buffered:
             prev = self._direct
-            self._direct = rate if prev is None else prev + _DIRECT_WEIGHT * (rate - prev)
+            self._direct = rate if prev is None else prev + _WEIGHT * (rate - prev)
             self._direct_at = self._clock()
             return
+        prev = self._buffered
+        self._buffered = rate if prev is None else prev + _WEIGHT * (rate - prev)
+        self._buffered_at = self._clock()
         self._buffered_timed = True
         self._fastest_buffered = max(self._fastest_buffered, rate)
         slow = rate < self._fastest_buffered * _THROTTLED_SHARE or (
