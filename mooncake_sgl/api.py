@@ -17,10 +17,12 @@ Primitives, one line each:
                      membership); the policy keeps ordering state only.
 - ``ExpertStanding`` one expert of an adaptive policy's tier: leading or not, its shadow's hit ratio.
 - ``STATS_SHAPE``    the nesting of ``TieredStore.stats()`` (one namespace per source of counts).
-- ``PagesStored``, ``PagesRemoved``, ``PagesLookedUp`` the store's events: what its record of the
-                     managed tiers committed, and the lookups its policy learns from, in order.
+- ``PagesStored``, ``PagesRemoved``, ``PagesLookedUp``, ``PagesRead`` the store's events: what its
+                     record of the managed tiers committed, the lookups its policy learns from,
+                     and what each tier's reads took, in order.
 - ``StoreObserver``  receives those events after the store's lock is released (capacity curves,
-                     router announcements); may add a section of its own to ``TieredStore.stats()``.
+                     router announcements, the load gate); may add a section of its own to
+                     ``TieredStore.stats()``.
 
 Tier indices are positions in the store's speed order: 0 is the fastest tier.
 """
@@ -389,7 +391,20 @@ class PagesLookedUp:
     keys: Sequence[PageKey]
 
 
-StoreEvent = PagesStored | PagesRemoved | PagesLookedUp
+@dataclass(frozen=True, slots=True)
+class PagesRead:
+    """One read call into ``tier`` (any tier, managed or not): ``pages`` found of ``asked``,
+    ``nbytes`` copied, in ``seconds`` of wall time. What the tier's reads cost, as SGLang waits
+    for them (``policy/load_gate.py`` learns each tier's read rate from these)."""
+
+    tier: int
+    asked: int
+    pages: int
+    nbytes: int
+    seconds: float
+
+
+StoreEvent = PagesStored | PagesRemoved | PagesLookedUp | PagesRead
 
 
 class StoreObserver(Protocol):
@@ -398,7 +413,8 @@ class StoreObserver(Protocol):
     ``on_events`` is called with the lock of the store's record released, on whichever thread made
     the change (SGLang's storage threads among them) or on another thread delivering at the same
     time: one at a time, in order, never concurrently. It must be quick and must not call back into
-    the store; an exception is logged and the observer keeps receiving later events. Only managed
+    the store; an exception is logged and the observer keeps receiving later events. Event kinds
+    an observer does not know it must skip: new kinds are added (``PagesRead`` was). Only managed
     tiers (``TierCapabilities.self_evicting`` false) have a record: a self-evicting tier evicts
     without telling.
     """

@@ -299,6 +299,21 @@ class PolicyConfig(_Section):
             raise ValueError("probation_fraction must be between 0 and 1 (exclusive)")
 
 
+class LoadGateConfig(_Section):
+    """Whether a storage hit is reported only as far as loading it beats recomputing it
+    (``policy/load_gate.py``, docs/tiers.md#the-load-gate)."""
+    enabled: bool = True
+    # A hit's pages are reported only while their expected load time times this stays under the
+    # time recomputing their tokens takes: at 1.25 a tier must read a quarter faster than the server
+    # computes, to cover what the rates' estimates miss.
+    margin: float = 1.25
+
+    def __post_init__(self) -> None:
+        if not 1.0 <= self.margin <= 100.0:
+            raise ValueError(f"`margin`: {self.margin} is not between 1 and 100 (a factor on the "
+                             "expected load time)")
+
+
 # ---------------------------------------------------------------------------------------- store
 
 def _default_tiers() -> list[TierConfig]:
@@ -315,6 +330,7 @@ class StoreConfig(_Section):
     # event stream (``--kv-events-config``) as medium DISK, for KV-aware routers
     # (``hicache/router_events.py``, docs/routing.md). ``off``: nothing is announced.
     router_events: Literal["off", "local"] = "off"
+    load_gate: LoadGateConfig = msgspec.field(default_factory=LoadGateConfig)
 
     def __post_init__(self) -> None:
         if not self.tiers:

@@ -345,8 +345,34 @@ def router_events(ev: ServerEvidence) -> list[Finding]:
     return []
 
 
+# Share of judged hits the load gate cut short past which a slow tier is costing most of what the
+# storage could save. Arbitrary.
+GATE_DECLINES_MANY = 0.25
+
+
+def load_gate(ev: ServerEvidence) -> list[Finding]:
+    """Hits the load gate cut short: a tier reads slower than this server recomputes."""
+    if ev.last is None:
+        return []
+    total = ev.last.ours.store_total
+    lookups, declined = total("gate_lookups"), total("gate_declined_lookups")
+    if not declined or declined / max(lookups, 1.0) <= GATE_DECLINES_MANY:
+        return []
+    pages = total("gate_declined_pages")
+    return [Finding(ev.name, "hits_slower_than_recompute", WARNING,
+                    f"{declined:g} of {lookups:g} storage hits were cut short ({pages:g} page objects "
+                    "recomputed): loading them from a tier was expected to take longer than this "
+                    "server recomputing them",
+                    (f"mooncake_sgl_gate_declined_lookups_total={declined:g}",
+                     f"mooncake_sgl_gate_lookups_total={lookups:g}",
+                     f"mooncake_sgl_gate_declined_pages_total={pages:g}"),
+                    "check the slow tier's get latency (mooncake_sgl_tier_get_latency_seconds) and what "
+                    "else uses its disk or link; a faster tier, or more room in a fast one, turns these "
+                    "back into hits (docs/tiers.md#the-load-gate)")]
+
+
 PER_SERVER: tuple[Rule, ...] = (unreadable, arguments_unread, odd_answers, metrics_off, below_threshold,
-                                prefetch_unfulfilled, backups, tiers, curves, router_events)
+                                prefetch_unfulfilled, backups, tiers, curves, router_events, load_gate)
 
 
 def namespaces(servers: Sequence[ServerEvidence], board: Sequence[tuple[str, NamespaceRecord]] = ()

@@ -43,6 +43,7 @@ from ..failure_log import FailureLog
 from ..keys import KV_POOL, KeyNamespace
 from ..metrics.attach import StoreWatch, observe_store
 from ..policy.curve_feed import CurveFeed
+from ..policy.load_gate import LoadGate
 from ..store import TieredStore, build_store
 from . import (
     fingerprint,
@@ -50,6 +51,7 @@ from . import (
     layout,
     namespace_board,
     page_objects,
+    prefill_clock,
     router_events,
     sidecars,
     staging_room,
@@ -126,6 +128,7 @@ class MooncakeSglStorage(HiCacheStorage):
         self._board: namespace_board.BoardCheck | None = None  # built with the store
         self._curves: CurveFeed | None = None  # the store's capacity curves, where asked for
         self._announcer: router_events.Announcer | None = None  # ``router_events: local``
+        self._gate: LoadGate | None = None  # ``load_gate``: hits worth loading, built with the store
         # ``dynamic`` passes a kwargs dict where ``mooncake`` passes the pool.
         if mem_pool_host is not None and not isinstance(mem_pool_host, dict):
             try:
@@ -157,6 +160,10 @@ class MooncakeSglStorage(HiCacheStorage):
                 self._announcer = router_events.Announcer(
                     t for t, tier in enumerate(self._store.tiers) if not tier.capabilities.shared)
             self._board = namespace_board.BoardCheck(self._store.tiers)
+            gate = self._store_config.load_gate
+            if gate.enabled:
+                self._gate = LoadGate(self._store.names, gate.margin, prefill_clock.reading)
+                self._store.observe(self._gate)
         super().register_mem_pool_host(mem_pool_host)
         with self._pools_lock:
             self._ns, self._geometry, self._kv = ns, geometry, kv
@@ -367,7 +374,15 @@ class MooncakeSglStorage(HiCacheStorage):
         if not keys:
             return 0
         kv = self._kv_objects()
-        return int(self._store.exists_prefix(kv.keys(keys), self._parent(extra_info))) // kv.parts
+        return self._worth_loading(kv, self._store.locate_prefix(kv.keys(keys), self._parent(extra_info)))
+
+    def _worth_loading(self, kv: page_objects.PoolObjects, where: list[int]) -> int:
+        """Pages of a hit whose objects are in tiers ``where`` that are worth loading (the load
+        gate's answer; all of them without one)."""
+        n = len(where)
+        if self._gate is not None and not kv.logical and self._geometry is not None:
+            n = self._gate.admit(where, kv.object_nbytes, self._geometry.page_size / kv.parts)
+        return n // kv.parts
 
     @boundary(lambda *a, **k: False)
     def exists(self, key: str) -> bool:
@@ -392,8 +407,8 @@ class MooncakeSglStorage(HiCacheStorage):
             return PoolTransferResult(0, {}, [])
         kv = self._objects(KV_POOL)
         prior = layout.parent_hash(extra_info)
-        kv_pages = len(keys) if kv.logical else int(
-            self._store.exists_prefix(kv.keys(keys), page_objects.part_key(kv, prior))) // kv.parts
+        kv_pages = len(keys) if kv.logical else self._worth_loading(
+            kv, self._store.locate_prefix(kv.keys(keys), page_objects.part_key(kv, prior)))
         looked_up = [(self._objects(t.name), t) for t in pool_transfers or ()] if kv_pages else []
         evidence = [sidecars.evidence(self._store, objects, t, keys, kv_pages, prior)
                     for objects, t in looked_up]

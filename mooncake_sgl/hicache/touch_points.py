@@ -212,6 +212,19 @@ POINTS: tuple[TouchPoint, ...] = (
             "per published batch; without --kv-events-config SGLang builds a null publisher, left alone",
         apply="mooncake_sgl.hicache.router_events:install_hook"),
     TouchPoint(
+        target=f"{SCHEDULER_MODULE}.Scheduler.__init__",
+        kind=Kind.HOOK_AFTER,
+        change="once the scheduler is built, a weak reference to it is kept, from which our backends "
+               "read its prefill totals (total_prefill_busy_us, total_prefill_uncached_tokens); "
+               "nothing of the scheduler changes",
+        phases=(Phase.PLUGINS,), condition=SCHEDULER_PROCESS, sglang=CHECKED_SGLANG,
+        why="the load gate reports a storage hit only where loading it beats recomputing it, and "
+            "recomputing is this server's prefill rate, which SGLang measures and keeps only on the "
+            "scheduler (prefill_clock.py, policy/load_gate.py). The backend is built inside "
+            "Scheduler.__init__ and is never handed the scheduler. Cost: one Python call per "
+            "scheduler start",
+        apply="mooncake_sgl.hicache.prefill_clock:install_hook"),
+    TouchPoint(
         target=BUILTIN_STORE,
         kind=Kind.VIRTUAL_SUBCLASS,
         change="MooncakeSglStorage (abc.ABCMeta.register: isinstance holds, nothing is inherited)",

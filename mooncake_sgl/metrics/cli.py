@@ -100,6 +100,18 @@ def router_line(snapshot: Snapshot) -> str:
             f"keys of sidecar pools or other namespaces left out")
 
 
+def gate_line(snapshot: Snapshot) -> str:
+    """What the load gate declined (``load_gate``); empty when it declined nothing."""
+    n = {f: snapshot.store_total(f"gate_{f}") for f in ("lookups", "declined_lookups",
+                                                        "declined_pages", "probe_lookups")}
+    if not (n["declined_lookups"] or n["probe_lookups"]):
+        return ""
+    return (f"load gate: {n['declined_lookups']:.0f} of {n['lookups']:.0f} hits cut short, "
+            f"{n['declined_pages']:.0f} page objects left to recompute (loading them was expected "
+            f"to take longer than recomputing them); {n['probe_lookups']:.0f} hits loaded whole to "
+            f"measure a slow tier again")
+
+
 def pool_table(stats: dict[str, float]) -> str:
     cap = stats.get("capacity_bytes", 0.0)
     used = stats.get("used_bytes", 0.0)
@@ -167,7 +179,7 @@ def _show(kind: str, data: object, previous: object, args: argparse.Namespace, o
     taken = time.strftime("%H:%M:%S", time.localtime(data.taken_at)) if data.taken_at else "?"
     print(f"{stamp}  {args.config or args.target} (counters as of {taken})\n{tier_table(data)}",
           file=out)
-    for extra in (curve_table(data), router_line(data)):
+    for extra in (curve_table(data), router_line(data), gate_line(data)):
         if extra:
             print(f"\n{extra}", file=out)
     if isinstance(previous, Snapshot):

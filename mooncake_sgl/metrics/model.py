@@ -71,6 +71,13 @@ STORE_COUNTERS: dict[str, str] = {
     "router_unannounced_pages": "mooncake_sgl_router_unannounced_pages",
     "router_skipped_other_namespace": "mooncake_sgl_router_skipped_other_namespace",
     "router_skipped_not_sglang_hash": "mooncake_sgl_router_skipped_not_sglang_hash",
+    # The load gate (``load_gate``; 0 with it off): hits it judged, hits it cut short because
+    # loading their rest was expected to be slower than recomputing it, the page objects it left
+    # out of them, and hits admitted whole to measure a slow tier again.
+    "gate_lookups": "mooncake_sgl_gate_lookups",
+    "gate_declined_lookups": "mooncake_sgl_gate_declined_lookups",
+    "gate_declined_pages": "mooncake_sgl_gate_declined_pages",
+    "gate_probe_lookups": "mooncake_sgl_gate_probe_lookups",
 }
 GAUGES: dict[str, str] = {
     "resident_pages": "mooncake_sgl_tier_resident_pages",

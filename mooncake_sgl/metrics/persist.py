@@ -26,6 +26,7 @@ mid-write leaves only a temp file, removed by the next writer of that rank once 
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import glob
 import json
@@ -65,7 +66,7 @@ def write_counter_file(directory: str, stats: Mapping[str, Any], rank: str, own:
     name = counter_file_name(rank, None if own else os.getpid())
     path = os.path.join(directory, name)
     body = json.dumps({"version": VERSION, "written_at": time.time(), "pid": os.getpid(),
-                       "rank": rank, "stats": stats}, default=float)
+                       "rank": rank, "stats": stats}, default=_plain)
     fd, tmp = tempfile.mkstemp(prefix=name, suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
@@ -75,6 +76,14 @@ def write_counter_file(directory: str, stats: Mapping[str, Any], rank: str, own:
         os.unlink(tmp)
         raise
     return path
+
+
+def _plain(value: Any) -> Any:
+    """JSON for what ``json`` does not know in a stats tree: typed reports (dataclasses) as their
+    fields, numbers of other types as floats."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return float(value)
 
 
 def read_counter_file(path: str) -> Snapshot:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ..policy.load_gate import LoadGateStats
 from .model import CURVE_FIELDS, CurveKey, Snapshot, TierSample, size_label
 
 # Store-level counter name -> sample field. The store counts what it moved through a tier.
@@ -72,9 +73,22 @@ def snapshot_of(stats: Mapping[str, Any], rank: str = "", taken_at: float | None
                    for name, field in (("announced_pages", "stored"), ("removed_pages", "removed"),
                                        ("unannounced_pages", "unannounced"),
                                        ("skipped_other_namespace", "skipped_other_namespace"),
-                                       ("skipped_not_sglang_hash", "skipped_not_sglang_hash"))}}
+                                       ("skipped_not_sglang_hash", "skipped_not_sglang_hash"))},
+                **gate_counters(stats.get("load_gate"))}
     return Snapshot(samples, time.time() if taken_at is None else taken_at, {rank: counters},
                     curve_points(stats, rank))
+
+
+def gate_counters(gate: object) -> dict[str, float]:
+    """The load gate's counters (``policy/load_gate.py``), field by field; zeros with it off."""
+    if isinstance(gate, Mapping):  # read back from a counter file
+        gate = LoadGateStats.from_plain(gate)
+    if not isinstance(gate, LoadGateStats):
+        return {"gate_lookups": 0.0, "gate_declined_lookups": 0.0, "gate_declined_pages": 0.0,
+                "gate_probe_lookups": 0.0}
+    return {"gate_lookups": float(gate.lookups), "gate_declined_lookups": float(gate.declined_lookups),
+            "gate_declined_pages": float(gate.declined_pages),
+            "gate_probe_lookups": float(gate.probe_lookups)}
 
 
 def curve_points(stats: Mapping[str, Any], rank: str = "") -> dict[CurveKey, dict[str, float]]:

@@ -47,6 +47,11 @@ class EventHub:
         self._subs = [*self._subs, _Subscription(observer, self._posted, list(first))]
 
     @property
+    def observed(self) -> bool:
+        """Whether any observer listens (events posted with none are dropped anyway)."""
+        return bool(self._subs)
+
+    @property
     def reporting(self) -> list[ReportingObserver]:
         """The observers that add a section to the store's ``stats()``."""
         return [s.observer for s in self._subs  # type: ignore[misc]

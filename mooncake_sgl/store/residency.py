@@ -48,6 +48,7 @@ from ..api import (
     ExpertStanding,
     PageKey,
     PagesLookedUp,
+    PagesRead,
     PagesRemoved,
     PagesStored,
     PlacementPolicy,
@@ -176,6 +177,15 @@ class Residency:
             policy.on_lookup(keys, where, parent)
             self.events.post(PagesLookedUp(keys))
         self.counters.add(maintenance_runs=1)
+
+    def read(self, event: PagesRead) -> None:
+        """Tell the observers what a tier's read took (nothing is recorded: no lock is needed for
+        the policy, only for the order of the events)."""
+        if not self.events.observed:
+            return
+        with self._lock:
+            self.events.post(event)
+        self.events.deliver()
 
     # ------------------------------------------------------------------ holds
 

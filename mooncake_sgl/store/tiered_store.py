@@ -34,7 +34,16 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
-from ..api import PageKey, PageView, PlacementPolicy, RemovalCause, StoreObserver, Tier, page_nbytes
+from ..api import (
+    PageKey,
+    PagesRead,
+    PageView,
+    PlacementPolicy,
+    RemovalCause,
+    StoreObserver,
+    Tier,
+    page_nbytes,
+)
 from ..tally import Tally
 from .inline_mover import InlineMover
 from .mover import BackgroundMover, Mover
@@ -131,6 +140,11 @@ class TieredStore:
         """Length of the leading run of ``keys`` readable in some tier. This is the access event
         the policy learns heat from (SGLang asks it once per prefetch); it is buffered, and applied
         at the next maintenance run."""
+        return len(self.locate_prefix(keys, parent))
+
+    def locate_prefix(self, keys: Sequence[PageKey], parent: PageKey | None = None) -> list[int]:
+        """The tier each page of the leading run of ``keys`` readable in some tier is in now (its
+        fastest); the same access event as ``exists_prefix``."""
         where = self._calls.locate(keys)
         run = next((i for i, t in enumerate(where) if t is None), len(where))
         self._counters.add(lookups=1, lookup_pages=len(keys), lookup_hit_pages=run)
@@ -146,7 +160,7 @@ class TieredStore:
             self._maintenance_queued = True
             if not self._mover.submit(self._maintain):
                 self._maintenance_queued = False
-        return run
+        return where[:run]  # type: ignore[return-value]
 
     def get_into(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
         """Copy each page into its destination from the fastest tier holding it; per key ``True``
@@ -160,7 +174,9 @@ class TieredStore:
         for t, tier in enumerate(self.tiers):
             if not pending:
                 break
+            start = time.perf_counter()
             ok = calls.call(t, "get", tier.get_into, [keys[i] for i in pending], [pages[i] for i in pending])
+            took = time.perf_counter() - start
             missed, lost, nread = [], [], 0
             for i, hit in zip(pending, ok):
                 if hit:
@@ -173,6 +189,7 @@ class TieredStore:
                         lost.append(keys[i])  # removed under us, or found corrupt by the tier
             self._read_counters[t].add(hits=len(pending) - len(missed), misses=len(missed),
                                        bytes_read=nread)
+            residency.read(PagesRead(t, len(pending), len(pending) - len(missed), nread, took))
             if lost:
                 # A failed read is not proof the page left: ask the tier (a rare extra call, only
                 # for pages the store believed were there).

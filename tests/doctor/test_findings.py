@@ -161,3 +161,14 @@ def test_router_events_with_no_kv_event_stream_or_mostly_unannounced_say_so() ->
                                          "router_announced_pages": 96.0})
     assert not {c for c in codes(server(fine, kv_events_config=config)) if c.startswith("router")}
     assert not {c for c in codes(server(look(series=SGLANG_ON))) if c.startswith("router")}  # off
+
+
+def test_hits_cut_short_by_the_load_gate_name_the_slow_tier_past_a_quarter() -> None:
+    many = look(series=SGLANG_ON, store={"lookup_pages": 10.0, "gate_lookups": 100.0,
+                                         "gate_declined_lookups": 40.0, "gate_declined_pages": 320.0})
+    [f] = [x for x in diagnose([server(many)]) if x.code == "hits_slower_than_recompute"]
+    assert "40 of 100" in f.says and "320 page objects" in f.says and "get latency" in f.fix
+    few = look(series=SGLANG_ON, store={"lookup_pages": 10.0, "gate_lookups": 100.0,
+                                        "gate_declined_lookups": 10.0})
+    assert "hits_slower_than_recompute" not in codes(server(few))
+    assert "hits_slower_than_recompute" not in codes(server(look(series=SGLANG_ON)))  # gate off

@@ -197,3 +197,14 @@ def test_the_table_says_when_a_tier_has_less_room_than_its_capacity() -> None:
     host = next(line for line in lines if line.startswith("host"))
     assert lmdb.endswith("/ 64.0 MiB (room for 8.0 MiB now)"), lmdb
     assert "room for" not in host
+
+
+def test_the_load_gate_line_says_what_was_declined_and_stays_silent_otherwise() -> None:
+    from mooncake_sgl.metrics.cli import gate_line
+    from mooncake_sgl.metrics.model import Snapshot
+
+    declined = {"gate_lookups": 50.0, "gate_declined_lookups": 20.0, "gate_declined_pages": 640.0,
+                "gate_probe_lookups": 2.0}
+    line = gate_line(Snapshot({}, 0.0, {"r": declined}))
+    assert "20 of 50 hits cut short" in line and "640 page objects" in line and "2 hits" in line
+    assert gate_line(Snapshot({}, 0.0, {"r": {"gate_lookups": 50.0}})) == ""

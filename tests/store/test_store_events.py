@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_sgl.api import PageKey, PagesLookedUp, PagesRemoved, PagesStored, RemovalCause, StoreEvent
+from mooncake_sgl.api import (
+    PageKey,
+    PagesLookedUp,
+    PagesRead,
+    PagesRemoved,
+    PagesStored,
+    RemovalCause,
+    StoreEvent,
+)
 from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.store import TieredStore
 from tests.store.test_store import host, lmdb, put, read
@@ -26,6 +34,7 @@ class Replica:
         self.held: dict[int, set[PageKey]] = {}
         self.events: list[StoreEvent] = []
         self.lookups: list[Sequence[PageKey]] = []
+        self.reads: list[PagesRead] = []
         self._store = store
         self._inside = 0
         self.lock_was_free = True
@@ -47,8 +56,10 @@ class Replica:
             elif isinstance(e, PagesRemoved):
                 assert set(e.keys) <= self.held.get(e.tier, set()), "removed what was never stored"
                 self.held[e.tier] -= set(e.keys)
-            else:
+            elif isinstance(e, PagesLookedUp):
                 self.lookups.append(e.keys)
+            else:
+                self.reads.append(e)
         self._inside -= 1
 
 
@@ -103,7 +114,7 @@ def test_lookups_reach_observers_in_order_once_applied_to_the_policy(store: Tier
         store.exists_prefix([key(i), key(i + 1)])
     store.maintain()
     assert [list(k) for k in replica.lookups] == [[key(i), key(i + 1)] for i in range(5)]
-    assert all(isinstance(e, (PagesStored, PagesRemoved, PagesLookedUp)) for e in replica.events)
+    assert all(isinstance(e, (PagesStored, PagesRemoved, PagesLookedUp, PagesRead)) for e in replica.events)
 
 
 class Failing:
@@ -187,3 +198,17 @@ def test_an_observer_added_later_can_start_from_what_the_tiers_hold(tmp_path: Pa
         assert plain.held.get(1, set()) == {key(i) for i in range(6, 10)}  # only what happened since
     finally:
         store.close()
+
+
+def test_every_tier_read_is_told_with_its_bytes_and_time(store: TieredStore) -> None:
+    replica = Replica()
+    store.observe(replica)
+    pages = put(store, range(4))
+    assert read(store, pages) == [True] * 4
+    assert store.wait_idle()
+    reads = replica.reads
+    assert reads and reads[0].tier == 0 and reads[0].asked == 4
+    # Each page is read from the fastest tier holding it; misses pass on to the next tier.
+    assert sum(e.pages for e in reads) == 4
+    assert all(e.asked >= e.pages and e.seconds > 0 for e in reads)
+    assert sum(e.nbytes for e in reads) == sum(p.nbytes for page in pages.values() for p in page)
