@@ -30,7 +30,6 @@ resume, and what host 0's server's tiers did (its SSD tier: what it could hold, 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import threading
@@ -41,14 +40,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from devtools.bench import options  # noqa: E402
 from devtools.bench.client import SglangClient  # noqa: E402
 from devtools.bench.console import run_script  # noqa: E402
 from devtools.bench.console import stamped as log
+from devtools.bench.plot import Panel, bar_panels  # noqa: E402
+from devtools.bench.results import text_table  # noqa: E402
 from devtools.bench.two_instances import Sent, reachable_tokens, summarise  # noqa: E402
 from devtools.bench.workloads import BenchRequest, MultiTurnSpec, add_chat_arguments, chat_spec, multiturn  # noqa: E402
 from devtools.testing import cluster_faults as F  # noqa: E402
 from devtools.testing.cluster import Cluster  # noqa: E402
-from devtools.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
 from mooncake_sgl.metrics.model import diff  # noqa: E402
 from mooncake_sgl.metrics.scrape import scrape  # noqa: E402
 
@@ -120,17 +121,10 @@ def run_kv(kv: str, args: argparse.Namespace, model: Path, conversations: list[l
                 SglangClient(s.url).flush_cache()
             router = c.router([s.url for s in servers], policy)
             before = [scrape(s.url) for s in servers]
-            bar = None
-            if not args.no_progress:
-                from tqdm import tqdm
-
-                bar = tqdm(total=sum(map(len, conversations)), desc=f"{policy}/{kv}", unit="req",
-                           file=sys.stderr)
-            t0 = time.monotonic()
-            sent = drive(router.url, conversations, args.max_parallel, bar)
-            wall = time.monotonic() - t0
-            if bar is not None:
-                bar.close()
+            with options.progress(args, sum(map(len, conversations)), f"{policy}/{kv}") as bar:
+                t0 = time.monotonic()
+                sent = drive(router.url, conversations, args.max_parallel, bar)
+                wall = time.monotonic() - t0
             after = [scrape(s.url) for s in servers]
             router.stop()
             summary = summarise(sent)
@@ -217,9 +211,7 @@ def fault_table(reports: list[dict[str, Any]]) -> str:
         rows.append((r["fault"], str(r["requests"]), str(r["failed"]),
                      f"{r['differing']} ({r['differing_ids']})",
                      f"{secs(r['hits_resume_s'])} / {secs(r['hits_resume_after_heal_s'])}", ssd))
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
-    return "\n".join(lines + ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows])
+    return text_table(header, rows)
 
 
 def table(cells: list[dict[str, Any]]) -> str:
@@ -229,33 +221,16 @@ def table(cells: list[dict[str, Any]]) -> str:
              f"{c['ttft_mean_s'] * 1e3:.0f} ms", f"{c['ttft_p50_s'] * 1e3:.0f} ms",
              f"{c['ttft_p99_s'] * 1e3:.0f} ms", f"{c['throughput_req_s']:.2f}", str(c["errors"]),
              ", ".join(f"{t} {h:.0f}" for t, h in c["hits_by_tier"].items() if h) or "-") for c in cells]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
-    return "\n".join(lines + ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows])
+    return text_table(header, rows)
 
 
-def plot(cells: list[dict[str, Any]], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{c['policy']}\n{c['kv']}" for c in cells]
-    x = range(len(cells))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    ax1.bar([i - 0.2 for i in x], [c["cached_share"] * 100 for c in cells], 0.4, label="cached")
-    ax1.bar([i + 0.2 for i in x], [c["reachable_share"] * 100 for c in cells], 0.4, label="reachable")
-    ax1.set_ylabel("% of prompt tokens")
-    ax1.set_xticks(list(x), labels, fontsize=8)
-    ax1.legend()
-    ax2.bar([i - 0.2 for i in x], [c["ttft_p50_s"] * 1e3 for c in cells], 0.4, label="p50")
-    ax2.bar([i + 0.2 for i in x], [c["ttft_p99_s"] * 1e3 for c in cells], 0.4, label="p99")
-    ax2.set_ylabel("TTFT (ms)")
-    ax2.set_xticks(list(x), labels, fontsize=8)
-    ax2.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+def plot(cells: list[dict[str, Any]], path: str, title: str) -> None:
+    shares = Panel("% of prompt tokens", [[("cached", [c["cached_share"] * 100 for c in cells])],
+                                          [("reachable", [c["reachable_share"] * 100 for c in cells])]])
+    ttft = Panel("TTFT (ms)", [[("p50", [c["ttft_p50_s"] * 1e3 for c in cells])],
+                               [("p99", [c["ttft_p99_s"] * 1e3 for c in cells])]])
+    bar_panels(path, title, [f"{c['policy']}\n{c['kv']}" for c in cells], [shares, ttft],
+               figsize=(12, 4.5), label_size=8)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,16 +242,12 @@ def main(argv: list[str] | None = None) -> int:
                                          first_turn_tokens=2048, user_tokens=256,
                                          output_tokens=16),
                        max_parallel=3)
-    p.add_argument("--model-path", help="default: a tiny random Llama written for the run")
-    p.add_argument("--max-total-tokens", type=int, default=16384)
+    options.add_model_options(p)
     p.add_argument("--host-capacity", default="64MiB", help="our host DRAM tier on each server")
     p.add_argument("--pool-capacity", default="2GiB")
     p.add_argument("--server-arg", action="append", default=[], help="one more sglang flag (repeatable)")
-    p.add_argument("--health-timeout", type=float, default=900.0)
-    p.add_argument("--workdir", default="out/bench_cluster")
-    p.add_argument("--json", help="write every cell's numbers here")
-    p.add_argument("--plot", default="bench_cluster.png")
-    p.add_argument("--no-progress", action="store_true")
+    options.add_run_options(p, workdir="out/bench_cluster", json_help="write every cell's numbers here",
+                            plot_default="bench_cluster.png")
     p.add_argument("--faults", action="store_true",
                    help="the fault schedule under this workload instead of the cells (router: the "
                         "first of --policies)")
@@ -289,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--policies: {pol!r} is none of {', '.join(POLICIES)}")
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    model = Path(args.model_path) if args.model_path else write_tiny_llama(workdir / "model", TinyLlama())
+    model = options.model_path(args, workdir)
     spec = chat_spec(args)
     rounds = multiturn(spec)
     conversations = [[rounds[t][c] for t in range(spec.turns)] for c in range(spec.conversations)]
@@ -298,25 +269,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"faults under {spec.conversations} conversations x {spec.turns} turns through "
               f"{args.policies[0]} (one request at a time)")
         print(fault_table(reports))
-        if args.json:
-            Path(args.json).write_text(json.dumps({"args": vars(args), "faults": reports}, indent=2,
-                                                  default=str))
+        options.write_json(args, faults=reports)
         return 1 if any(r["failed"] or r["differing"] or r["hits_resume_s"] is None for r in reports) else 0
     cells: list[dict[str, Any]] = []
     for kv in args.kv:
         cells += run_kv(kv, args, model, conversations, workdir)
-        if args.json:  # after each KV setup too: a long run interrupted keeps what it measured
-            Path(args.json).write_text(json.dumps({"args": vars(args), "cells": cells}, indent=2,
-                                                  default=str))
+        # After each KV setup too: a long run interrupted keeps what it measured.
+        options.write_json(args, cells=cells)
     title = (f"3 servers behind sglang-router: {spec.conversations} conversations x {spec.turns} turns, "
              f"{args.max_parallel} at once")
     print(title)
     print(table(cells))
     if args.plot:
-        plot(cells, Path(args.plot), title)
-        print(f"plot written to {args.plot}", file=sys.stderr)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "cells": cells}, indent=2, default=str))
+        plot(cells, args.plot, title)
+    options.write_json(args, cells=cells)
     return 1 if any(c["errors"] for c in cells) else 0
 
 

@@ -29,7 +29,6 @@ new tokens are fewer than prefetch_threshold, which never look in storage at all
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import threading
@@ -41,14 +40,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from devtools.bench import options  # noqa: E402
 from devtools.bench.client import RequestResult, SglangClient  # noqa: E402
 from devtools.bench.console import run_script  # noqa: E402
 from devtools.bench.console import stamped as log
-from devtools.bench.results import percentile  # noqa: E402
+from devtools.bench.plot import Panel, bar_panels  # noqa: E402
+from devtools.bench.results import percentile, text_table  # noqa: E402
 from devtools.bench.server import LaunchedServer  # noqa: E402
 from devtools.bench.workloads import BenchRequest, MultiTurnSpec, add_chat_arguments, chat_parts, chat_spec  # noqa: E402
 from devtools.testing.pd import PdServers  # noqa: E402
-from devtools.tiny_model import TinyLlama, write_tiny_llama  # noqa: E402
 from mooncake_sgl.pool.process import PoolProcess  # noqa: E402
 from mooncake_sgl_cpu.adaptations import HOST_RESERVE_ENV  # noqa: E402
 
@@ -221,9 +221,7 @@ def table(cells: list[dict[str, Any]]) -> str:
              f"{c['prefill_rate_tok_s']:.0f}", str(c["lost_last_token_tokens"]),
              str(c["lost_threshold_tokens"]), str(c["short_other_tokens"]), str(c["errors"]))
             for i, c in enumerate(cells)]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
-    return "\n".join(lines + ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows])
+    return text_table(header, rows)
 
 
 def by_variant(cells: list[dict[str, Any]]) -> str:
@@ -242,28 +240,13 @@ def by_variant(cells: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(cells: list[dict[str, Any]], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{i + 1}\n{c['variant']}" for i, c in enumerate(cells)]
-    x = list(range(len(cells)))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
-    ax1.bar([i - 0.2 for i in x], [c["cached_share"] * 100 for c in cells], 0.4, label="cached")
-    ax1.bar([i + 0.2 for i in x], [c["reachable_share"] * 100 for c in cells], 0.4, label="reachable")
-    ax1.set_ylabel("% of prompt tokens")
-    ax1.set_xticks(x, labels, fontsize=7)
-    ax1.legend()
-    ax2.bar([i - 0.2 for i in x], [c["ttft_mean_s"] * 1e3 for c in cells], 0.4, label="TTFT mean")
-    ax2.bar([i + 0.2 for i in x], [c["ttft_p99_s"] * 1e3 for c in cells], 0.4, label="TTFT p99")
-    ax2.set_ylabel("ms")
-    ax2.set_xticks(x, labels, fontsize=7)
-    ax2.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+def plot(cells: list[dict[str, Any]], path: str, title: str) -> None:
+    shares = Panel("% of prompt tokens", [[("cached", [c["cached_share"] * 100 for c in cells])],
+                                          [("reachable", [c["reachable_share"] * 100 for c in cells])]])
+    ttft = Panel("ms", [[("TTFT mean", [c["ttft_mean_s"] * 1e3 for c in cells])],
+                        [("TTFT p99", [c["ttft_p99_s"] * 1e3 for c in cells])]])
+    bar_panels(path, title, [f"{i + 1}\n{c['variant']}" for i, c in enumerate(cells)], [shares, ttft],
+               figsize=(13, 4.5), label_size=7)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,18 +261,12 @@ def main(argv: list[str] | None = None) -> int:
                                          first_turn_tokens=1024, user_tokens=64,
                                          output_tokens=96),
                        max_parallel=2)
-    p.add_argument("--passes", type=int, default=1,
-                   help="each pass runs every variant forward then backward (A B C D D C B A)")
-    p.add_argument("--model-path", help="default: a tiny random Llama written for the run")
-    p.add_argument("--max-total-tokens", type=int, default=16384)
+    options.add_passes(p, "A B C D D C B A")
+    options.add_model_options(p)
     p.add_argument("--pool-capacity", default="1GiB")
-    p.add_argument("--host-reserve", default="512MiB",
-                   help="host memory SGLang leaves aside when it sizes each HiCache host pool (CPU hosts)")
-    p.add_argument("--health-timeout", type=float, default=900.0)
-    p.add_argument("--workdir", default="out/bench_pd")
-    p.add_argument("--json", help="write every run's numbers here")
-    p.add_argument("--plot", default="bench_pd.png")
-    p.add_argument("--no-progress", action="store_true")
+    options.add_host_reserve(p)
+    options.add_run_options(p, workdir="out/bench_pd", json_help="write every run's numbers here",
+                            plot_default="bench_pd.png")
     args = p.parse_args(argv)
     for v in args.variants:
         if v not in VARIANTS:
@@ -298,10 +275,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--prefills and --decodes at least 1, --turns at least 2")
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    model = Path(args.model_path) if args.model_path else write_tiny_llama(workdir / "model", TinyLlama())
+    model = options.model_path(args, workdir)
     spec = chat_spec(args)
     parts = chat_parts(spec)
-    order = [v for _ in range(args.passes) for v in (*args.variants, *reversed(args.variants))]
+    order = [v for _, v, _ in options.schedule(args.variants, args.passes)]
     # SGLang sizes each host pool from what memory is left after a 10 GiB reserve; a dozen servers
     # on one host leave none, so the reserve is the live tests' (the tiny model's pools are small).
     made = PdServers(model, workdir / "logs", ("--max-total-tokens", str(args.max_total_tokens),
@@ -319,22 +296,16 @@ def main(argv: list[str] | None = None) -> int:
             for i, name in enumerate(order):
                 v = variants[name]
                 cold_start(v)
-                bar = None
-                if not args.no_progress:
-                    from tqdm import tqdm
-
-                    bar = tqdm(total=spec.conversations * spec.turns, desc=f"{i + 1}/{len(order)} {name}",
-                               unit="req", file=sys.stderr)
-                run = drive(v, parts, args.output_tokens, args.max_parallel, bar)
-                if bar is not None:
-                    bar.close()
+                desc = f"{i + 1}/{len(order)} {name}"
+                with options.progress(args, spec.conversations * spec.turns, desc) as bar:
+                    run = drive(v, parts, args.output_tokens, args.max_parallel, bar)
                 cell = summarise(run, v.threshold)
                 cells.append(cell)
                 log(f"[{name}] cached {cell['cached_share']:.1%} of reachable {cell['reachable_share']:.1%}, "
                     f"TTFT mean {cell['ttft_mean_s'] * 1e3:.0f} ms, prefill {cell['prefill_rate_tok_s']:.0f} "
                     f"tok/s, {cell['errors']} errors")
-                if args.json:  # after every run: a long run interrupted keeps what it measured
-                    Path(args.json).write_text(json.dumps({"args": vars(args), "runs": cells}, indent=2))
+                # After every run: a long run interrupted keeps what it measured.
+                options.write_json(args, runs=cells)
         finally:
             made.close()
     title = (f"PD: {args.prefills} prefill + {args.decodes} decode: {spec.conversations} conversations x "
@@ -345,8 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(by_variant(cells))
     if args.plot:
-        plot(cells, Path(args.plot), title)
-        print(f"plot written to {args.plot}", file=sys.stderr)
+        plot(cells, args.plot, title)
     return 1 if any(c["errors"] for c in cells) else 0
 
 

@@ -1,4 +1,5 @@
-"""Benchmark results: per-round aggregation, the side-by-side table, and the PNG plot."""
+"""Benchmark results: per-round aggregation, the side-by-side table, and the PNG plot; the plain
+left-aligned table the benchmark scripts print their runs in."""
 
 from __future__ import annotations
 
@@ -17,6 +18,13 @@ def percentile(values: Sequence[float], q: float) -> float:
         return 0.0
     s = sorted(values)
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """``rows`` under ``header`` and a rule, each column as wide as its widest cell, left-aligned."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    return "\n".join(lines + ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows])
 
 
 def summarise_round(results: Sequence[RequestResult], wall_s: float) -> dict[str, Any]:

@@ -1,0 +1,84 @@
+"""Chat conversations taking turns on one server, each prompt its whole history with the server's
+own answers, as SGLang's benchmark/hicache/bench_multiturn.py sends them (``round_robin``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .client import RequestResult
+
+Parts = list[tuple[list[int], list[list[int]]]]  # per conversation: first turn, later user messages
+Send = Callable[[int, int, list[int]], RequestResult]  # (conversation, turn, prompt) -> its result
+
+
+@dataclass
+class Turn:
+    conversation: int
+    turn: int
+    prompt_digest: str
+    result: RequestResult
+
+
+def digest(ids: list[int]) -> str:
+    """A prompt's key: outputs of the same prompt are compared across variants."""
+    return hashlib.blake2b(json.dumps(ids).encode(), digest_size=8).hexdigest()
+
+
+def round_robin(parts: Parts, send: Send, max_parallel: int, record: Callable[[Turn], None]) -> None:
+    """Every conversation, turn by turn, each prompt its history with the server's own answers, and
+    at most ``max_parallel`` requests in flight. A conversation whose answer came back queues its
+    next turn behind every conversation already waiting (bench_multiturn's clients do the same), so
+    between two turns of one conversation every other one has a turn: its history has gone cold
+    in SGLang's device cache, the case storage is there for."""
+    cond = threading.Condition()
+    ready: deque[int] = deque(range(len(parts)))
+    history = {c: list(first) for c, (first, _) in enumerate(parts)}
+    next_turn = dict.fromkeys(range(len(parts)), 0)
+    in_flight = 0
+    failed: list[BaseException] = []
+
+    def worker() -> None:
+        nonlocal in_flight
+        while True:
+            with cond:
+                while not ready and in_flight and not failed:
+                    cond.wait()
+                if failed or not ready:
+                    return
+                c = ready.popleft()
+                t = next_turn[c]
+                if t:
+                    history[c] += parts[c][1][t - 1]
+                prompt = list(history[c])
+                in_flight += 1
+            try:
+                res = send(c, t, prompt)
+                record(Turn(c, t, digest(prompt), res))
+                if not res.error and len(res.output_ids) != res.output_tokens:
+                    raise RuntimeError(f"{len(res.output_ids)} output ids streamed for {res.output_tokens} "
+                                       "completion tokens (is the server running with "
+                                       "--incremental-streaming-output?)")
+            except BaseException as e:
+                with cond:
+                    failed.append(e)
+                    in_flight -= 1
+                    cond.notify_all()
+                raise
+            with cond:
+                in_flight -= 1
+                # An error ends its conversation: it cannot go on without its answer.
+                if not res.error and t < len(parts[c][1]):
+                    history[c] += res.output_ids
+                    next_turn[c] = t + 1
+                    ready.append(c)
+                cond.notify_all()
+
+    with ThreadPoolExecutor(max(1, max_parallel)) as ex:
+        for f in [ex.submit(worker) for _ in range(max(1, max_parallel))]:
+            f.result()
