@@ -90,7 +90,8 @@ SLOW: tuple[str, ...] = (
     "test_gpu_check.py::test_without_cuda_it_refuses_in_one_line_with_exit_2",
     "tiers/test_lmdb_tier.py::test_after_damage_events_a_small_disk_still_takes_a_full_tier",
     "tiers/test_mooncake_store_tier.py",
-    "tiers/test_ssd_write_route.py::test_a_rate_probe_writes_only_its_first_window_with_o_direct",
+    "tiers/test_ssd_write_route.py::test_a_fresh_tiers_first_large_batch_times_both_ways_then_writes_the_rest_the_faster",
+    "tiers/test_ssd_write_route.py::test_a_tier_whose_buffered_writes_are_throttled_moves_to_o_direct_and_reads_back_exact",
 )
 
 MARKERS = {

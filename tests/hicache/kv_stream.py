@@ -88,6 +88,15 @@ class Sub:
                 out.append((int.from_bytes(seq, "big"), self.decoder.decode(payload)))
         return out
 
+    def ours_until(self, n: int, timeout: float = 10.0) -> list[Any]:
+        """Our events as they arrive, until ``n`` of them did (or ``timeout``): a fixed window can
+        end before a loaded host delivered, and leave them to the next one."""
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while len(out) < n and time.monotonic() < deadline:
+            out += ours(self.batches(0.05))
+        return out
+
     def replay(self, start: int) -> list[tuple[int, KVEventBatch]]:
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.connect(self.replay_endpoint)

@@ -90,7 +90,7 @@ def test_after_sglang_clears_every_tier_our_pages_are_announced_again(stream) ->
     nodes = chain(list(range(400, 408)), [])
     publisher.publish(KVEventBatch(ts=time.time(), events=recorded(nodes)))
     put(store, nodes[0].hash_value)
-    assert len(ours(sub.batches(0.5))) == 2
+    assert len(sub.ours_until(2)) == 2
     publisher.publish(KVEventBatch(ts=time.time(), events=[AllBlocksCleared()]))
     (_, batch), = sub.batches(0.5)
     assert isinstance(batch.events[0], AllBlocksCleared)
@@ -103,9 +103,10 @@ def test_a_retired_namespace_removes_what_it_announced(stream) -> None:
     nodes = chain(list(range(500, 508)), [])
     publisher.publish(KVEventBatch(ts=time.time(), events=recorded(nodes)))
     put(store, nodes[0].hash_value)
-    sub.batches(0.5)
+    assert [type(e) for e in sub.ours_until(2)] == [BlockStored, BlockStored]
     announcer.set_namespaces([b"\x01" * 16])  # a weight update keys by new weights
-    removed = ours(sub.batches(0.5))
+    removed = sub.ours_until(2) + ours(sub.batches(0.3))  # and nothing more after them
+    assert all(isinstance(e, BlockRemoved) for e in removed)
     assert sorted(h for e in removed for h in e.block_hashes) == sorted(
         event_hash(page_key(NS, h)) for h in nodes[0].hash_value)
 
