@@ -374,15 +374,19 @@ class MooncakeSglStorage(HiCacheStorage):
         if not keys:
             return 0
         kv = self._kv_objects()
-        return self._worth_loading(kv, self._store.locate_prefix(kv.keys(keys), self._parent(extra_info)))
+        objects = kv.keys(keys)
+        return self._worth_loading(kv, objects, self._store.locate_prefix(objects, self._parent(extra_info)))
 
-    def _worth_loading(self, kv: page_objects.PoolObjects, where: list[int]) -> int:
-        """Pages of a hit whose objects are in tiers ``where`` that are worth loading (the load
-        gate's answer; all of them without one)."""
+    def _worth_loading(self, kv: page_objects.PoolObjects, objects: list[PageKey], where: list[int]) -> int:
+        """Pages of a hit (``objects``, the leading ones in tiers ``where``) worth loading: the load
+        gate's answer, all of them without one. Tiers it wants measured get a probe read."""
         n = len(where)
-        if self._gate is not None and not kv.logical and self._geometry is not None:
-            n = self._gate.admit(where, kv.object_nbytes, self._geometry.page_size / kv.parts)
-        return n // kv.parts
+        if self._gate is None or kv.logical or self._geometry is None:
+            return n // kv.parts
+        admission = self._gate.admit(where, kv.object_nbytes, self._geometry.page_size / kv.parts)
+        for t in admission.probe:
+            self._store.probe_reads(t, [k for k, w in zip(objects, where) if w == t])
+        return admission.objects // kv.parts
 
     @boundary(lambda *a, **k: False)
     def exists(self, key: str) -> bool:
@@ -407,8 +411,9 @@ class MooncakeSglStorage(HiCacheStorage):
             return PoolTransferResult(0, {}, [])
         kv = self._objects(KV_POOL)
         prior = layout.parent_hash(extra_info)
+        objects = kv.keys(keys)
         kv_pages = len(keys) if kv.logical else self._worth_loading(
-            kv, self._store.locate_prefix(kv.keys(keys), page_objects.part_key(kv, prior)))
+            kv, objects, self._store.locate_prefix(objects, page_objects.part_key(kv, prior)))
         looked_up = [(self._objects(t.name), t) for t in pool_transfers or ()] if kv_pages else []
         evidence = [sidecars.evidence(self._store, objects, t, keys, kv_pages, prior)
                     for objects, t in looked_up]

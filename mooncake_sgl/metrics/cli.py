@@ -108,8 +108,8 @@ def gate_line(snapshot: Snapshot) -> str:
         return ""
     return (f"load gate: {n['declined_lookups']:.0f} of {n['lookups']:.0f} hits cut short, "
             f"{n['declined_pages']:.0f} page objects left to recompute (loading them was expected "
-            f"to take longer than recomputing them); {n['probe_lookups']:.0f} hits loaded whole to "
-            f"measure a slow tier again")
+            f"to take longer than recomputing them); {n['probe_lookups']:.0f} probe reads of tiers "
+            f"not read lately")
 
 
 def pool_table(stats: dict[str, float]) -> str:

@@ -73,7 +73,7 @@ STORE_COUNTERS: dict[str, str] = {
     "router_skipped_not_sglang_hash": "mooncake_sgl_router_skipped_not_sglang_hash",
     # The load gate (``load_gate``; 0 with it off): hits it judged, hits it cut short because
     # loading their rest was expected to be slower than recomputing it, the page objects it left
-    # out of them, and hits admitted whole to measure a slow tier again.
+    # out of them, and hits that asked for a probe read of a tier not read lately.
     "gate_lookups": "mooncake_sgl_gate_lookups",
     "gate_declined_lookups": "mooncake_sgl_gate_declined_lookups",
     "gate_declined_pages": "mooncake_sgl_gate_declined_pages",

@@ -9,7 +9,8 @@ The gate learns two rates, each from what really happened:
 
 - each tier's read time, from the store's ``PagesRead`` events (one per tier read call: bytes and
   wall seconds, as SGLang waits for them), fitted per tier as ``seconds = fixed + bytes * per_byte``
-  over the recent calls (decayed sums; a fit with no spread of sizes is through the origin);
+  over the recent calls (sums decayed with a half-life of ``_READ_HALF_LIFE_S``; a fit with no
+  spread of sizes is through the origin);
 - the server's prefill time per computed token, from SGLang's own scheduler counters
   (``hicache/prefill_clock.py``): its busy prefill time over the tokens it computed, differences
   between lookups, smoothed. That rate is of the tokens SGLang computed, which come after their
@@ -19,10 +20,10 @@ The gate learns two rates, each from what really happened:
 ``admit`` takes the tier of each page object of a hit, in order, and answers the length of the
 leading run whose saving, recompute time minus ``margin`` times load time, is largest; none when
 no prefix saves anything. A tier with no read yet, and a server with no prefill measured yet, cost
-nothing: without evidence the gate admits, as SGLang would. A tier declined because its rate says
-slow is measured again: once its newest read is ``REPROBE_S`` old, one lookup is admitted whole. Each
-probe that finds the tier still slow doubles that wait (to ``MAX_REPROBE_S``), since every probe of a
-slow tier costs one request its load; a tier found fast again starts over at ``REPROBE_S``.
+nothing: without evidence the gate admits, as SGLang would. A tier of the hit whose newest read is
+``REPROBE_S`` old is named in the answer's ``probe``: the caller times a read of a few of the hit's
+pages in that tier off the request path (``TieredStore.probe_reads``), so a tier declined as slow is
+found fast again, and one that turned slow is found out, without a request paying for the reading.
 
 Policy only: it moves no bytes and reads no tier. Thread context: events arrive on whichever
 thread delivers them, ``admit`` runs on SGLang's storage threads; one lock guards the state.
@@ -30,6 +31,7 @@ thread delivers them, ``admit`` runs on SGLang's storage threads; one lock guard
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,17 +40,20 @@ from typing import Any
 
 from ..api import PagesRead, StoreEvent
 
-# Weight of the past in the read fit, per read call: about the last 20 calls decide.
-_READ_DECAY = 0.95
+logger = logging.getLogger(__name__)
+
+# Half-life (seconds) of a read in a tier's fit: the reads of the last several seconds decide, so one
+# probe (``REPROBE_S`` after the newest read) of a tier whose disk changed speed outweighs by about a
+# thousand to one what it did before.
+_READ_HALF_LIFE_S = 3.0
 # Weight of the newest prefill measurement in the recompute rate.
 _PREFILL_WEIGHT = 0.3
 # Computed tokens between the scheduler readings that make one prefill measurement: fewer are
 # dominated by the fixed cost of a step.
 _MIN_PREFILL_TOKENS = 64
-# Seconds after a tier's newest read when a lookup it would decline is admitted, to measure it again
-# (a disk that was busy may be idle now), and the most that wait grows to while probes find it slow.
+# Seconds after a tier's newest read when a lookup that finds pages there asks for a probe read (a
+# disk that was busy may be idle now, an idle one busy).
 REPROBE_S = 30.0
-MAX_REPROBE_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,15 @@ class PrefillReading:
 
     tokens: int
     busy_seconds: float
+
+
+@dataclass(frozen=True)
+class Admission:
+    """``admit``'s answer: the leading page objects to report, and the tiers of the hit to time a
+    probe read of (their newest read is ``REPROBE_S`` old)."""
+
+    objects: int
+    probe: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -75,7 +89,7 @@ class LoadGateStats:
     lookups: int  # hits judged
     declined_lookups: int  # hits cut short (any page declined)
     declined_pages: int  # page objects declined, over all tiers
-    probe_lookups: int  # hits admitted whole to measure a tier again
+    probe_lookups: int  # hits that asked for a probe read of a tier
     prefill_seconds_per_token: float  # 0 before any prefill was measured
     margin: float
     tiers: dict[str, TierGateStats]
@@ -99,24 +113,24 @@ class LoadGateStats:
 class _ReadFit:
     """Decayed least squares of a tier's read seconds over bytes."""
 
-    __slots__ = ("n", "x", "y", "xx", "xy", "calls", "last_at", "last_bytes", "reprobe_s")
+    __slots__ = ("n", "x", "y", "xx", "xy", "calls", "read_at", "last_at", "last_bytes")
 
     def __init__(self) -> None:
         self.n = self.x = self.y = self.xx = self.xy = 0.0
         self.calls = 0
-        self.last_at = 0.0
+        self.read_at = 0.0  # the newest read
+        self.last_at = -REPROBE_S  # the newest read, or probe asked for
         self.last_bytes = 0
-        self.reprobe_s = REPROBE_S  # the wait before this tier is measured again, once declined
 
     def add(self, nbytes: int, seconds: float, now: float) -> None:
-        d = _READ_DECAY
+        d = 0.5 ** (max(0.0, now - self.read_at) / _READ_HALF_LIFE_S) if self.calls else 0.0
         self.n = self.n * d + 1.0
         self.x = self.x * d + nbytes
         self.y = self.y * d + seconds
         self.xx = self.xx * d + float(nbytes) * nbytes
         self.xy = self.xy * d + nbytes * seconds
         self.calls += 1
-        self.last_at = now
+        self.read_at = self.last_at = now
         self.last_bytes = nbytes
 
     def seconds(self, nbytes: int) -> float:
@@ -180,21 +194,30 @@ class LoadGate:
             sample = seconds / tokens
             prev = self._per_token
             self._per_token = sample if prev is None else prev + _PREFILL_WEIGHT * (sample - prev)
+            if prev is None:
+                logger.info("mooncake_sgl: load gate: this server computes prefill at %.0f tokens/s; "
+                            "storage hits are judged against it from now on", 1 / sample)
         return self._per_token
 
     # ------------------------------------------------------------------ the decision
 
-    def admit(self, tiers: Sequence[int], object_nbytes: int, object_tokens: float) -> int:
-        """How many leading page objects of a hit to report, given the tier each is in now."""
+    def admit(self, tiers: Sequence[int], object_nbytes: int, object_tokens: float) -> Admission:
+        """How many leading page objects of a hit to report, given the tier each is in now, and the
+        tiers to probe."""
         n = len(tiers)
         if not n:
-            return 0
+            return Admission(0, ())
         with self._lock:
             self._lookups += 1
+            fits = self._fits
+            now = self._clock()
+            probe = tuple(t for t in sorted(set(tiers)) if now - fits[t].last_at >= REPROBE_S)
+            for t in probe:
+                fits[t].last_at = now  # one probe per tier until it or a read reports back
+            self._probes += bool(probe)
             per_token = self._learn_prefill()
             if not per_token:
-                return n
-            fits = self._fits
+                return Admission(n, probe)
             count = [0] * len(fits)
             best_k, best_gain = 0, 0.0
             for k, t in enumerate(tiers, 1):
@@ -203,22 +226,22 @@ class LoadGate:
                 gain = k * object_tokens * per_token - self._margin * load
                 if gain > best_gain:
                     best_k, best_gain = k, gain
-            if best_k == n:
-                for t in set(tiers):
-                    fits[t].reprobe_s = REPROBE_S
-                return n
-            now = self._clock()
-            stale = {t for t in tiers[best_k:] if now - fits[t].last_at >= fits[t].reprobe_s}
-            if stale:
-                for t in stale:
-                    fits[t].last_at = now  # one probe per tier until its read reports back
-                    fits[t].reprobe_s = min(fits[t].reprobe_s * 2, MAX_REPROBE_S)
-                self._probes += 1
-                return n
-            self._declined_lookups += 1
-            for t in tiers[best_k:]:
-                self._declined[t] += 1
-            return best_k
+            if best_k < n:
+                self._decline(tiers, best_k, per_token)
+            return Admission(best_k, probe)
+
+    def _decline(self, tiers: Sequence[int], kept: int, per_token: float) -> None:
+        """Count the objects past ``kept``; the caller holds the lock."""
+        if not self._declined_lookups:
+            fit = self._fits[tiers[kept]]
+            took = fit.seconds(fit.last_bytes)
+            logger.warning("mooncake_sgl: load gate: declining hits in tier %s, read at %.1f MB/s where this "
+                           "server recomputes %.0f tokens/s; counted in mooncake_sgl_gate_declined_lookups",
+                           self._names[tiers[kept]], fit.last_bytes / took / 1e6 if took > 0 else 0.0,
+                           1 / per_token)
+        self._declined_lookups += 1
+        for t in tiers[kept:]:
+            self._declined[t] += 1
 
     # ------------------------------------------------------------------ report
 

@@ -29,6 +29,7 @@ and latency baselines): the same code, in a deterministic order.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -57,6 +58,10 @@ from .tier_calls import TierCalls
 logger = logging.getLogger(__name__)
 
 MOVERS = ("background", "inline")
+
+
+# Most bytes one probe read takes (``probe_reads``): enough for a per-call cost and a rate.
+PROBE_BYTES = 4 << 20
 
 
 class TieredStore:
@@ -102,6 +107,9 @@ class TieredStore:
         # extra harmless run.
         self._maintenance_queued = False
         self._closed = False
+        self._prober: ThreadPoolExecutor | None = None  # ``probe_reads``, started at the first
+        self._probing: set[int] = set()  # tiers with a probe read queued or running
+        self._probing_lock = threading.Lock()
         self._seed_from_persistent_tiers()
 
     @property
@@ -207,6 +215,46 @@ class TieredStore:
                 self._promoter.promote(sk, sf, [pages[i] for i in slow], list(keys))
         return done
 
+    def probe_reads(self, t: int, keys: Sequence[PageKey]) -> None:
+        """Time a read of ``keys`` (up to ``PROBE_BYTES`` of them) from tier ``t`` into scratch
+        memory, on the mover's thread: its ``PagesRead`` tells the observers what the tier's reads
+        cost now (the load gate, when no request has read the tier lately). Nothing else changes:
+        no heat, no promotion."""
+        if not keys or self._closed:
+            return
+        if not self._mover.background:
+            self._probe_read(t, list(keys))
+            return
+        with self._probing_lock:
+            if t in self._probing:
+                return
+            if self._prober is None:  # its own thread: a slow tier's probe never delays placement
+                self._prober = ThreadPoolExecutor(1, "mooncake-sgl-probe")
+            self._probing.add(t)
+            self._prober.submit(self._probe_read, t, list(keys))
+
+    def _probe_read(self, t: int, keys: list[PageKey]) -> None:
+        try:
+            self._time_read(t, keys)
+        finally:
+            with self._probing_lock:
+                self._probing.discard(t)
+
+    def _time_read(self, t: int, keys: list[PageKey]) -> None:
+        picked, total = [], 0
+        for key, n in zip(keys, self._calls.sizes(t, keys)):
+            if n and (not picked or total + n <= PROBE_BYTES):
+                picked.append((key, n))
+                total += n
+        if not picked:
+            return
+        scratch = [[memoryview(bytearray(n))] for _, n in picked]
+        start = time.perf_counter()
+        ok = self._calls.call(t, "get", self.tiers[t].get_into, [k for k, _ in picked], scratch)
+        took = time.perf_counter() - start
+        nread = sum(n for (_, n), hit in zip(picked, ok) if hit)
+        self._residency.read(PagesRead(t, len(picked), sum(map(bool, ok)), nread, took))
+
     def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView],
                  parent: PageKey | None = None) -> list[bool]:
         """Write pages; per key ``True`` once the page is readable in at least one tier (every tier
@@ -279,8 +327,15 @@ class TieredStore:
             self._calls.call(t, "register_memory", tier.register_memory, ptr, nbytes)
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
-        """Wait until the placement work queued so far has run (tests, benchmarks, shutdown)."""
-        return self._mover.wait_idle(timeout)
+        """Wait until the placement work and probe reads queued so far have run (tests,
+        benchmarks, shutdown)."""
+        start = time.monotonic()
+        if self._prober is not None:
+            try:  # one worker: a task queued now runs after every probe queued before it
+                self._prober.submit(lambda: None).result(timeout)
+            except (TimeoutError, RuntimeError):  # RuntimeError: shut down, nothing left to run
+                return False
+        return self._mover.wait_idle(max(0.0, timeout - (time.monotonic() - start)))
 
     def resident_keys(self, t: int) -> set[PageKey]:
         """The pages the store knows to be in managed tier ``t`` (consistency checks)."""
@@ -291,6 +346,8 @@ class TieredStore:
         if self._closed:
             return
         self._closed = True
+        if self._prober is not None:
+            self._prober.shutdown(wait=True)
         self._mover.close()
         if self._shared_writer is not None:
             self._shared_writer.shutdown(wait=True)

@@ -206,5 +206,5 @@ def test_the_load_gate_line_says_what_was_declined_and_stays_silent_otherwise() 
     declined = {"gate_lookups": 50.0, "gate_declined_lookups": 20.0, "gate_declined_pages": 640.0,
                 "gate_probe_lookups": 2.0}
     line = gate_line(Snapshot({}, 0.0, {"r": declined}))
-    assert "20 of 50 hits cut short" in line and "640 page objects" in line and "2 hits" in line
+    assert "20 of 50 hits cut short" in line and "640 page objects" in line and "2 probe reads" in line
     assert gate_line(Snapshot({}, 0.0, {"r": {"gate_lookups": 50.0}})) == ""

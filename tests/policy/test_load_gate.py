@@ -9,7 +9,6 @@ import pytest
 
 from mooncake_sgl.api import PagesRead
 from mooncake_sgl.policy.load_gate import (
-    MAX_REPROBE_S,
     REPROBE_S,
     LoadGate,
     LoadGateStats,
@@ -60,25 +59,25 @@ def reads(g: LoadGate, tier: int, bytes_per_s: float,
 def test_without_a_prefill_rate_every_hit_is_reported() -> None:
     g, _, _ = gate(per_token=None)
     reads(g, 1, 1e6)  # a very slow tier, but nothing to compare it with
-    assert g.admit([1] * 8, MIB, PAGE_TOKENS) == 8
+    assert g.admit([1] * 8, MIB, PAGE_TOKENS).objects == 8
 
 
 def test_a_tier_never_read_costs_nothing() -> None:
     g, _, _ = gate()
-    assert g.admit([0, 0, 1, 1], MIB, PAGE_TOKENS) == 4
+    assert g.admit([0, 0, 1, 1], MIB, PAGE_TOKENS).objects == 4
 
 
 def test_a_tier_faster_than_recompute_is_loaded_whole() -> None:
     g, _, _ = gate(per_token=1e-3)  # 64 ms per 64-token page
     reads(g, 1, 1e9)  # 1 ms per MiB page
-    assert g.admit([1] * 10, MIB, PAGE_TOKENS) == 10
+    assert g.admit([1] * 10, MIB, PAGE_TOKENS).objects == 10
     assert g.stats().declined_lookups == 0
 
 
 def test_a_tier_slower_than_recompute_is_declined_and_counted() -> None:
     g, _, _ = gate(per_token=1e-4)  # 6.4 ms per page
     reads(g, 1, 50e6)  # 21 ms per MiB page
-    assert g.admit([1] * 10, MIB, PAGE_TOKENS) == 0
+    assert g.admit([1] * 10, MIB, PAGE_TOKENS).objects == 0
     s = g.stats()
     assert (s.lookups, s.declined_lookups, s.declined_pages) == (2, 1, 10)
     assert s.tiers["lmdb"].declined_pages == 10 and s.tiers["host"].declined_pages == 0
@@ -89,7 +88,7 @@ def test_the_fast_tier_prefix_is_kept_where_the_rest_sits_in_a_slow_tier() -> No
     g, _, _ = gate(per_token=1e-4)
     reads(g, 0, 10e9)
     reads(g, 1, 50e6)
-    assert g.admit([0, 0, 0, 1, 1, 1], MIB, PAGE_TOKENS) == 3
+    assert g.admit([0, 0, 0, 1, 1, 1], MIB, PAGE_TOKENS).objects == 3
     assert g.stats().tiers["lmdb"].declined_pages == 3
 
 
@@ -99,52 +98,39 @@ def test_the_margin_declines_a_tier_only_just_faster_than_recompute() -> None:
     for margin, expected in ((1.0, 4), (1.25, 0)):
         g, _, _ = gate(per_token=1e-3, margin=margin)
         reads(g, 1, MIB / (0.9 * per_page))
-        assert g.admit([1] * 4, MIB, PAGE_TOKENS) == expected
+        assert g.admit([1] * 4, MIB, PAGE_TOKENS).objects == expected
 
 
 def test_a_per_call_cost_makes_one_page_not_worth_it_where_many_are() -> None:
     g, _, _ = gate(per_token=1e-4)  # 6.4 ms a page
     # Each call costs 20 ms before its bytes, then 1 ms per MiB.
     g.on_events([PagesRead(1, n, n, n * MIB, 0.02 + n * 1e-3) for n in (1, 2, 8, 32, 64)])
-    assert g.admit([1], MIB, PAGE_TOKENS) == 0
-    assert g.admit([1] * 32, MIB, PAGE_TOKENS) == 32
+    assert g.admit([1], MIB, PAGE_TOKENS).objects == 0
+    assert g.admit([1] * 32, MIB, PAGE_TOKENS).objects == 32
 
 
-def test_a_declined_tier_is_measured_again_less_often_while_it_stays_slow() -> None:
+def test_a_tier_not_read_lately_is_probed_off_the_request_path_once_per_interval() -> None:
     g, _, clock = gate(per_token=1e-4)
     reads(g, 1, 50e6)
-    assert g.admit([1] * 4, MIB, PAGE_TOKENS) == 0
+    first = g.admit([1] * 4, MIB, PAGE_TOKENS)
+    assert (first.objects, first.probe) == (0, ())  # just read: no probe
     clock.now += REPROBE_S
-    assert g.admit([1] * 4, MIB, PAGE_TOKENS) == 4  # a probe, loaded whole
-    assert g.admit([1] * 4, MIB, PAGE_TOKENS) == 0  # one probe until its read reports back
-    reads(g, 1, 50e6)  # the probe's read: still slow
-    clock.now += REPROBE_S
-    assert g.admit([1] * 4, MIB, PAGE_TOKENS) == 0  # the next probe waits twice as long
-    clock.now += REPROBE_S
-    assert g.admit([1] * 4, MIB, PAGE_TOKENS) == 4
-    reads(g, 1, 10e9, sizes=(4 * MIB,) * 40)  # the disk is idle again
-    assert g.admit([1] * 4, MIB, PAGE_TOKENS) == 4
-    assert g.stats().probe_lookups == 2
-
-
-def test_the_wait_between_probes_is_bounded() -> None:
-    g, _, clock = gate(per_token=1e-4)
-    probes = 0
-    for _ in range(40):
-        reads(g, 1, 50e6)
-        clock.now += MAX_REPROBE_S
-        probes += g.admit([1] * 4, MIB, PAGE_TOKENS) == 4
-    assert probes == 40  # never more than MAX_REPROBE_S apart
+    again = g.admit([0, 1, 1], MIB, PAGE_TOKENS)
+    assert again.objects == 1 and again.probe == (0, 1)  # declined on old evidence, both asked for
+    assert g.admit([1] * 4, MIB, PAGE_TOKENS).probe == ()  # one probe until it reports back
+    reads(g, 1, 10e9, sizes=(4 * MIB,))  # the probe's one read: the disk is idle again
+    assert g.admit([1] * 4, MIB, PAGE_TOKENS).objects == 4  # it outweighs reads 30 s old
+    assert g.stats().probe_lookups == 2  # the helper's first lookup asked for tier 0 too
 
 
 def test_the_recompute_rate_follows_the_schedulers_totals() -> None:
     g, prefill, _ = gate(per_token=1e-4)
     reads(g, 1, 50e6)
-    assert g.admit([1] * 4, MIB, PAGE_TOKENS) == 0
+    assert g.admit([1] * 4, MIB, PAGE_TOKENS).objects == 0
     for _ in range(12):  # the server got 100x slower (a bigger batch, a loaded host)
         prefill.compute(4096, 1e-2)
         g.admit([0], MIB, PAGE_TOKENS)
-    assert g.admit([1] * 4, MIB, PAGE_TOKENS) == 4
+    assert g.admit([1] * 4, MIB, PAGE_TOKENS).objects == 4
     assert g.stats().prefill_seconds_per_token == pytest.approx(1e-2, rel=0.05)
 
 

@@ -212,3 +212,17 @@ def test_every_tier_read_is_told_with_its_bytes_and_time(store: TieredStore) -> 
     assert sum(e.pages for e in reads) == 4
     assert all(e.asked >= e.pages and e.seconds > 0 for e in reads)
     assert sum(e.nbytes for e in reads) == sum(p.nbytes for page in pages.values() for p in page)
+
+
+def test_a_probe_read_is_told_like_a_read_and_changes_nothing_else(store: TieredStore) -> None:
+    replica = Replica()
+    pages = put(store, range(4))
+    assert store.wait_idle()
+    store.observe(replica)
+    before = store.stats()["store"]
+    store.probe_reads(1, [key(i) for i in range(4)] + [b"no-such-page"])
+    assert store.wait_idle()
+    [e] = replica.reads
+    assert (e.tier, e.asked, e.pages) == (1, 4, 4)  # the absent key is not read at all
+    assert e.nbytes == sum(p.nbytes for page in pages.values() for p in page)
+    assert store.stats()["store"] == before and not replica.lookups  # no lookup, no heat

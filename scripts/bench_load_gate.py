@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""A storage hit must never cost more than recomputing it: live CPU servers whose only storage tier
+is an SSD tier on a disk throttled on purpose, per request, with the load gate on and off, against
+the same request on a server without HiCache (root: a loop device, a blkio read limit, dropped page
+cache).
+
+Variants (live servers on 127.0.0.1, the tiny model, all up at once, each request sent to them in
+the order A B C, the next request C B A):
+  gate       our backend, one LMDB tier on the loop device, ``load_gate`` on (the default);
+  nogate     the same on its own directory of the same disk, ``load_gate: {enabled: false}``;
+  recompute  the same server without HiCache: the reference each TTFT is judged against.
+Per request: a fresh document is sent to every server (computed, backed up to storage), every
+server's caches are flushed and the page cache dropped, then it is sent again and timed: ours can
+only find it in the SSD tier, whose reads the blkio limit of the phase slows (``--rates`` in MB/s,
+0 = unthrottled; writes are never limited). Phases run in the order given: with ``0,2`` the disk
+turns slow under a gate that has learned it fast. SGLang's flags are the same for all (its default
+prefetch policy, ``timeout``, waits for a slow load up to its deadline).
+
+Per phase: each request's TTFT over recompute's, how many were slower than 1.1x recompute, mean
+TTFT, the share of nogate's TTFT gain the gate kept, tokens served from storage, the gate's own
+counters, the load and prefill rate, and whether the greedy outputs agree. ``--json PATH`` writes
+every request.
+
+    python scripts/bench_load_gate.py                          # phases 0 and 2 MB/s, 6 requests each
+    python scripts/bench_load_gate.py --rates 0,1 --requests 8 --json gate.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from devtools.bench.client import SglangClient  # noqa: E402
+from devtools.bench.console import log, run_script  # noqa: E402
+from devtools.bench.server import (  # noqa: E402
+    LaunchedServer,
+    free_port,
+    has_gpu,
+    launch_command,
+    ours_args,
+    server_env,
+    stop_all,
+)
+from devtools.bench.ssd import throttled  # noqa: E402
+from devtools.bench.workloads import BenchRequest  # noqa: E402
+from devtools.tiny_model import write_tiny_llama  # noqa: E402
+
+VARIANTS = ("gate", "nogate", "recompute")
+SLOWER = 1.1  # a request slower than this times recompute's counts as a hit that cost more than it saved
+GATE_COUNTERS = ("lookups", "declined_lookups", "declined_pages", "probe_lookups")
+
+
+def tiers_yaml(path: Path, ssd: Path, gate: bool) -> Path:
+    path.write_text(f"policy: {{name: lru}}\nload_gate: {{enabled: {'true' if gate else 'false'}}}\n"
+                    f"tiers:\n  - {{kind: lmdb, path: {ssd}, capacity: 2GiB}}\n")
+    return path
+
+
+def metric_sum(text: str, name: str) -> float:
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+def metrics(client: SglangClient) -> str:
+    status, body = client._request("GET", "/metrics", timeout=30.0)
+    return body.decode() if status == 200 else ""
+
+
+def wait_backed_up(client: SglangClient, quiet_s: float = 1.0, limit_s: float = 60.0) -> None:
+    """Until the tier's written bytes stop growing: SGLang backs a prefix up after its prefill."""
+    last, since, deadline = -1.0, time.monotonic(), time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        now = metric_sum(metrics(client), "mooncake_sgl_tier_written_bytes_total")
+        if now != last:
+            last, since = now, time.monotonic()
+        elif now > 0 and time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.2)
+
+
+def limit_reads(disk: throttled.Disk, mbps: float) -> None:
+    (throttled.BLKIO / "blkio.throttle.read_bps_device").write_text(f"{disk.dev} {int(mbps * 1e6)}\n")
+
+
+def drop_page_cache() -> None:
+    subprocess.run(["sync"], check=False)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def phase(rate: float, n: int, clients: dict[str, SglangClient], disk: throttled.Disk,
+          args: argparse.Namespace) -> dict[str, Any]:
+    limit_reads(disk, rate)
+    rng = random.Random(f"{args.seed}-{rate}")
+    before = metrics(clients["gate"])
+    rows = []
+    load = os.getloadavg()[0]
+    for i in range(n):
+        ids = [rng.randrange(32000) for _ in range(args.doc_tokens)]
+        req = BenchRequest(rid=f"{rate}-{i}", round=i, input_ids=ids, max_new_tokens=8,
+                           reusable_tokens=len(ids))
+        order = VARIANTS if i % 2 == 0 else VARIANTS[::-1]
+        for v in order:
+            first = clients[v].generate(req)
+            if first.error:
+                raise RuntimeError(f"{v}: {first.error}")
+        for v in ("gate", "nogate"):
+            wait_backed_up(clients[v])
+        for c in clients.values():
+            c.flush_cache()
+        drop_page_cache()
+        row: dict[str, Any] = {"rate_mbps": rate, "request": i, "load": os.getloadavg()[0]}
+        outputs = {}
+        for v in order:
+            res = clients[v].generate(req)
+            if res.error:
+                raise RuntimeError(f"{v}: {res.error}")
+            row[v] = {"ttft_s": res.ttft_s, "storage_tokens": res.storage_tokens,
+                      "cached_tokens": res.cached_tokens}
+            outputs[v] = res.output_ids
+        row["outputs_equal"] = len({tuple(o) for o in outputs.values()}) == 1
+        ref = row["recompute"]["ttft_s"]
+        log(f"[{rate:g} MB/s] request {i + 1}/{n}: recompute {ref:.3f}s, "
+            + ", ".join(f"{v} {row[v]['ttft_s']:.3f}s ({row[v]['ttft_s'] / ref:.2f}x, "
+                        f"{row[v]['storage_tokens']} from storage)" for v in ("gate", "nogate")))
+        rows.append(row)
+    time.sleep(2.0)  # our /metrics series are refreshed once a second
+    after = metrics(clients["gate"])
+    counters = {c: metric_sum(after, f"mooncake_sgl_gate_{c}_total")
+                - metric_sum(before, f"mooncake_sgl_gate_{c}_total") for c in GATE_COUNTERS}
+    return {"rate_mbps": rate, "load": round((load + os.getloadavg()[0]) / 2, 2), "requests": rows,
+            "gate_counters": counters, **summary(rows, args.doc_tokens)}
+
+
+def summary(rows: list[dict[str, Any]], doc_tokens: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    ref = [r["recompute"]["ttft_s"] for r in rows]
+    out["prefill_tokens_per_s"] = doc_tokens / statistics.fmean(ref)
+    for v in VARIANTS:
+        ttft = [r[v]["ttft_s"] for r in rows]
+        out[v] = {"ttft_mean_s": statistics.fmean(ttft),
+                  "slower_than_recompute": sum(t > SLOWER * x for t, x in zip(ttft, ref)),
+                  "storage_tokens": sum(r[v]["storage_tokens"] for r in rows)}
+    gain_nogate = out["recompute"]["ttft_mean_s"] - out["nogate"]["ttft_mean_s"]
+    gain_gate = out["recompute"]["ttft_mean_s"] - out["gate"]["ttft_mean_s"]
+    out["gain_kept"] = gain_gate / gain_nogate if gain_nogate > 0 else None
+    out["outputs_equal"] = all(r["outputs_equal"] for r in rows)
+    return out
+
+
+def table(phases: list[dict[str, Any]]) -> str:
+    lines = [f"{'read limit':>10}{'load':>6}{'prefill tok/s':>14}  {'variant':<10}{'TTFT mean':>10}"
+             f"{'x recompute':>12}{'slower':>8}{'from storage':>13}"]
+    for p in phases:
+        ref = p["recompute"]["ttft_mean_s"]
+        limit = f"{p['rate_mbps']:g} MB/s" if p["rate_mbps"] else "none"
+        n = len(p["requests"])
+        for v in VARIANTS:
+            s = p[v]
+            lines.append(f"{limit:>10}{p['load']:>6.2f}{p['prefill_tokens_per_s']:>14,.0f}  {v:<10}"
+                         f"{s['ttft_mean_s']:>9.3f}s{s['ttft_mean_s'] / ref:>11.2f}x"
+                         f"{s['slower_than_recompute']:>5}/{n}{s['storage_tokens']:>13}")
+        kept = p["gain_kept"]
+        g = p["gate_counters"]
+        lines.append(f"{'':>10}  gate kept {'-' if kept is None else f'{kept:.0%}'} of nogate's TTFT gain; "
+                     f"declined {g['declined_lookups']:g} of {g['lookups']:g} hits ({g['declined_pages']:g} "
+                     f"page objects), {g['probe_lookups']:g} probes; outputs equal: {p['outputs_equal']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rates", default="0,2", help="read limit per phase, MB/s (0: none), in order")
+    p.add_argument("--requests", type=int, default=6, help="requests per phase")
+    p.add_argument("--doc-tokens", type=int, default=4096)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--health-timeout", type=float, default=600.0)
+    p.add_argument("--json", type=Path, help="write every phase and request here")
+    args = p.parse_args(argv)
+    rates = [float(r) for r in args.rates.split(",")]
+    why = throttled.unavailable()
+    if why:
+        log(f"bench_load_gate: cannot run here: {why}")
+        return 2
+    with tempfile.TemporaryDirectory(prefix="mooncake-sgl-gate-") as tmp:
+        work = Path(tmp)
+        model = write_tiny_llama(work / "model")
+        cpu = not has_gpu()
+        servers: dict[str, LaunchedServer] = {}
+        with throttled.loop_disk(work, 8 << 30) as disk:
+            try:
+                for v in VARIANTS:
+                    variant = () if v == "recompute" else ours_args(
+                        tiers_yaml(work / f"{v}.yaml", disk.mount / v, v == "gate"))
+                    # An explicit host pool: SGLang's automatic size refuses a busy host.
+                    extra = ("--enable-metrics", "--max-total-tokens", str(4 * args.doc_tokens),
+                             *(() if v == "recompute" else ("--hicache-ratio", "2.0")))
+                    servers[v] = LaunchedServer(lambda port, a=variant, e=extra: launch_command(
+                        str(model), port, a, cpu=cpu, extra=e), free_port(), work / f"{v}.log",
+                        args.health_timeout, env=server_env(cpu, {"XDG_CACHE_HOME": str(work / "cache")}))
+                    servers[v].start()
+                clients = {v: SglangClient(s.url, timeout_s=600) for v, s in servers.items()}
+                phases = [phase(rate, args.requests, clients, disk, args) for rate in rates]
+            finally:
+                limit_reads(disk, 0)
+                stop_all(servers.values())
+    print(f"\nload gate: {args.requests} requests of {args.doc_tokens} tokens per phase, each sent, "
+          "backed up, flushed from SGLang's caches and the page cache, and sent again; the SSD tier "
+          "is the only storage tier; 'slower': requests over 1.1x recompute's TTFT")
+    print(table(phases))
+    if args.json:
+        args.json.write_text(json.dumps({"phases": phases, "doc_tokens": args.doc_tokens}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main))

@@ -1,0 +1,48 @@
+"""The pure parts of ``scripts/bench_load_gate.py``: what a phase's summary counts and the table says."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_load_gate.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_load_gate_script", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def row(recompute: float, gate: float, nogate: float, gate_storage: int) -> dict:
+    return {"recompute": {"ttft_s": recompute, "storage_tokens": 0, "cached_tokens": 0},
+            "gate": {"ttft_s": gate, "storage_tokens": gate_storage, "cached_tokens": 0},
+            "nogate": {"ttft_s": nogate, "storage_tokens": 4032, "cached_tokens": 0},
+            "outputs_equal": True}
+
+
+def test_a_request_over_1_1x_recompute_counts_as_slower_and_the_gain_kept_is_a_share() -> None:
+    bench = _load()
+    rows = [row(1.0, 1.05, 0.2, 4032), row(1.0, 1.2, 3.0, 0)]
+    s = bench.summary(rows, 4096)
+    assert s["gate"]["slower_than_recompute"] == 1 and s["nogate"]["slower_than_recompute"] == 1
+    assert s["gate"]["storage_tokens"] == 4032 and s["outputs_equal"]
+    assert s["gain_kept"] is None  # nogate gained nothing on average: no share to keep
+    fast = bench.summary([row(1.0, 0.3, 0.2, 4032)], 4096)
+    assert abs(fast["gain_kept"] - 0.7 / 0.8) < 1e-9
+
+
+def test_the_table_names_each_phase_and_the_gates_counters() -> None:
+    bench = _load()
+    phase = {"rate_mbps": 2.0, "load": 1.5, "requests": [row(1.0, 1.0, 3.0, 0)],
+             "gate_counters": {"lookups": 3.0, "declined_lookups": 2.0, "declined_pages": 64.0,
+                               "probe_lookups": 1.0},
+             **bench.summary([row(1.0, 1.0, 3.0, 0)], 4096)}
+    text = bench.table([phase])
+    assert "2 MB/s" in text and "declined 2 of 3 hits (64 page objects), 1 probes" in text
+    assert "nogate" in text and "3.00x" in text
