@@ -18,10 +18,9 @@ import weakref
 from typing import Any
 
 from ..policy.load_gate import PrefillReading
-from .touch_points import TouchPoint
+from .touch_points import TouchPoint, register_hook
 
 _scheduler: weakref.ref[Any] | None = None
-_hooked = False
 
 
 def reading() -> PrefillReading | None:
@@ -42,13 +41,5 @@ def _remember(result: None, scheduler: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def install_hook(point: TouchPoint) -> bool:
-    """Register ``point``'s AFTER hook on ``Scheduler.__init__`` (``load_plugins`` applies it next);
-    True if registered now. Idempotent."""
-    global _hooked
-    if _hooked:
-        return False
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(point.target, _remember, HookType.AFTER)
-    _hooked = True
-    return True
+    """Register ``point``'s AFTER hook on ``Scheduler.__init__``; True if registered now."""
+    return register_hook(point, _remember)

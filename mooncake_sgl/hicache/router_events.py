@@ -43,7 +43,7 @@ from typing import Any
 from ..api import PagesRemoved, PagesStored, StoreEvent
 from ..keys import event_hash, namespace_of
 from ..tally import Tally
-from .touch_points import TouchPoint
+from .touch_points import TouchPoint, register_hook
 
 logger = logging.getLogger(__name__)
 
@@ -215,20 +215,9 @@ def wrap_publisher(result: Any, *_: Any, **__: Any) -> Any:
         return result
 
 
-_hooked = False
-
-
 def install_hook(point: TouchPoint) -> bool:
-    """Register ``point``'s AFTER hook on SGLang's publisher factory (``load_plugins`` applies it
-    next); True if registered now. Idempotent."""
-    global _hooked
-    if _hooked:
-        return False
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(point.target, wrap_publisher, HookType.AFTER)
-    _hooked = True
-    return True
+    """Register ``point``'s AFTER hook on SGLang's publisher factory; True if registered now."""
+    return register_hook(point, wrap_publisher)
 
 
 class Announcer:

@@ -132,6 +132,25 @@ def apply(points: Iterable[TouchPoint], phase: Phase) -> list[TouchPoint]:
     return applied
 
 
+_hooked: set[str] = set()
+
+
+def register_hook(point: TouchPoint, fn: Callable[..., object]) -> bool:
+    """Register ``fn`` with SGLang's hook registry as ``point``'s hook (AFTER or AROUND, as its kind
+    says), which ``load_plugins`` applies next; True if registered now. Once per target: a second
+    registration would run the hook twice."""
+    if point.target in _hooked:
+        return False
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    kinds = {Kind.HOOK_AFTER: HookType.AFTER, Kind.HOOK_AROUND: HookType.AROUND}
+    if point.kind not in kinds:
+        raise ValueError(f"{point.target}: a {point.kind.value} is not a hook")
+    HookRegistry.register(point.target, fn, kinds[point.kind])
+    _hooked.add(point.target)
+    return True
+
+
 def _resolve(path: str) -> Callable[..., bool]:
     return pkgutil.resolve_name(path)
 

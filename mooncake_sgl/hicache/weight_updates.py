@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .fingerprint import DIGEST_BYTES, Fingerprint, ModelSource, fingerprint
-from .touch_points import Kind, TouchPoint
+from .touch_points import Kind, TouchPoint, register_hook
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,6 @@ class WeightFollower(Protocol):
 
 
 _followers: weakref.WeakSet[Any] = weakref.WeakSet()
-_hooked: set[str] = set()
 
 
 def follow(backend: WeightFollower) -> None:
@@ -162,19 +161,10 @@ def _after_flush(result: Any, *_: Any, **__: Any) -> None:
 
 def install_hook(point: TouchPoint) -> bool:
     """Register the hook of ``point`` (an ``update_weights_from_*`` method: around it; ``flush_cache``:
-    after it) with SGLang's hook registry, which ``load_plugins`` applies next. True if registered
-    now; idempotent."""
-    if point.target in _hooked:
-        return False
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
+    after it); True if registered now."""
     method = point.target.rsplit(".", 1)[1]
     if point.kind is Kind.HOOK_AROUND and method.startswith(UPDATE_PREFIX):
-        HookRegistry.register(point.target, _around_update(method.removeprefix(UPDATE_PREFIX)),
-                              HookType.AROUND)
-    elif point.kind is Kind.HOOK_AFTER and method == "flush_cache":
-        HookRegistry.register(point.target, _after_flush, HookType.AFTER)
-    else:
-        raise ValueError(f"no weight-update hook for {point.kind.value} on {point.target}")
-    _hooked.add(point.target)
-    return True
+        return register_hook(point, _around_update(method.removeprefix(UPDATE_PREFIX)))
+    if point.kind is Kind.HOOK_AFTER and method == "flush_cache":
+        return register_hook(point, _after_flush)
+    raise ValueError(f"no weight-update hook for {point.kind.value} on {point.target}")
