@@ -35,8 +35,8 @@ The models:
   and its one-leaf-per-chain victim pass meet the shorter chains of a sample: its lead over LRU
   grows as the sample shrinks, which the control does not cancel.
 - ``adaptive``: ``FollowTheLeader``, its four experts alone (the ARC, LIRS and LFU-DA its shadows
-  run, and the control for its LRU), its election (``shadow.Tournament``'s tests), and per lookup
-  the hits of the expert it follows. Three times cheaper than a miniature of the policy, whose
+  run, and the control for its LRU), its election (``shadow.elect``, as its ``Tournament``), and
+  per lookup the hits of the expert it follows. Three times cheaper than a miniature of the policy, whose
   evidence thresholds do not scale with the sample (sampled, it kept LRU long after the policy
   changed leaders); what the policy loses while its tier converges to a new leader is not counted.
 - ``arc``, ``lirs``, ``lfuda`` (the simulator's): their expert alone (``shadow.ShadowCache``).
@@ -64,11 +64,9 @@ from .experts import EXPERTS, ArcExpert, Expert, LfuDaExpert, LirsExpert, LruExp
 from .heat import HeatPolicy
 from .miniature import PolicyMiniature
 from .shadow import (
-    MIN_EVIDENCE,
-    MIN_LEAD,
-    SWITCH_SIGMAS,
     WINDOW_TURNOVERS,
     ShadowCache,
+    elect,
     key_hash,
     sample_rate,
 )
@@ -78,11 +76,13 @@ from .stack import TRACKED_PAGES, PrefixStack
 MULTIPLIERS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 # Pages of one sampled miniature, by policy: the work per looked-up page is about the sum over
 # sizes of ``R_m`` times the model's own work per page, and at least one call per size per lookup
-# on a small tier. The experts' 32 pages were within 2 points of exact replays on every generated
-# shape; heat's miniatures are not scale-free (its lead over LRU grows as the sample shrinks: on
-# one-off documents among conversations it missed by 7.6 points at 128 pages, 6.9 at 1,024, 3.6 at
-# 4,096), so they stay as large as before, at the cost before (docs/capacity_curves.md).
-MINIATURE_PAGES = {"heat": 4096, "adaptive": 32, "arc": 32, "lirs": 32, "lfuda": 32}
+# on a small tier. ``adaptive``'s 24 pages were within 1.7 points of exact replays on every
+# generated shape and cost three quarters of 32 (within 1.2); at 16 one shape missed by 2.3, at 8
+# by 3.9. The simulator's experts keep 32. Heat's miniatures are not scale-free (its lead over LRU
+# grows as the sample shrinks: on one-off documents among conversations it missed by 7.6 points
+# at 128 pages, 6.9 at 1,024, 3.6 at 4,096), so they stay as large as before, at the cost before
+# (docs/capacity_curves.md).
+MINIATURE_PAGES = {"heat": 4096, "adaptive": 24, "arc": 32, "lirs": 32, "lfuda": 32}
 
 # Builds a policy for one tier of so many one-byte pages (a miniature's ``PolicyMiniature``).
 PolicyFactory = Callable[[int], PlacementPolicy]
@@ -153,11 +153,11 @@ class LruMiniature:
 
 
 class _Election:
-    """The adaptive policy's choice of leader (``shadow.Tournament``'s tests, thresholds and decayed
-    window, the same code in effect) over expert miniatures on a sample ``1 / scale`` as large as
-    the one its own shadows would see: hits count ``scale`` times, so evidence builds as fast.
+    """The adaptive policy's choice of leader (``shadow.elect``: its tests and thresholds, over the
+    same decayed window) over expert miniatures on a sample ``1 / scale`` as large as the one its
+    own shadows would see: hits count ``scale`` times, so evidence builds as fast.
 
-    Cheaper than the tournament for being kept beside seven sizes: the decay is one factor for
+    Cheaper than ``shadow.Tournament`` for being kept beside seven sizes: the decay is one factor for
     every sum (``_log``: what they are all to be multiplied by), pairs are counted once, and the
     leader is only reconsidered after a request the experts did not hit alike (equal hits only
     weaken every challenger's case)."""
@@ -202,8 +202,15 @@ class _Election:
                     spread[i][j] += d * d * inflate
                     discord[i][j] += d * inflate
                     differ[i][j] += weight
-        self._elect()
+        keep = math.exp(self._log)
+        self.leader = elect(self.leader, [v * keep for v in score], self._pair)
         return runs
+
+    def _pair(self, i: int, j: int) -> tuple[float, float, float]:
+        """``elect``'s sums for experts ``i`` and ``j``, kept once per pair (lower index first)."""
+        a, b = min(i, j), max(i, j)
+        keep = math.exp(self._log)
+        return self.differ[a][b] * keep, self.spread[a][b] * keep, self.discord[a][b] * keep
 
     def _fold(self) -> None:
         keep = math.exp(self._log)
@@ -212,25 +219,6 @@ class _Election:
             for row in table:
                 row[:] = [v * keep for v in row]
         self._log = 0.0
-
-    def _elect(self) -> None:
-        """``Tournament._elect`` on the decayed sums."""
-        keep = math.exp(self._log)
-        lead = self.leader
-        score = [v * keep for v in self.score]
-        best, margin = lead, 0.0
-        floor = MIN_LEAD * score[lead]
-        for i, s in enumerate(score):
-            gap = s - score[lead]
-            if gap <= margin or gap < floor or s < MIN_EVIDENCE:
-                continue
-            a, b = min(i, lead), max(i, lead)
-            many = self.differ[a][b] * keep >= MIN_EVIDENCE
-            if (gap > SWITCH_SIGMAS * math.sqrt(s + score[lead])
-                    or (many and gap > SWITCH_SIGMAS * math.sqrt(self.spread[a][b] * keep))
-                    or (many and gap > SWITCH_SIGMAS * math.sqrt(self.discord[a][b] * keep))):
-                best, margin = i, gap
-        self.leader = best
 
     def entries(self) -> int:
         return sum(s.entries() for s in self.shadows)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
 from collections.abc import Set as AbstractSet
 
 import xxhash
@@ -74,6 +74,29 @@ def key_hash(key: PageKey) -> int:
 def sample_rate(capacity_pages: int) -> float:
     """Fraction of the key space sampled for a tier of ``capacity_pages`` pages."""
     return min(1.0, max(SAMPLE_RATE, MIN_SHADOW_PAGES / max(1, capacity_pages)))
+
+
+def elect(leader: int, score: Sequence[float],
+          pair: Callable[[int, int], tuple[float, float, float]]) -> int:
+    """The expert to follow after ``leader``: the challenger ahead by most, if its lead is large
+    enough to pay for the change and any noise model calls it real. ``score`` is each expert's
+    (decayed) prefix hits; ``pair(i, leader)`` the (decayed) requests where the two differ, the sum
+    of their squared differences, and of the absolute ones. ``Tournament`` and the capacity
+    curves' model of the adaptive policy (``curve``) both elect with it."""
+    best, margin = leader, 0.0
+    lead = score[leader]
+    floor = MIN_LEAD * lead
+    for i, s in enumerate(score):
+        gap = s - lead
+        if gap <= margin or gap < floor or s < MIN_EVIDENCE:
+            continue
+        differ, spread, discord = pair(i, leader)
+        many = differ >= MIN_EVIDENCE
+        if (gap > SWITCH_SIGMAS * math.sqrt(s + lead)
+                or (many and gap > SWITCH_SIGMAS * math.sqrt(spread))
+                or (many and gap > SWITCH_SIGMAS * math.sqrt(discord))):
+            best, margin = i, gap
+    return best
 
 
 class ShadowCache:
@@ -205,22 +228,11 @@ class Tournament:
         self._elect()
 
     def _elect(self) -> None:
-        """Hand the lead to the challenger ahead by most, if its lead is large enough to pay for the
-        change and any noise model calls it real."""
-        lead, score = self.leader, self.score
-        best, margin = lead, 0.0
-        floor = MIN_LEAD * score[lead]
-        for i, s in enumerate(score):
-            gap = s - score[lead]
-            if gap <= margin or gap < floor or s < MIN_EVIDENCE:
-                continue
-            poisson = gap > SWITCH_SIGMAS * math.sqrt(s + score[lead])
-            many = self.differ[i][lead] >= MIN_EVIDENCE
-            paired = many and gap > SWITCH_SIGMAS * math.sqrt(self.spread[i][lead])
-            mcnemar = many and gap > SWITCH_SIGMAS * math.sqrt(self.discord[i][lead])
-            if poisson or paired or mcnemar:
-                best, margin = i, gap
-        if best != lead:
+        """``elect`` over this tournament's sums, counting a change of leader."""
+        spread, discord, differ = self.spread, self.discord, self.differ
+        best = elect(self.leader, self.score,
+                     lambda i, lead: (differ[i][lead], spread[i][lead], discord[i][lead]))
+        if best != self.leader:
             self.leader = best
             self.switches += 1
 

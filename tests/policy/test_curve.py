@@ -17,9 +17,11 @@ from mooncake_sgl.policy.curve import (
     CapacityCurve,
     LruMiniature,
     TierCurves,
+    _Election,
     curve_policy,
 )
-from mooncake_sgl.policy.shadow import key_hash
+from mooncake_sgl.policy.experts import ArcExpert, LfuDaExpert, LirsExpert
+from mooncake_sgl.policy.shadow import elect, key_hash
 from mooncake_sgl.policy.stack import PrefixStack
 from mooncake_sgl.sim.gen_suite import generate_requests
 from mooncake_sgl.sim.reference import ArcPolicy, LfuDaPolicy, LirsPolicy
@@ -175,7 +177,7 @@ def test_the_simulators_experts_are_modelled_within_2_points(name: str) -> None:
 @pytest.mark.parametrize("shape", ["chat", "rag"])
 def test_adaptive_is_modelled_within_2_points_on_generated_shapes(shape: str, monkeypatch) -> None:
     """Its experts, its election, the lead of whichever it follows over LRU: within 2 points. A
-    trace this short gives a server's miniatures (32 pages) a few hundred sampled pages at 8x;
+    trace this short gives a server's miniatures (24 pages) a few hundred sampled pages at 8x;
     miniatures of 256 pages see what a long-running server's see."""
     monkeypatch.setitem(MINIATURE_PAGES, "adaptive", 256)
     trace = generate_requests(shape)[:400]
@@ -221,3 +223,29 @@ def test_the_store_keeps_curves_only_where_asked_and_reports_them_in_its_stats()
     # At its own size the curve is the tier as it ran (both LRU, both exact at this size).
     assert own["hits"] / own["lookups"] == pytest.approx(with_curves.result.hit_ratio, abs=0.02)
     assert with_curves.result.hit_ratio == without.result.hit_ratio  # the curves change nothing
+
+
+def test_adaptives_election_in_the_curves_is_the_tournaments_over_its_pair_sums() -> None:
+    """The curves' model elects with ``shadow.elect``, as ``Tournament`` does, reading each pair's
+    decayed sums where it keeps them (once, lower index first) whichever of the two leads."""
+    election = _Election([cls(8) for cls in (ArcExpert, LirsExpert, LfuDaExpert)], scale=1.0)
+    election.leader = 2
+    election.spread[2][3], election.discord[2][3], election.differ[2][3] = 900.0, 300.0, 30.0
+    election.differ[0][2] = 5.0
+    assert election._pair(3, 2) == (30.0, 900.0, 300.0) and election._pair(0, 2) == (5.0, 0.0, 0.0)
+    # Expert 3 leads by 100 hits of 2,100: too few for the Poisson test, enough for the paired and
+    # McNemar ones once the two differ on 30 requests.
+    score = [0.0, 0.0, 1000.0, 1100.0]
+    assert elect(2, score, election._pair) == 3
+    election.differ[2][3] = 20.0  # too few differing requests for the paired and McNemar tests
+    assert elect(2, score, election._pair) == 2
+
+
+def test_adaptives_curve_on_a_small_tier_models_about_one_sampled_page_per_page_looked_up() -> None:
+    """What ``adaptive``'s curve costs is its four models' work on every size's sampled pages; on a
+    tier of a few hundred pages its small sizes sample most. 24-page miniatures keep that near one
+    sampled page per page looked up at 361 pages (32 pages: 1.4, 16: 0.7 but 2.3 points off)."""
+    curve = CapacityCurve(361, "adaptive")
+    assert MINIATURE_PAGES["adaptive"] == 24
+    assert all(size.model.election.shadows[0].capacity <= 24 for size in curve._sizes)
+    assert 0.9 < sum(size.rate for size in curve._sizes) < 1.1
