@@ -342,7 +342,7 @@ class MooncakeSglStorage(HiCacheStorage):
         """
         self._live()
         start = time.perf_counter()
-        kv = self._kv_objects()
+        kv: page_objects.PoolObjects = self._kv_objects()
         ok = page_objects.move(self._store, kv, keys, kv.pages(host_indices, len(keys)), None, write=False)
         self._calls.record("prefetch", 0 if kv.logical else sum(ok), self._geometry.page_nbytes, start)
         return ok
@@ -359,7 +359,7 @@ class MooncakeSglStorage(HiCacheStorage):
         if not self._writer:
             return [True] * len(keys)
         start = time.perf_counter()
-        kv = self._kv_objects()
+        kv: page_objects.PoolObjects = self._kv_objects()
         ok = page_objects.move(self._store, kv, keys, kv.pages(host_indices, len(keys)),
                                layout.parent_hash(extra_info), write=True)
         self._calls.record("backup", 0 if kv.logical else sum(ok), self._geometry.page_nbytes, start)
@@ -373,7 +373,7 @@ class MooncakeSglStorage(HiCacheStorage):
         self._live()
         if not keys:
             return 0
-        kv = self._kv_objects()
+        kv: page_objects.PoolObjects = self._kv_objects()
         objects = kv.keys(keys)
         return self._worth_loading(kv, objects, self._store.locate_prefix(objects, self._parent(extra_info)))
 
