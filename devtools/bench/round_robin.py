@@ -30,16 +30,17 @@ def digest(ids: list[int]) -> str:
     return hashlib.blake2b(json.dumps(ids).encode(), digest_size=8).hexdigest()
 
 
-def round_robin(parts: Parts, send: Send, max_parallel: int, record: Callable[[Turn], None]) -> None:
-    """Every conversation, turn by turn, each prompt its history with the server's own answers, and
-    at most ``max_parallel`` requests in flight. A conversation whose answer came back queues its
-    next turn behind every conversation already waiting (bench_multiturn's clients do the same), so
-    between two turns of one conversation every other one has a turn: its history has gone cold
-    in SGLang's device cache, the case storage is there for."""
+def take_turns(first: dict[int, int], stop: Callable[[int], int], max_parallel: int,
+               turn: Callable[[int, int], bool]) -> None:
+    """Thread ``c``'s turns ``first[c]`` up to ``stop(c)`` in order, round robin over the threads,
+    at most ``max_parallel`` turns in flight. ``turn(c, t)`` runs one turn and says whether its
+    thread goes on (an error ends it: it cannot go on without its answer). A thread whose turn came
+    back queues its next one behind every thread already waiting (bench_multiturn's clients do the
+    same), so between two turns of one thread every other one has a turn: its history has gone cold
+    in SGLang's device cache, the case storage is there for. An exception stops every worker."""
     cond = threading.Condition()
-    ready: deque[int] = deque(range(len(parts)))
-    history = {c: list(first) for c, (first, _) in enumerate(parts)}
-    next_turn = dict.fromkeys(range(len(parts)), 0)
+    ready: deque[int] = deque(c for c, t in first.items() if t < stop(c))
+    next_turn = dict(first)
     in_flight = 0
     failed: list[BaseException] = []
 
@@ -53,17 +54,9 @@ def round_robin(parts: Parts, send: Send, max_parallel: int, record: Callable[[T
                     return
                 c = ready.popleft()
                 t = next_turn[c]
-                if t:
-                    history[c] += parts[c][1][t - 1]
-                prompt = list(history[c])
                 in_flight += 1
             try:
-                res = send(c, t, prompt)
-                record(Turn(c, t, digest(prompt), res))
-                if not res.error and len(res.output_ids) != res.output_tokens:
-                    raise RuntimeError(f"{len(res.output_ids)} output ids streamed for {res.output_tokens} "
-                                       "completion tokens (is the server running with "
-                                       "--incremental-streaming-output?)")
+                goes_on = turn(c, t)
             except BaseException as e:
                 with cond:
                     failed.append(e)
@@ -72,9 +65,7 @@ def round_robin(parts: Parts, send: Send, max_parallel: int, record: Callable[[T
                 raise
             with cond:
                 in_flight -= 1
-                # An error ends its conversation: it cannot go on without its answer.
-                if not res.error and t < len(parts[c][1]):
-                    history[c] += res.output_ids
+                if goes_on and t + 1 < stop(c):
                     next_turn[c] = t + 1
                     ready.append(c)
                 cond.notify_all()
@@ -82,3 +73,26 @@ def round_robin(parts: Parts, send: Send, max_parallel: int, record: Callable[[T
     with ThreadPoolExecutor(max(1, max_parallel)) as ex:
         for f in [ex.submit(worker) for _ in range(max(1, max_parallel))]:
             f.result()
+
+
+def round_robin(parts: Parts, send: Send, max_parallel: int, record: Callable[[Turn], None]) -> None:
+    """Every conversation, turn by turn (``take_turns``), each prompt its history with the server's
+    own answers."""
+    history = {c: list(first) for c, (first, _) in enumerate(parts)}
+
+    def turn(c: int, t: int) -> bool:
+        if t:
+            history[c] += parts[c][1][t - 1]
+        prompt = list(history[c])
+        res = send(c, t, prompt)
+        record(Turn(c, t, digest(prompt), res))
+        if not res.error and len(res.output_ids) != res.output_tokens:
+            raise RuntimeError(f"{len(res.output_ids)} output ids streamed for {res.output_tokens} "
+                               "completion tokens (is the server running with "
+                               "--incremental-streaming-output?)")
+        if res.error:
+            return False
+        history[c] += res.output_ids
+        return True
+
+    take_turns(dict.fromkeys(range(len(parts)), 0), lambda c: 1 + len(parts[c][1]), max_parallel, turn)
