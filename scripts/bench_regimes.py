@@ -20,7 +20,8 @@ Backends (devtools/bench/regimes/backends.py says what each is given): ours, bui
 MooncakeStore through `dynamic` on a real mooncake_master, with Mooncake's SSD offload where the
 wheel has it), lifeboat (lifeboatcache through `dynamic`; installed on demand, --no-install to
 refuse), ours-dram (ours with a host tier for the whole working set: what pressure costs ours),
-builtin-dram (the built-in without its SSD offload).
+builtin-dram (the built-in without its SSD offload), recompute (no HiCache: the baseline a hit must
+beat).
 Shapes: chat (SGLang's multi-turn shape: every turn resends the history with the server's own
 answers) and doc (several questions over one long document each).
 

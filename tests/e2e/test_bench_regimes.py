@@ -154,6 +154,7 @@ def test_each_backends_config_is_its_own_format_and_holds_the_budget(tmp_path: P
     shared = be.launch("builtin", "instances", b, tmp_path, tmp_path, be.Services("127.0.0.1:1"), 2, True)
     extra = json.loads(shared.args[-1])
     assert "enable_ssd_offload" not in extra and extra["global_segment_size"] * 2 <= be.full_dram(b)
+    assert be.launch("recompute", "pressure", b, tmp_path, tmp_path, be.Services(), 1, True) == be.Launch(())
 
 
 def _record(backend: str, outputs: list[int], ttft: float, served: float, after: bool = False) -> dict:

@@ -16,6 +16,8 @@
                  (``storage.shared_lookup``). In SGLang it writes to its first tier only and never
                  demotes, so a memory tier in front would be the only one written: it gets no L3
                  DRAM (it reads through the page cache, as our LMDB tier does).
+- ``recompute``  no HiCache at all: every token a device miss computes again. The baseline a
+                 storage hit must beat (issue 50: never slower than recomputing).
 """
 
 from __future__ import annotations
@@ -135,6 +137,8 @@ def launch(backend: str, regime: str, b: Budget, run_dir: Path, disk_dir: Path, 
         return Launch((HICACHE, "--hicache-storage-backend", "dynamic",
                        "--hicache-storage-backend-extra-config", json.dumps(extra)),
                       {"LIFEBOAT_CACHE_HOME": str(run_dir / "lifeboat_home")})
+    if backend == "recompute":
+        return Launch(())
     raise ValueError(f"unknown backend {backend!r}")
 
 
@@ -208,6 +212,7 @@ def features(b: Budget, offload: bool, lifeboat_version: str | None, servers: in
                    + f"; instances: one master, {servers} segments of {full_dram(b) / servers / mib:.1f} "
                      "MiB, no offload",
         "builtin-dram": f"MooncakeStore segment {b.dram / mib:.1f} MiB, no SSD offload",
+        "recompute": "no HiCache: SGLang's device cache only, every other token computed",
         "lifeboat": (f"lifeboatcache {lifeboat_version}: preset single_node_gpu, nvme tier of "
                      f"{b.disk / mib:.0f} MiB (O_DIRECT, fp8 on that rung, episodic eviction), no L3 "
                      "DRAM tier; instances: one shared directory, shared_lookup on"

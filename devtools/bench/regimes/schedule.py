@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 REGIMES = ("pressure", "restart", "instances", "slow")
 SHAPES = ("chat", "doc")
-BACKENDS = ("ours", "builtin", "lifeboat", "ours-dram", "builtin-dram")
+BACKENDS = ("ours", "builtin", "lifeboat", "ours-dram", "builtin-dram", "recompute")
 
 
 @dataclass(frozen=True)
