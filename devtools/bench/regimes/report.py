@@ -3,7 +3,9 @@ the tables, the plot.
 
 A run's record describes its measured phase (``after`` in ``restart``, the turns sent to the
 restarted server; ``run`` otherwise): SGLang's found / loaded / served counters, the prompt
-tokens a perfect cache could have served (``reachable``), TTFT mean and p90, and prefill's rate
+tokens a perfect cache could have served (``reachable``), those any level served (``cached``:
+SGLang's device and host pools too; behind a router it depends on where each turn landed), TTFT
+mean and p90, and prefill's rate
 (computed prompt tokens over the summed TTFTs, which is what the machine's load moves). In
 ``restart`` also the first turn after it: its mean TTFT and the share of its reachable tokens
 that storage served (``survived``).
@@ -104,15 +106,16 @@ def _share(v: float | None) -> str:
 
 
 def runs_table(records: list[dict[str, Any]]) -> str:
-    header = ("#", "regime", "shape", "backend", "seed", "load", "found", "loaded", "served", "reachable",
-              "TTFT mean", "p90", "1st after", "survived", "prefill tok/s", "outputs equal", "disk MiB",
-              "errors", "failed calls")
+    header = ("#", "regime", "shape", "backend", "seed", "load", "found", "loaded", "served", "cached",
+              "reachable", "TTFT mean", "p90", "1st after", "survived", "prefill tok/s", "outputs equal",
+              "disk MiB", "errors", "failed calls")
     rows = []
     for i, r in enumerate(records):
         eq = r.get("outputs_equal")
         rows.append((str(i + 1), r["regime"], r["shape"], r["backend"], str(r["seed"]),
                      f"{r['load']:.1f}-{r['load_end'] or 0:.1f}", _tok(r["found"]), _tok(r["loaded"]),
-                     _tok(r["served"]), _tok(r["reachable"]), _ms(r["ttft_mean_s"]), _ms(r["ttft_p90_s"]),
+                     _tok(r["served"]), _tok(r["cached_tokens"]), _tok(r["reachable"]), _ms(r["ttft_mean_s"]),
+                     _ms(r["ttft_p90_s"]),
                      _ms(r.get("first_ttft_mean_s")), _share(r.get("survived")),
                      _tok(r["prefill_rate_tok_s"]), "-" if not eq else f"{eq[1]}/{eq[0]}",
                      "-" if r["disk_used"] is None else f"{r['disk_used'] / (1 << 20):.1f}",
@@ -136,12 +139,13 @@ def by_backend(records: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]
         eq = [r.get("outputs_equal") or (0, 0) for r in rs]
         rows_out.append({"regime": regime, "shape": shape, "backend": backend, "runs": len(rs),
                          **{k: _median([r.get(k) for r in rs]) for k in
-                            ("found", "loaded", "served", "reachable", "ttft_mean_s", "ttft_p90_s",
-                             "first_ttft_mean_s", "survived", "load")},
+                            ("found", "loaded", "served", "cached_tokens", "reachable", "ttft_mean_s",
+                             "ttft_p90_s", "first_ttft_mean_s", "survived", "load")},
                          "outputs_compared": sum(e[0] for e in eq), "outputs_equal": sum(e[1] for e in eq)})
     base = {(g["regime"], g["shape"]): g for g in rows_out if g["backend"] == "builtin"}
-    header = ("regime", "shape", "backend", "runs", "load", "found", "loaded", "served", "TTFT mean", "p90",
-              "1st after", "survived", "served / builtin", "TTFT / builtin", "outputs equal")
+    header = ("regime", "shape", "backend", "runs", "load", "found", "loaded", "served", "cached",
+              "TTFT mean", "p90", "1st after", "survived", "served / builtin", "TTFT / builtin",
+              "outputs equal")
     rows = []
     for g in rows_out:
         b = base.get((g["regime"], g["shape"]))
@@ -150,7 +154,8 @@ def by_backend(records: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]
         g["ttft_vs_builtin"] = (g["ttft_mean_s"] / b["ttft_mean_s"] if b and b["ttft_mean_s"]
                                 and g["ttft_mean_s"] is not None else None)
         rows.append((g["regime"], g["shape"], g["backend"], str(g["runs"]), f"{g['load'] or 0:.1f}",
-                     _tok(g["found"]), _tok(g["loaded"]), _tok(g["served"]), _ms(g["ttft_mean_s"]),
+                     _tok(g["found"]), _tok(g["loaded"]), _tok(g["served"]), _tok(g["cached_tokens"]),
+                     _ms(g["ttft_mean_s"]),
                      _ms(g["ttft_p90_s"]), _ms(g["first_ttft_mean_s"]), _share(g["survived"]),
                      "-" if g["served_vs_builtin"] is None else f"{g['served_vs_builtin']:.2f}x",
                      "-" if g["ttft_vs_builtin"] is None else f"{g['ttft_vs_builtin']:.2f}x",
