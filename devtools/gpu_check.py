@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,7 +99,7 @@ def check_pinned_host(device: torch.device, page_bytes: int = 64 << 10, pages: i
     host = HostTier(HostTierConfig(capacity=pages * page_bytes, slot_size=page_bytes, pin_memory=True))
     pinned = host.pinned
     try:
-        assert host.put_from(keys, _pages(src, page_bytes)) == [True] * pages
+        assert host.put_from(keys, _pages(src, page_bytes)).ok == (True,) * pages
         dst.zero_()
         got = host.get_into(keys, _pages(dst, page_bytes))
         exact = got == [True] * pages and torch.equal(src, dst)
@@ -147,7 +147,7 @@ def _abba(ours: Callable[[], object], base: Callable[[], object], reset: Callabl
     return statistics.median(a), statistics.median(b)
 
 
-def _expect(results: list[bool], what: str) -> None:
+def _expect(results: Sequence[bool], what: str) -> None:
     if not all(results):
         raise AssertionError(f"{what}: {results.count(False)} of {len(results)} pages refused")
 
@@ -191,20 +191,20 @@ def measure_page_size(device: torch.device, page_bytes: int, batch_bytes: int, r
                  f"torch {torch_gbps:7.2f} GB/s")
 
     try:
-        record(PATHS[0], _abba(lambda: _expect(hbm.put_from(keys, src_pages), PATHS[0]),
+        record(PATHS[0], _abba(lambda: _expect(hbm.put_from(keys, src_pages).ok, PATHS[0]),
                                torch_copy(h2d), hbm.clear, rounds))
         record(PATHS[1], _abba(lambda: _expect(hbm.get_into(keys, dst_pages), PATHS[1]),
                                torch_copy(d2h), lambda: None, rounds))
         exact(hbm, "hbm round trip")
-        _expect(host.put_from(keys, src_pages), "host fill")
+        _expect(host.put_from(keys, src_pages).ok, "host fill")
 
         def promote() -> None:
             _expect(host.get_into(keys, staged), PATHS[2])
-            _expect(hbm.put_from(keys, staged), PATHS[2])
+            _expect(hbm.put_from(keys, staged).ok, PATHS[2])
 
         def demote() -> None:
             _expect(hbm.get_into(keys, staged), PATHS[3])
-            _expect(host.put_from(keys, staged), PATHS[3])
+            _expect(host.put_from(keys, staged).ok, PATHS[3])
 
         record(PATHS[2], _abba(promote, torch_copy(h2d), hbm.clear, rounds))
         exact(hbm, PATHS[2])

@@ -10,7 +10,8 @@ Primitives, one line each:
 - ``TierUsage``      capacity / used bytes and page count of a tier.
 - ``Tier``           batch contains / get_into / put_from / remove over pages; never raises for a
                      per-page failure (that is a ``False``), raises ``TierError`` only when broken.
-- ``PutResult``      what ``put_from`` returns: per page ok, and which pages the tier already held.
+- ``PutResult``      what ``put_from`` returns (frozen): per page ``ok``, and which pages the tier
+                     already held (``present``).
 - ``PlacementPolicy`` pure, event-fed object deciding admission, victims, promotion and demotion;
                      never moves bytes, reads no clock, takes no tier lock.
 - ``ResidencyView``  the record of which page is in which tier, as a policy reads it (sizes and
@@ -132,24 +133,34 @@ class TierUsage:
         return self.used_bytes + self.free_bytes
 
 
-class PutResult(list[bool]):
-    """What ``Tier.put_from`` returns: per key, ``True`` once the page is readable (the result
-    compares equal to that ``list[bool]``), and ``present[i]``: the tier says it already held page
-    ``i`` and wrote nothing for it. A tier that does not say leaves ``present`` all ``False``; the
-    store then goes by its own record, which a tier whose contents it does not track (a pool,
-    Mooncake Store) lacks, so for those tiers ``present`` is how it learns a page was not new."""
+@dataclass(frozen=True)
+class PutResult:
+    """What ``Tier.put_from`` returns, one entry per key in both fields (their lengths must agree).
 
-    __slots__ = ("present",)
+    ``ok[i]``: page ``i`` is readable now. ``present[i]``: the tier says it already held page ``i``
+    and wrote nothing for it. A tier that does not say leaves ``present`` all ``False``; the store
+    then goes by its own record, which a tier whose contents it does not track (a pool, Mooncake
+    Store) lacks, so for those tiers ``present`` is how it learns a page was not new.
+    """
 
-    def __init__(self, ok: Iterable[bool], present: Iterable[bool] | None = None) -> None:
-        super().__init__(ok)
-        self.present: list[bool] = [False] * len(self) if present is None else list(present)
+    ok: tuple[bool, ...]  # per key: readable now
+    present: tuple[bool, ...]  # per key: the tier already held it and wrote nothing
+
+    def __post_init__(self) -> None:
+        if len(self.ok) != len(self.present):
+            raise ValueError(f"PutResult: {len(self.ok)} ok answers but {len(self.present)} "
+                             "present answers")
 
     @classmethod
-    def of(cls, answers: Sequence[bool]) -> PutResult:
-        """``answers`` as a ``PutResult``: itself when it is one; a plain ``list[bool]`` (a failed
-        call's misses, a tier that predates this type) says nothing is present."""
-        return answers if isinstance(answers, PutResult) else cls(answers)
+    def written(cls, ok: Iterable[bool]) -> PutResult:
+        """``ok`` per key, and no page reported present (a tier that does not say)."""
+        oks = tuple(ok)
+        return cls(oks, (False,) * len(oks))
+
+    @classmethod
+    def missed(cls, n: int) -> PutResult:
+        """``n`` keys, none written nor present: the answer of a call that failed as a whole."""
+        return cls((False,) * n, (False,) * n)
 
 
 class Tier(ABC):
@@ -158,7 +169,7 @@ class Tier(ABC):
     Thread-safety: every method may be called from several threads at once.
     Failure: a page that is absent, corrupt, the wrong size or unreachable is a per-key ``False``;
     a tier that is closed or broken as a whole raises ``errors.TierError``.
-    Atomicity: a page is readable only once ``put_from`` returned ``True`` for it; a reader never
+    Atomicity: a page is readable only once ``put_from`` answered ``ok`` for it; a reader never
     sees a half-written page, and a page being read is not overwritten or evicted under the reader.
     """
 
@@ -183,9 +194,10 @@ class Tier(ABC):
     @abstractmethod
     def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *,
                  soft_pin: Sequence[bool] | None = None) -> PutResult:
-        """Store each page (the concatenation of its segments). Idempotent: a key already present
-        is ``True`` without rewriting. ``False`` where there is no room; a tier does not evict on
-        its own unless it declares ``self_evicting``.
+        """Store each page (the concatenation of its segments); the answer is a ``PutResult``.
+        Idempotent: a key already present is ``ok`` without rewriting (and may be reported
+        ``present``). Not ``ok`` where there is no room; a tier does not evict on its own unless
+        it declares ``self_evicting``.
 
         Hints, which a tier may ignore (its capabilities say which it acts on): ``soft_pin[i]``,
         page ``i`` belongs to a pinned prefix and should be kept longest (``None``: no page is).

@@ -111,7 +111,7 @@ def fill(path: str, pages: int, capacity: int) -> float:
     try:
         for start in range(0, pages, BATCH):
             keys = [page_key(i) for i in range(start, min(pages, start + BATCH))]
-            stored = tier.put_from(keys, [page] * len(keys))
+            stored = tier.put_from(keys, [page] * len(keys)).ok
             if not all(stored):
                 raise SystemExit(f"the SSD tier refused pages at {start}: is the disk under {path} full?")
             if start // BATCH % 20 == 0:

@@ -119,7 +119,7 @@ def keys_for(r: int, n: int, tag: str) -> list[bytes]:
 
 
 def check(ok: object, what: str) -> None:
-    if ok is not True and not (isinstance(ok, list) and all(ok)):
+    if ok is not True and not (isinstance(ok, (list, tuple)) and all(ok)):
         raise SystemExit(f"bench: {what} failed (a tier refused or missed pages); aborting")
 
 
@@ -170,7 +170,7 @@ class Host(Backend):
         self.tier.clear()
 
     def put(self, r: int) -> None:
-        check(self.tier.put_from(keys_for(r, self.src.n, "host"), self.src.pages), "host put")
+        check(self.tier.put_from(keys_for(r, self.src.n, "host"), self.src.pages).ok, "host put")
         self.last = r
 
     def get(self) -> None:
@@ -238,7 +238,7 @@ class Lmdb(Backend):
         self.tier.clear()
 
     def put(self, r: int) -> None:
-        check(self.tier.put_from(keys_for(r, self.src.n, "lmdb"), self.src.pages), f"{self.name} put")
+        check(self.tier.put_from(keys_for(r, self.src.n, "lmdb"), self.src.pages).ok, f"{self.name} put")
         self.last = r
 
     def get(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mooncake_sgl.api import PageKey, PageView, Tier, TierUsage
+from mooncake_sgl.api import PageKey, PageView, PutResult, Tier, TierUsage
 
 
 class WrappedTier(Tier):
@@ -19,7 +19,7 @@ class WrappedTier(Tier):
     def get_into(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
         return self.inner.get_into(keys, pages)
 
-    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *, soft_pin=None) -> list[bool]:
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *, soft_pin=None) -> PutResult:
         return self.inner.put_from(keys, pages, soft_pin=soft_pin)
 
     def remove(self, keys: Sequence[PageKey]) -> int:

@@ -56,10 +56,12 @@ class PoolContender:
     def __init__(self, ctx: Ctx, transport: str):
         self.proc = PoolProcess(capacity=ctx.capacity, slab_size="32MiB", log_level="WARNING").start()
         self.client = PoolClient(self.proc.endpoint, transport=transport)
-        self.put_batch = self.client.put_batch
         self.get_batch = self.client.get_batch
         self.exists_batch = self.client.exists_batch
         self.remove = self.client.remove
+
+    def put_batch(self, keys: list[bytes], pages: list) -> tuple[bool, ...]:
+        return self.client.put_batch(keys, pages).ok
 
     def close(self) -> None:
         self.client.close()
@@ -186,10 +188,12 @@ class MooncakeTierContender:
             segment_size=0, buffer_size="64MiB"))
         for arr in (ctx.src, ctx.dst):
             self.tier.register_memory(arr.ctypes.data, arr.nbytes)
-        self.put_batch = self.tier.put_from
         self.get_batch = self.tier.get_into
         self.exists_batch = self.tier.contains
         self.remove = self.tier.remove
+
+    def put_batch(self, keys: list[bytes], pages: list) -> tuple[bool, ...]:
+        return self.tier.put_from(keys, pages).ok
 
     def close(self) -> None:
         self.tier.close()
@@ -279,8 +283,8 @@ class HostTierContender:
             self.page = size
         return self.tier
 
-    def put_batch(self, keys: list[bytes], pages: list) -> list[bool]:
-        return self._tier(pages).put_from(keys, pages)
+    def put_batch(self, keys: list[bytes], pages: list) -> tuple[bool, ...]:
+        return self._tier(pages).put_from(keys, pages).ok
 
     def get_batch(self, keys: list[bytes], pages: list) -> list[bool]:
         return self._tier(pages).get_into(keys, pages)

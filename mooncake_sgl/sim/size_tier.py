@@ -78,7 +78,7 @@ class SizeTier(Tier):
                 stored[k] = n
                 self._used += n
                 out.append(True)
-        return PutResult(out)
+        return PutResult.written(out)
 
     def remove(self, keys: Sequence[PageKey]) -> int:
         removed = 0

@@ -90,7 +90,7 @@ class Placer:
             pins = residency.pinned(batch_keys) if tier.capabilities.soft_pin else None
             res = calls.put(t, batch_keys, [pages[i] for i in todo], pins)
             written, failed, was_held = [], [], []
-            for i, good, h in zip(todo, res, res.present):
+            for i, good, h in zip(todo, res.ok, res.present):
                 (written if good else failed).append(i)
                 ok[i] = bool(good)
                 if good:

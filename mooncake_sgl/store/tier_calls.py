@@ -1,7 +1,8 @@
 """``TierCalls``: every call the store makes into a tier, and the store's one error boundary.
 
 A tier that fails a call as a whole (it raises: a lost master, a closed connection, a broken disk)
-yields misses here: ``False`` per key for a batch call, ``None`` for the rest. The failure is logged
+yields misses here, each in its call's own shape: ``False`` per key for ``get`` and ``contains``,
+``PutResult.missed`` for ``put``, ``None`` for the rest. The failure is logged
 through one ``FailureLog`` per store, keyed by tier and operation, so a dead tier writes one line
 per half minute to SGLang's log, not one per call. Nothing above this object sees a tier's
 exception; the SGLang adapter's own boundary (``hicache/backend.py``) only catches what the store
@@ -24,8 +25,12 @@ from ..failure_log import FailureLog
 
 logger = logging.getLogger(__name__)
 
-# Calls answered per key: a failed one is a miss for every key of the batch.
-_BATCH_CALLS = ("get", "put", "contains")
+# Calls answered per key: a failed one is a miss for every key of the batch, in the call's shape.
+_BATCH_MISSES: dict[str, Callable[[int], Any]] = {
+    "get": lambda n: [False] * n,
+    "contains": lambda n: [False] * n,
+    "put": PutResult.missed,
+}
 
 
 def _unique_names(tiers: Sequence[Tier]) -> list[str]:
@@ -65,9 +70,8 @@ class TierCalls:
             return fn(*args)
         except Exception as e:
             self.failures.report(f"tier {self.names[t]}: {what}", e)
-            if what in _BATCH_CALLS:
-                return [False] * len(args[0])
-            return None
+            miss = _BATCH_MISSES.get(what)
+            return None if miss is None else miss(len(args[0]))
         finally:
             if observe is not None:
                 observe(self.tiers[t], what, time.perf_counter() - start)
@@ -77,10 +81,10 @@ class TierCalls:
 
     def put(self, t: int, keys: Sequence[PageKey], pages: Sequence[PageView],
             soft_pin: Sequence[bool] | None = None) -> PutResult:
-        """``put_from`` into tier ``t`` with the hints every tier takes, its answer always a
-        ``PutResult``."""
+        """``put_from`` into tier ``t`` with the hints every tier takes; a failed call is
+        ``PutResult.missed`` (nothing written, nothing present)."""
         put = functools.partial(self.tiers[t].put_from, soft_pin=soft_pin)
-        return PutResult.of(self.call(t, "put", put, keys, pages))
+        return self.call(t, "put", put, keys, pages)
 
     def sizes(self, t: int, keys: Sequence[PageKey]) -> list[int | None]:
         """Stored size of each page in tier ``t``; ``None`` where absent or the tier failed."""

@@ -266,7 +266,7 @@ class HostTier(Tier):
                     results[i] = True
             self._counters.add(put_pages=written, bytes_written=nwritten)
         # Pages already here are not reported present: the store goes by its own record of this tier.
-        return PutResult(results)
+        return PutResult.written(results)
 
     def remove(self, keys: Sequence[PageKey]) -> int:
         removed = 0

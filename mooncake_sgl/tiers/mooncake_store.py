@@ -195,17 +195,17 @@ class MooncakeStoreTier(Tier):
             raise ValueError(f"{len(keys)} keys but {len(pages)} source pages")
         ok, present = [False] * len(keys), [False] * len(keys)
         if not keys:
-            return PutResult(ok, present)
+            return PutResult(tuple(ok), tuple(present))
         with self._link.session() as client:
             if client is None:
                 self._counters.add(put_skipped_down=len(keys))
-                return PutResult(ok, present)
+                return PutResult(tuple(ok), tuple(present))
             # SGLang hands back pages it backed up before: about half the puts of a serving run.
             codes = client.batch_is_exist(object_names(keys))
             self._link.check(codes)
             if not self._link.up:
                 self._counters.add(put_skipped_down=len(keys))
-                return PutResult(ok, present)
+                return PutResult(tuple(ok), tuple(present))
             for i, c in enumerate(codes):
                 ok[i] = present[i] = c == 1
             self._counters.add(put_already_present=sum(present))
@@ -215,7 +215,7 @@ class MooncakeStoreTier(Tier):
                 idx = [i for i in range(len(keys)) if pin[i] == pinned and not present[i]]
                 if idx:
                     self._put_with_backoff(client, keys, pages, idx, cfg, ok, present)
-            return PutResult(ok, present)
+            return PutResult(tuple(ok), tuple(present))
 
     def remove(self, keys: Sequence[PageKey]) -> int:
         if not keys:

@@ -158,10 +158,11 @@ class PoolTier(Tier):
                  soft_pin: Sequence[bool] | None = None) -> PutResult:
         def put(c: PoolClient, ps: list[int]) -> list[tuple[bool, bool]]:
             res = c.put_batch([keys[p] for p in ps], [pages[p] for p in ps])
-            return list(zip(res, res.present))
+            return list(zip(res.ok, res.present))
 
-        out = PutResult(*zip(*self._fan_out(keys, (False, False), put))) if keys else PutResult([], [])
-        self._counters.add(puts=len(keys), put_ok=sum(out), put_already_present=sum(out.present))
+        answers = self._fan_out(keys, (False, False), put)
+        out = PutResult(tuple(a[0] for a in answers), tuple(a[1] for a in answers))
+        self._counters.add(puts=len(keys), put_ok=sum(out.ok), put_already_present=sum(out.present))
         self._usage = None
         return out
 

@@ -359,11 +359,11 @@ class PoolClient:
         return out
 
     def put_batch(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> PutResult:
-        """Store pages; per key True when readable, False when no room. ``present`` says which
-        were already stored (nothing written), so a caller counts only new pages as written."""
+        """Store pages; ``ok`` per key: readable now (not ``ok`` when no room). ``present`` says
+        which were already stored (nothing written), so a caller counts only new pages as written."""
         sizes = [page_nbytes(p) for p in pages]
         codes = self._run_chunks(len(keys), sizes, lambda a, b: self._put(keys[a:b], pages[a:b], sizes[a:b]))
-        return PutResult([c != 0 for c in codes], [c == P.PUT_PRESENT for c in codes])
+        return PutResult(tuple(c != 0 for c in codes), tuple(c == P.PUT_PRESENT for c in codes))
 
     def get_batch(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
         """Read pages into their segments; False for absent or different-size pages."""

@@ -40,7 +40,7 @@ CHILD = textwrap.dedent("""
     tier = LmdbTier(LmdbTierConfig(path=path, capacity="48MiB", writemap=writemap))
     for i in range(0, len(keys), 128):
         batch = keys[i:i + 128]
-        assert all(tier.put_from(batch, [[memoryview(content(k))] for k in batch])), i
+        assert all(tier.put_from(batch, [[memoryview(content(k))] for k in batch]).ok), i
     os.sync()
     print("stored", flush=True)
     sys.stdin.readline()  # the parent has failed the disk
@@ -66,7 +66,7 @@ CHILD = textwrap.dedent("""
         out["wrong"] = [k.decode() for k, h, d in zip(keys, hits, dest) if h and bytes(d[0]) != content(k)]
         return sum(hits)
     call("get", get)
-    call("put", lambda: sum(tier.put_from([b"after"], [[memoryview(content(b"after"))]])))
+    call("put", lambda: sum(tier.put_from([b"after"], [[memoryview(content(b"after"))]]).ok))
     call("remove", lambda: tier.remove(keys[:10]))
     call("contains_again", lambda: sum(tier.contains(keys)))
     wanted = ("io_errors", "disk_errors", "index_locked_bytes")

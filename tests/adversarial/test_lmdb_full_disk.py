@@ -43,7 +43,7 @@ def readable(tier, ids):
 out = {}
 tier = LmdbTier(LmdbTierConfig(path=os.path.join(root, "t"), capacity="64MiB", writemap=writemap))
 # More pages than the file system holds: the tier's budget (64 MiB) is not what stops them.
-stored = [i for i in range(64) if tier.put_from([key(i)], [[memoryview(page(i))]]) == [True]]
+stored = [i for i in range(64) if tier.put_from([key(i)], [[memoryview(page(i))]]).ok == (True,)]
 out["stored"] = len(stored)
 out["refused_contained"] = sum(tier.contains([key(i) for i in range(64) if i not in stored]))
 out["unreadable"] = readable(tier, stored)
@@ -66,8 +66,8 @@ gone = stored[: len(stored) // 2]
 out["removed"] = tier.remove([key(i) for i in gone])
 kept = stored[len(stored) // 2:]
 new = list(range(100, 100 + len(gone)))
-out["new_stored"] = sum(tier.put_from([key(i)], [[memoryview(page(i))]]) == [True] for i in new)
-out["one_more"] = tier.put_from([key(999)], [[memoryview(page(999))]])
+out["new_stored"] = sum(tier.put_from([key(i)], [[memoryview(page(i))]]).ok == (True,) for i in new)
+out["one_more"] = list(tier.put_from([key(999)], [[memoryview(page(999))]]).ok)
 out["unreadable_after"] = readable(tier, kept + new)
 tier.close()
 tier = LmdbTier(LmdbTierConfig(path=os.path.join(root, "t"), capacity="64MiB", writemap=writemap))

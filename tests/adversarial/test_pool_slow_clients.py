@@ -78,7 +78,7 @@ def test_slowloris_without_the_secret_cannot_lock_out_a_client_with_it() -> None
         try:
             time.sleep(0.3)
             client = PoolClient(pool.endpoint, transport="tcp", secret=SECRET, connections=1)
-            assert client.put_batch([b"k"], [page(1)]) == [True]
+            assert client.put_batch([b"k"], [page(1)]).ok == (True,)
             client.close()
             assert all(closed_by_server(s, 3.0) for s in socks)
         finally:
@@ -125,7 +125,7 @@ def test_a_put_stalled_mid_frame_is_aborted_at_its_deadline(pool: PoolProcess,
 def test_a_get_whose_reply_is_never_read_releases_its_pages(pool: PoolProcess,
                                                             good: PoolClient) -> None:
     keys = [b"unread-%d" % i for i in range(4)]
-    assert good.put_batch(keys, [page(i, 512 * KIB) for i in range(4)]) == [True] * 4
+    assert good.put_batch(keys, [page(i, 512 * KIB) for i in range(4)]).ok == (True,) * 4
     s = raw(pool, SECRET)
     # A 24 MiB reply (each key named 12 times), far past what socket buffers absorb, never read.
     request(s, P.Op.GET, P.KeysSizes(keys * 12, [512 * KIB] * 48))
@@ -136,7 +136,7 @@ def test_a_get_whose_reply_is_never_read_releases_its_pages(pool: PoolProcess,
 
 def test_reservations_and_leases_held_past_hold_timeout_are_voided(pool: PoolProcess,
                                                                   good: PoolClient) -> None:
-    assert good.put_batch([b"held"], [page(7)]) == [True]
+    assert good.put_batch([b"held"], [page(7)]).ok == (True,)
     leaser = raw_shm(pool, SECRET)
     lease = leaser.call(P.Op.LEASE, P.KeysSizes([b"held"], [64 * KIB]), P.Lease)
     assert lease.sizes == [64 * KIB]
@@ -177,7 +177,7 @@ def test_idle_connections_are_closed_and_clients_reconnect_without_a_failure(
     assert closed_by_server(s, 3.0)  # idle_timeout is 1 s
     s.close()
     tier = PoolTier(PoolTierConfig(endpoints=[pool.endpoint], transport="tcp", secret=SECRET))
-    assert tier.put_from([b"idle-k"], [page(3)]) == [True]
+    assert tier.put_from([b"idle-k"], [page(3)]).ok == (True,)
     time.sleep(1.5)  # the server closes the tier's idle connection meanwhile
     out = [memoryview(bytearray(64 * KIB))]
     assert tier.get_into([b"idle-k"], [out]) == [True] and bytes(out[0]) == bytes(page(3)[0])

@@ -50,8 +50,8 @@ def test_each_tenant_sees_reads_and_clears_only_its_own_pages(pool: PoolProcess,
     assert a.mode is None and a.stats() is not None and a.mode == transport
     key = b"same-key-" + transport.encode()
     # The same key in both tenants: two pages, neither overwrites the other.
-    assert a.put_batch([key, b"only-alpha"], [page(b"ALPHA"), page(b"ALPHA")]) == [True, True]
-    assert b.put_batch([key], [page(b"BETA")]) == [True]
+    assert a.put_batch([key, b"only-alpha"], [page(b"ALPHA"), page(b"ALPHA")]).ok == (True, True)
+    assert b.put_batch([key], [page(b"BETA")]).ok == (True,)
     assert read(a, key) == bytes(page(b"ALPHA")[0]) and read(b, key) == bytes(page(b"BETA")[0])
     assert b.exists_batch([b"only-alpha"]) == [False] and read(b, b"only-alpha") is None
     assert b.remove([b"only-alpha"]) == 0
@@ -66,7 +66,7 @@ def test_each_tenant_sees_reads_and_clears_only_its_own_pages(pool: PoolProcess,
 def test_shared_memory_maps_only_the_tenants_own_segment(pool: PoolProcess) -> None:
     b = client(pool, "beta", "shm")
     marker = b"BETA-PRIVATE-PAGE-MARKER"
-    assert b.put_batch([b"beta-secret-page"], [page(marker)]) == [True]
+    assert b.put_batch([b"beta-secret-page"], [page(marker)]).ok == (True,)
     conn = raw_shm(pool, TENANTS["alpha"], "alpha")
     seen = segment_bytes(conn)  # everything alpha's client can map
     assert conn.segment_size == 4 << 20 and marker not in seen

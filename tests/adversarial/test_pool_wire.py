@@ -42,7 +42,7 @@ def test_reserve_and_commit_over_tcp_cannot_publish_a_slot_nobody_wrote(pool: Po
     # plain TCP connection (it cannot write the segment) RESERVEs a key of the same size, which
     # lands in that slot, and COMMITs it as written: the key would then serve the removed bytes.
     owner = PoolClient(pool.endpoint, transport="tcp", secret=SECRET)
-    assert owner.put_batch([b"private"], [page(b"PRIVATE-BYTES!")]) == [True]
+    assert owner.put_batch([b"private"], [page(b"PRIVATE-BYTES!")]).ok == (True,)
     assert owner.remove([b"private"]) == 1
     s = raw(pool, SECRET)
     request(s, P.Op.RESERVE, P.KeysSizes([b"stolen"], [PAGE]))
@@ -81,11 +81,11 @@ def test_a_get_larger_than_a_frame_is_refused(pool: PoolProcess) -> None:
 def test_a_put_at_a_new_size_is_readable_at_that_size(pool: PoolProcess, transport: str) -> None:
     client = PoolClient(pool.endpoint, transport=transport, secret=SECRET)
     key = b"resized-" + transport.encode()
-    assert client.put_batch([key], [page(b"small", 4096)]) == [True]
-    assert client.put_batch([key], [page(b"LARGER", 3 * 4096)]) == [True]  # True = readable
+    assert client.put_batch([key], [page(b"small", 4096)]).ok == (True,)
+    assert client.put_batch([key], [page(b"LARGER", 3 * 4096)]).ok == (True,)  # True = readable
     assert read(client, key, 3 * 4096) == bytes(page(b"LARGER", 3 * 4096)[0])
     assert read(client, key, 4096) is None  # the old size is gone, not served half-updated
-    assert client.put_batch([key], [page(b"LARGER", 3 * 4096)]) == [True]  # same size: no-op
+    assert client.put_batch([key], [page(b"LARGER", 3 * 4096)]).ok == (True,)  # same size: no-op
     client.close()
 
 
@@ -147,7 +147,7 @@ def test_mutated_real_frames_never_crash_the_server_or_change_anyone_elses_bytes
     pool = shared_pool
     good = PoolClient(pool.endpoint, transport="tcp", secret="g", tenant="good")
     keys = [b"good-%d" % i for i in range(16)]
-    assert good.put_batch(keys, [page(k) for k in keys]) == [True] * 16
+    assert good.put_batch(keys, [page(k) for k in keys]).ok == (True,) * 16
     rng = random.Random(20261130)
     frames = _real_frames()
     for case in range(400):

@@ -98,9 +98,9 @@ WORKER = textwrap.dedent("""
         batch = [b"%s-%06d" % (name.encode(), seq + i) for i in range(rng.randint(1, 4))]
         seq += len(batch)
         res = tier.put_from(batch, [[memoryview(page_bytes(k, size_of(k)))] for k in batch])
-        note(b"P", [k for k, good in zip(batch, res) if good])
-        note(b"REFUSED", [k for k, good in zip(batch, res) if not good])
-        ok = [k for k, good in zip(batch, res) if good]
+        note(b"P", [k for k, good in zip(batch, res.ok) if good])
+        note(b"REFUSED", [k for k, good in zip(batch, res.ok) if not good])
+        ok = [k for k, good in zip(batch, res.ok) if good]
         note(b"LOST", [k for k, hit in zip(ok, read(ok)) if not hit])
         check_locks()
         if rng.random() < 0.5:
@@ -131,9 +131,9 @@ WORKER = textwrap.dedent("""
                 del mine[:len(gone)]
                 live_bytes -= sum(map(size_of, gone))
             res = tier.put_from(batch, [[memoryview(page_bytes(k, size_of(k)))] for k in batch])
-            ok = [k for k, good in zip(batch, res) if good]
+            ok = [k for k, good in zip(batch, res.ok) if good]
             note(b"P", ok)
-            note(b"REFUSED", [k for k, good in zip(batch, res) if not good])
+            note(b"REFUSED", [k for k, good in zip(batch, res.ok) if not good])
             mine += ok
             live_bytes += sum(map(size_of, ok))
         elif mine and r < 0.9:
@@ -173,7 +173,7 @@ VERIFIER = textwrap.dedent("""
     out = [[memoryview(bytearray(size_of(k)))] for k in fresh]
     back = tier.get_into(fresh, out)
     print(json.dumps({"checked": len(keys), "lost": lost, "wrong": wrong,
-                      "refused_after": res.count(False),
+                      "refused_after": res.ok.count(False),
                       "unreadable_after": sum(1 for ok, k, o in zip(back, fresh, out)
                                               if not ok or bytes(o[0]) != page_bytes(k, size_of(k))),
                       "stored": sum(1 for _ in tier.scan()), "stats": tier.stats(),

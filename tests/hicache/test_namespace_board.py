@@ -183,7 +183,7 @@ def test_posting_on_a_full_pool_evicts_no_page(tmp_path) -> None:
             keys = [b"kv-page-%04d" % i for i in range(64)]
             data = memoryview(bytearray(page))
             for i in range(0, len(keys), 8):
-                assert all(t.put_from(keys[i:i + 8], [[data]] * 8))
+                assert all(t.put_from(keys[i:i + 8], [[data]] * 8).ok)
             bufs = [[memoryview(bytearray(page))] for _ in keys[::2]]
             assert all(t.get_into(keys[::2], bufs))  # every other page read: LRU order spans slabs
             server = PoolClient(p.endpoint, transport="tcp", connections=1)

@@ -44,7 +44,7 @@ def test_a_scrape_shows_the_pools_pages_traffic_and_latency(pool: PoolServer) ->
     c = client(pool)
     try:
         pages = [make_page(i, SEG) for i in range(5)]
-        assert c.put_batch([key(i) for i in range(5)], pages) == [True] * 5
+        assert c.put_batch([key(i) for i in range(5)], pages).ok == (True,) * 5
         assert c.get_batch([key(i) for i in range(7)], [empty_like(pages[0]) for _ in range(7)]) == \
             [True] * 5 + [False] * 2
         m = scrape(pool)
@@ -66,7 +66,7 @@ def test_a_scrape_shows_the_pools_pages_traffic_and_latency(pool: PoolServer) ->
 def test_pages_being_read_show_as_leased_bytes(pool: PoolServer) -> None:
     c = client(pool)
     try:
-        assert c.put_batch([key(1)], [make_page(1, SEG)]) == [True]
+        assert c.put_batch([key(1)], [make_page(1, SEG)]).ok == (True,)
     finally:
         c.close()
     index = next(iter(pool.tenants.values())).index
@@ -93,7 +93,7 @@ def test_refused_puts_and_evictions_are_counted(pool: PoolServer) -> None:
     try:
         big = 512 * 1024
         for i in range(12):
-            assert c.put_batch([key(100 + i)], [make_page(i, big)]) == [True]
+            assert c.put_batch([key(100 + i)], [make_page(i, big)]).ok == (True,)
         m = scrape(pool)
     finally:
         c.close()

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from mooncake_sgl.api import PageKey, PageView
+from mooncake_sgl.api import PageKey, PageView, PutResult
 from mooncake_sgl.config import HostTierConfig
 from mooncake_sgl.errors import TierUnavailable
 from mooncake_sgl.failure_log import FailureLog
@@ -30,7 +30,7 @@ class DeadTier(WrappedTier):
     def get_into(self, keys: list[PageKey], pages: list[PageView]) -> list[bool]:
         raise TierUnavailable("peer gone")
 
-    def put_from(self, keys: list[PageKey], pages: list[PageView], *, soft_pin=None) -> list[bool]:
+    def put_from(self, keys: list[PageKey], pages: list[PageView], *, soft_pin=None) -> PutResult:
         raise TierUnavailable("peer gone")
 
 

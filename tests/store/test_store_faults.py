@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_sgl.api import PageKey, PageView, PlacementPolicy, Tier
+from mooncake_sgl.api import PageKey, PageView, PlacementPolicy, PutResult, Tier
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, PolicyConfig
 from mooncake_sgl.errors import TierError
 from mooncake_sgl.policy import policy_for_capacities
@@ -60,9 +60,9 @@ class FaultyTier(WrappedTier):
             return [False] * len(keys)
         return self.inner.get_into(keys, pages)
 
-    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *, soft_pin=None) -> list[bool]:
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *, soft_pin=None) -> PutResult:
         if self._failing("put"):
-            return [False] * len(keys)
+            return PutResult.missed(len(keys))
         return self.inner.put_from(keys, pages, soft_pin=soft_pin)
 
     def remove(self, keys: Sequence[PageKey]) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_sgl.api import PageKey, PageView, Tier, TierCapabilities
+from mooncake_sgl.api import PageKey, PageView, PutResult, Tier, TierCapabilities
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig
 from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.store import TieredStore
@@ -117,7 +117,7 @@ class ThreadLog(WrappedTier):
         self.started = threading.Event()
         self.wait_for: threading.Event | None = None
 
-    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *, soft_pin=None) -> list[bool]:
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *, soft_pin=None) -> PutResult:
         self.writers.append(threading.current_thread().name)
         self.started.set()
         if self.wait_for is not None:
@@ -211,12 +211,12 @@ class StalledPeer(WrappedTier):
     def reachable(self) -> bool:
         return not self.cut
 
-    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *, soft_pin=None) -> list[bool]:
+    def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *, soft_pin=None) -> PutResult:
         if self.cut:
-            return [False] * len(keys)
+            return PutResult.missed(len(keys))
         self.hanging.set()
         self.release.wait(20)
-        return [False] * len(keys)
+        return PutResult.missed(len(keys))
 
 
 def test_a_write_needing_room_does_not_wait_for_a_mover_stuck_on_a_lost_peer() -> None:

@@ -79,7 +79,7 @@ class TierConformance:
 
     def test_round_trip_is_byte_exact_across_segments(self, tier: Tier) -> None:
         pages = [make_page(i, self.page_bytes) for i in range(8)]
-        assert tier.put_from([key(i) for i in range(8)], pages) == [True] * 8
+        assert tier.put_from([key(i) for i in range(8)], pages).ok == (True,) * 8
         out = [empty_like(p) for p in pages]
         assert tier.get_into([key(i) for i in range(8)], out) == [True] * 8
         assert all(same(a, b) for a, b in zip(pages, out))
@@ -95,12 +95,12 @@ class TierConformance:
     def test_empty_batches_are_empty_results(self, tier: Tier) -> None:
         assert tier.contains([]) == []
         assert tier.get_into([], []) == []
-        assert tier.put_from([], []) == []
+        assert tier.put_from([], []).ok == ()
 
     def test_put_is_idempotent_and_keeps_the_first_value(self, tier: Tier) -> None:
         first, second = make_page(1, self.page_bytes), make_page(2, self.page_bytes)
-        assert tier.put_from([key(1)], [first]) == [True]
-        assert tier.put_from([key(1)], [second]) == [True]
+        assert tier.put_from([key(1)], [first]).ok == (True,)
+        assert tier.put_from([key(1)], [second]).ok == (True,)
         out = empty_like(first)
         assert tier.get_into([key(1)], [out]) == [True]
         assert same(first, out)
@@ -130,7 +130,7 @@ class TierConformance:
         pages = {i: make_page(i, self.page_bytes) for i in range(40)}
         acked = []
         for i, page in pages.items():
-            if small_tier.put_from([key(i)], [page]) == [True]:
+            if small_tier.put_from([key(i)], [page]).ok == (True,):
                 acked.append(i)
         assert acked, "a tier must accept pages while it has room"
         if not self.self_evicting:
@@ -149,7 +149,7 @@ class TierConformance:
         def worker(base: int) -> None:
             for i in range(base, base + 6):
                 page = make_page(i, self.page_bytes)
-                if tier.put_from([key(i)], [page]) != [True]:
+                if tier.put_from([key(i)], [page]).ok != (True,):
                     errors.append(f"put {i} failed")
                     continue
                 out = empty_like(page)

@@ -42,7 +42,7 @@ def test_it_reuses_the_host_tiers_slot_allocator() -> None:
     assert isinstance(t, HostTier)  # one allocator for DRAM and HBM, not a copy of it
     assert t.kind is TierKind.HBM and t.name == "hbm"
     assert t.device == torch.device("cpu")
-    assert t.put_from([key(1)], [make_page(1, 4096)]) == [True]
+    assert t.put_from([key(1)], [make_page(1, 4096)]).ok == (True,)
     assert t.slot_size == 8192 and t.usage().pages == 1
     t.close()
 
@@ -108,7 +108,7 @@ def test_copies_go_through_the_hbm_copy_path(monkeypatch: pytest.MonkeyPatch) ->
     t = hbm("1MiB")
     assert isinstance(t._tensor, torch.Tensor) and t._tensor.device == t.device
     page = make_page(3, 4096)
-    assert t.put_from([key(3)], [page]) == [True]
+    assert t.put_from([key(3)], [page]).ok == (True,)
     out = empty_like(page)
     assert t.get_into([key(3)], [out]) == [True] and same(page, out)
     assert calls == ["_write_slots", "_read_slots"]

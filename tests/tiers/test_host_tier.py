@@ -51,12 +51,12 @@ def test_build_tier_makes_a_host_tier_from_the_default_config() -> None:
 def test_auto_slot_size_is_the_first_page_and_larger_pages_are_refused() -> None:
     t = host(1 << 20)
     assert t.slot_size == 0
-    assert t.put_from([key(1)], [make_page(1, 4096)]) == [True]  # 8 KiB page fixes the slot size
+    assert t.put_from([key(1)], [make_page(1, 4096)]).ok == (True,)  # 8 KiB page fixes the slot size
     assert t.slot_size == 8192
     assert t.stats()["slots"] == (1 << 20) // 8192
     # Too large for a slot: refused per key, the others in the batch still land.
     big, small = make_page(2, 8192), make_page(3, 1024)
-    assert t.put_from([key(2), key(3)], [big, small]) == [False, True]
+    assert t.put_from([key(2), key(3)], [big, small]).ok == (False, True)
     assert t.stats()["put_too_large"] == 1
     out = empty_like(small)
     assert t.get_into([key(3)], [out]) == [True] and same(small, out)
@@ -67,7 +67,7 @@ def test_configured_slot_size_and_capacity_round_down_to_whole_slots() -> None:
     t = host(10_000, slot_size=4096)
     assert t.usage().capacity_bytes == 2 * 4096
     page = make_page(1, 2048)
-    assert t.put_from([key(i) for i in range(3)], [page, page, page]) == [True, True, False]
+    assert t.put_from([key(i) for i in range(3)], [page, page, page]).ok == (True, True, False)
     assert t.stats()["put_full"] == 1
     t.close()
 
@@ -75,14 +75,14 @@ def test_configured_slot_size_and_capacity_round_down_to_whole_slots() -> None:
 def test_freed_slots_are_reused_and_usage_counts_slots() -> None:
     t = host(4 * 8192, slot_size=8192)
     pages = [make_page(i, 4096) for i in range(4)]
-    assert t.put_from([key(i) for i in range(4)], pages) == [True] * 4
-    assert t.put_from([key(9)], [make_page(9, 4096)]) == [False]
+    assert t.put_from([key(i) for i in range(4)], pages).ok == (True,) * 4
+    assert t.put_from([key(9)], [make_page(9, 4096)]).ok == (False,)
     assert t.usage().used_bytes == 4 * 8192
     assert t.remove([key(1), key(2)]) == 2
     assert t.usage().used_bytes == 2 * 8192
     assert t.footprint(4096 * 2) == t.footprint(100) == 8192  # the store sizes evictions in slots
     new = [make_page(10 + i, 4096) for i in range(2)]
-    assert t.put_from([key(10), key(11)], new) == [True, True]
+    assert t.put_from([key(10), key(11)], new).ok == (True, True)
     # The survivors were not disturbed by the reuse of their neighbours' slots.
     for i, page in ((0, pages[0]), (3, pages[3]), (10, new[0]), (11, new[1])):
         out = empty_like(page)
@@ -96,7 +96,7 @@ def test_a_page_being_read_is_not_overwritten_by_a_remove_and_reuse() -> None:
     # and the reader would return the new page's bytes under the old key.
     t = host(8192, slot_size=8192)
     old, new = make_page(1, 4096), make_page(2, 4096)
-    assert t.put_from([key(1)], [old]) == [True]
+    assert t.put_from([key(1)], [old]).ok == (True,)
     dst = ParkedPage(empty_like(old))
     result: list[list[bool]] = []
     reader = threading.Thread(target=lambda: result.append(t.get_into([key(1)], [dst])))
@@ -104,12 +104,12 @@ def test_a_page_being_read_is_not_overwritten_by_a_remove_and_reuse() -> None:
     assert dst.parked.wait(10)
     assert t.remove([key(1)]) == 1
     assert t.contains([key(1)]) == [False]
-    assert t.put_from([key(2)], [new]) == [False], "the slot under a reader must not be handed out"
+    assert t.put_from([key(2)], [new]).ok == (False,), "the slot under a reader must not be handed out"
     dst.go.set()
     reader.join(10)
     assert result == [[True]] and same(old, dst)
     # The last reader gone, the slot is free again.
-    assert t.put_from([key(2)], [new]) == [True]
+    assert t.put_from([key(2)], [new]).ok == (True,)
     out = empty_like(new)
     assert t.get_into([key(2)], [out]) == [True] and same(new, out)
     t.close()
@@ -121,7 +121,7 @@ def test_buffer_is_not_pinned_without_cuda_and_copies_use_it() -> None:
 
     assert t.pinned == torch.cuda.is_available()
     page = [memoryview(np.arange(4096, dtype=np.uint8))]
-    assert t.put_from([key(1)], [page]) == [True]
+    assert t.put_from([key(1)], [page]).ok == (True,)
     assert t.page_size_of(key(1)) == 4096 and t.page_size_of(key(2)) is None
     assert dict(t.scan()) == {key(1): 4096}
     t.close()
@@ -161,7 +161,7 @@ def test_a_batch_of_pages_is_copied_in_one_numpy_call_per_segment(monkeypatch: p
     t = host(4 * npages * 2 * seg)
     src = np.random.default_rng(7).integers(0, 256, 2 * npages * seg, dtype=np.uint8)
     keys = [key(i) for i in range(npages)]
-    assert t.put_from(keys, _pool_pages(src, list(range(npages)), seg)) == [True] * npages
+    assert t.put_from(keys, _pool_pages(src, list(range(npages)), seg)).ok == (True,) * npages
     calls = []
     real = np.copyto
     monkeypatch.setattr(np, "copyto", lambda dst, s: calls.append(1) or real(dst, s))
@@ -179,7 +179,7 @@ def test_pages_in_any_order_and_slots_read_back_byte_for_byte() -> None:
     # Written in two interleaved halves and one removal, so slots are neither in order nor contiguous.
     for half in (keys[1::2], keys[0::2]):
         idx = [keys.index(k) for k in half]
-        assert t.put_from(half, _pool_pages(src, idx, seg)) == [True] * len(half)
+        assert t.put_from(half, _pool_pages(src, idx, seg)).ok == (True,) * len(half)
     t.remove([keys[5]])
     order = [int(i) for i in rng.permutation(npages)]
     dst = np.zeros_like(src)

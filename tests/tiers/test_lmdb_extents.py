@@ -24,8 +24,8 @@ def test_a_put_at_a_new_size_is_readable_at_that_size(tmp_path: Path) -> None:
     # Issue 10, defect 8: the second put answered True but a read at the new size missed.
     tier = tier_at(tmp_path)
     small, large = page_bytes(b"a", 4096), page_bytes(b"b", 3 * 4096 + 100)
-    assert tier.put_from([b"k"], [[memoryview(small)]]) == [True]
-    assert tier.put_from([b"k"], [[memoryview(large)]]) == [True]
+    assert tier.put_from([b"k"], [[memoryview(small)]]).ok == (True,)
+    assert tier.put_from([b"k"], [[memoryview(large)]]).ok == (True,)
     out = memoryview(bytearray(len(large)))
     assert tier.get_into([b"k"], [[out]]) == [True] and bytes(out) == large
     assert tier.get_into([b"k"], [[memoryview(bytearray(4096))]]) == [False]
@@ -65,7 +65,7 @@ FOREIGN = ("import sys; from mooncake_sgl.tiers.ssd import LmdbTier; from moonca
            "LmdbTierConfig; from tests.tiers.test_lmdb_tier import page_bytes; "
            "t = LmdbTier(LmdbTierConfig(path=sys.argv[1], capacity='64MiB')); "
            "ks = [b'child-%d' % i for i in range(8)]; "
-           "assert t.put_from(ks, [[memoryview(page_bytes(k, 65536))] for k in ks]) == [True] * 8; "
+           "assert t.put_from(ks, [[memoryview(page_bytes(k, 65536))] for k in ks]).ok == (True,) * 8; "
            "t.remove([b'parent-0']); t.close()")
 
 
@@ -73,12 +73,12 @@ def test_pages_written_by_another_process_are_never_overwritten(tmp_path: Path) 
     # Our allocator only knows our own writes; the transaction ids tell us someone else wrote.
     tier = tier_at(tmp_path)
     mine = [b"parent-%d" % i for i in range(8)]
-    assert tier.put_from(mine, [[memoryview(page_bytes(k, 65536))] for k in mine]) == [True] * 8
+    assert tier.put_from(mine, [[memoryview(page_bytes(k, 65536))] for k in mine]).ok == (True,) * 8
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=path)
     subprocess.run([sys.executable, "-c", FOREIGN, str(tmp_path)], cwd=REPO, env=env, check=True, timeout=60)
     more = [b"parent-more-%d" % i for i in range(8)]
-    assert tier.put_from(more, [[memoryview(page_bytes(k, 65536))] for k in more]) == [True] * 8
+    assert tier.put_from(more, [[memoryview(page_bytes(k, 65536))] for k in more]).ok == (True,) * 8
     assert tier.stats()["foreign_writes"] == 1
     live = mine[1:] + more + [b"child-%d" % i for i in range(8)]
     out = [[memoryview(bytearray(65536))] for _ in live]
@@ -100,7 +100,7 @@ def test_an_environment_of_the_older_inline_layout_is_moved_aside(tmp_path: Path
     try:
         assert tier.contains([b"old-page"]) == [False]
         assert [p.name.startswith("db.damaged-") for p in tmp_path.iterdir()].count(True) == 1
-        assert tier.put_from([b"new"], [[memoryview(page_bytes(b"new", 4096))]]) == [True]
+        assert tier.put_from([b"new"], [[memoryview(page_bytes(b"new", 4096))]]).ok == (True,)
     finally:
         tier.close()
 
@@ -112,7 +112,7 @@ def test_a_probe_that_cannot_start_opens_the_index_unchecked(tmp_path: Path, mon
     monkeypatch.setattr(probe.sys, "executable", str(tmp_path / "no-such-python"))
     assert probe.damage_of(str(tmp_path), 2, 64 << 20, True) is None
     tier = tier_at(tmp_path)
-    assert tier.put_from([b"k"], [[memoryview(b"x" * 4096)]]) == [True]
+    assert tier.put_from([b"k"], [[memoryview(b"x" * 4096)]]).ok == (True,)
     tier.close()
 
 
@@ -121,7 +121,7 @@ def test_records_naming_overlapping_bytes_keep_only_the_first(tmp_path: Path) ->
 
     tier = tier_at(tmp_path)
     names = [b"a", b"b", b"c"]
-    assert tier.put_from(names, [[memoryview(page_bytes(k, 8192))] for k in names]) == [True] * 3
+    assert tier.put_from(names, [[memoryview(page_bytes(k, 8192))] for k in names]).ok == (True,) * 3
     with tier._index.env.begin(write=True, db=tier._index.pages) as txn:  # white-box: damage b's offset
         off_a, length, digest = records.parse_record(txn.get(b"a"))
         b_digest = records.parse_record(txn.get(b"b"))[2]
@@ -130,7 +130,7 @@ def test_records_naming_overlapping_bytes_keep_only_the_first(tmp_path: Path) ->
     tier = tier_at(tmp_path)
     assert tier.stats()["dropped_at_open"] == 1 and tier.contains(names) == [True, False, True]
     more = [b"d", b"e", b"f"]  # reuse must not land on a's bytes
-    assert tier.put_from(more, [[memoryview(page_bytes(k, 8192))] for k in more]) == [True] * 3
+    assert tier.put_from(more, [[memoryview(page_bytes(k, 8192))] for k in more]).ok == (True,) * 3
     live = [b"a", b"c"] + more
     out = [[memoryview(bytearray(8192))] for _ in live]
     assert tier.get_into(live, out) == [True] * 5
@@ -149,11 +149,11 @@ def test_the_page_file_takes_disk_as_pages_arrive_not_the_whole_capacity(tmp_pat
         return os.stat(pages_bin).st_blocks * 512
 
     small = [page_bytes(b"s%d" % i, 64 << 10) for i in range(3)]
-    assert tier.put_from([b"s%d" % i for i in range(3)], [[memoryview(p)] for p in small]) == [True] * 3
+    assert tier.put_from([b"s%d" % i for i in range(3)], [[memoryview(p)] for p in small]).ok == (True,) * 3
     assert 3 * (64 << 10) <= on_disk() <= 4 << 20
     big = [page_bytes(b"b%d" % i, 256 << 10) for i in range(100)]
     keys = [b"b%d" % i for i in range(100)]
-    assert tier.put_from(keys, [[memoryview(p)] for p in big]) == [True] * 100
+    assert tier.put_from(keys, [[memoryview(p)] for p in big]).ok == (True,) * 100
     stored = 3 * (64 << 10) + 100 * (256 << 10)
     assert stored <= on_disk() <= 2 * stored + (4 << 20)
     out = memoryview(bytearray(256 << 10))

@@ -46,7 +46,7 @@ def test_aligned_pages_go_to_disk_with_o_direct_and_read_back_exact(tmp_path: Pa
     tier = tier_at(tmp_path, "direct")
     buf, pages = aligned_pages(12, seed=1)
     names = [b"direct-%02d" % i for i in range(12)]
-    assert tier.put_from(names, pages) == [True] * 12
+    assert tier.put_from(names, pages).ok == (True,) * 12
     assert tier.stats()["direct_pages"] == 12 and tier.stats()["write_busy_s"] > 0
     ok, out = read_all(tier, names, 12)
     assert ok == [True] * 12 and np.array_equal(out, buf)
@@ -77,7 +77,7 @@ def test_unaligned_pages_go_o_direct_through_a_bounce_buffer_beside_aligned_ones
             written.append(len(segments))
 
     monkeypatch.setattr(direct, "pwritev_all", noted)
-    assert tier.put_from(names, batch) == [True] * len(batch)
+    assert tier.put_from(names, batch).ok == (True,) * len(batch)
     assert tier.stats()["direct_pages"] == len(batch) and written == [1]  # one request, bounced
     for name, page in zip(names, batch):
         want = b"".join(bytes(s) for s in page)
@@ -91,10 +91,10 @@ def test_auto_writes_through_the_page_cache_until_it_would_throttle(tmp_path: Pa
     tier = tier_at(tmp_path, "auto")
     buf, pages = aligned_pages(8, seed=3)
     monkeypatch.setattr(write_route.DirtyRoom, "takes", lambda self, nbytes: True)
-    assert tier.put_from([b"free-%d" % i for i in range(4)], pages[:4]) == [True] * 4
+    assert tier.put_from([b"free-%d" % i for i in range(4)], pages[:4]).ok == (True,) * 4
     assert tier.stats()["direct_pages"] == 0
     monkeypatch.setattr(write_route.DirtyRoom, "takes", lambda self, nbytes: False)
-    assert tier.put_from([b"full-%d" % i for i in range(4)], pages[4:]) == [True] * 4
+    assert tier.put_from([b"full-%d" % i for i in range(4)], pages[4:]).ok == (True,) * 4
     assert tier.stats()["direct_pages"] == 4
     ok, out = read_all(tier, [b"free-%d" % i for i in range(4)] + [b"full-%d" % i for i in range(4)], 8)
     assert ok == [True] * 8 and np.array_equal(out, buf)
@@ -104,7 +104,7 @@ def test_auto_writes_through_the_page_cache_until_it_would_throttle(tmp_path: Pa
 def test_buffered_mode_never_uses_o_direct(tmp_path: Path) -> None:
     tier = tier_at(tmp_path, "buffered")
     _, pages = aligned_pages(4, seed=4)
-    assert tier.put_from([b"b-%d" % i for i in range(4)], pages) == [True] * 4
+    assert tier.put_from([b"b-%d" % i for i in range(4)], pages).ok == (True,) * 4
     assert tier.stats()["direct_pages"] == 0 and not tier._io.direct
     tier.close()
 
@@ -128,7 +128,7 @@ def test_a_flipped_byte_written_either_way_is_a_counted_miss(tmp_path: Path, mod
     tier = tier_at(tmp_path, mode)
     _, pages = aligned_pages(3, seed=5)
     names = [b"flip-%d" % i for i in range(3)]
-    assert tier.put_from(names, pages) == [True] * 3
+    assert tier.put_from(names, pages).ok == (True,) * 3
     with open(tmp_path / "pages.bin", "r+b") as f:
         f.seek(PAGE + 7)  # inside the second page (extents follow each other from offset 0)
         byte = f.read(1)
@@ -158,7 +158,7 @@ def test_a_device_refusing_the_o_direct_alignment_gets_the_pages_buffered(tmp_pa
 
     monkeypatch.setattr(direct, "pwritev_all", refuse_direct)
     names = [b"einval-%d" % i for i in range(4)]
-    assert tier.put_from(names, pages) == [True] * 4
+    assert tier.put_from(names, pages).ok == (True,) * 4
     ok, out = read_all(tier, names, 4)
     assert ok == [True] * 4 and np.array_equal(out, buf)
     tier.close()
@@ -171,7 +171,7 @@ def test_reads_warm_and_cold_leave_readahead_to_the_kernel(tmp_path: Path, monke
     n = (32 << 20) // PAGE  # a batch the pool's threads share (``page_io._GANG_MIN_BYTES``)
     buf, pages = aligned_pages(n, seed=7)
     names = [b"ahead-%03d" % i for i in range(n)]
-    assert tier.put_from(names, pages) == [True] * n
+    assert tier.put_from(names, pages).ok == (True,) * n
     hints: list[int] = []
     advise = os.posix_fadvise
 
@@ -203,7 +203,7 @@ def test_a_batch_is_read_by_the_calling_thread_and_the_pool_alike(tmp_path: Path
     n = (32 << 20) // PAGE  # large enough to be shared (``page_io._GANG_MIN_BYTES``)
     buf, pages = aligned_pages(n, seed=8)
     names = [b"gang-%03d" % i for i in range(n)]
-    assert tier.put_from(names, pages) == [True] * n
+    assert tier.put_from(names, pages).ok == (True,) * n
     readers: set[str] = set()
     read = direct.preadv_all
 
@@ -231,7 +231,7 @@ def test_readers_of_a_shared_batch_each_read_through_a_descriptor_of_their_own(t
     n = (32 << 20) // PAGE  # large enough to be shared (``page_io._GANG_MIN_BYTES``)
     buf, pages = aligned_pages(n, seed=10)
     names = [b"own-fd-%03d" % i for i in range(n)]
-    assert tier.put_from(names, pages) == [True] * n
+    assert tier.put_from(names, pages).ok == (True,) * n
     reads: list[tuple[str, int, int]] = []
     read = direct.preadv_all
 
@@ -279,7 +279,7 @@ def test_reads_fall_back_to_the_shared_descriptor_when_none_can_be_opened(tmp_pa
     n = (32 << 20) // PAGE
     buf, pages = aligned_pages(n, seed=11)
     names = [b"no-fd-%03d" % i for i in range(n)]
-    assert tier.put_from(names, pages) == [True] * n
+    assert tier.put_from(names, pages).ok == (True,) * n
     real_open = os.open
 
     def out_of_descriptors(path, flags, *args):
@@ -300,7 +300,7 @@ def test_a_flipped_byte_anywhere_in_a_large_page_is_a_miss(tmp_path: Path, where
     data = np.random.default_rng(9).integers(0, 256, 2 * size, dtype=np.uint8)
     mv = memoryview(data)
     names = [b"big-0", b"big-1"]
-    assert tier.put_from(names, [[mv[:size // 2], mv[size // 2:size]], [mv[size:]]]) == [True, True]
+    assert tier.put_from(names, [[mv[:size // 2], mv[size // 2:size]], [mv[size:]]]).ok == (True, True)
     with open(tmp_path / "pages.bin", "r+b") as f:  # the first page's extent starts at 0
         f.seek(where)
         byte = f.read(1)
@@ -330,7 +330,7 @@ def test_a_cold_batch_is_read_with_o_direct_and_a_warm_one_from_the_page_cache(t
     n = (32 << 20) // PAGE  # a batch the pool's threads share (``page_io._GANG_MIN_BYTES``)
     buf, pages = aligned_pages(n, seed=12)
     names = [b"cold-%03d" % i for i in range(n)]
-    assert tier.put_from(names, pages) == [True] * n  # O_DIRECT: nothing of it is in the page cache
+    assert tier.put_from(names, pages).ok == (True,) * n  # O_DIRECT: nothing of it is in the page cache
     reads: list[tuple[bool, int]] = []
     read = direct.preadv_all
 
@@ -368,7 +368,7 @@ def test_a_disk_reading_ahead_as_far_as_a_request_keeps_cold_reads_buffered(tmp_
     n = (32 << 20) // PAGE
     buf, pages = aligned_pages(n, seed=15)
     names = [b"ahead-%03d" % i for i in range(n)]
-    assert tier.put_from(names, pages) == [True] * n
+    assert tier.put_from(names, pages).ok == (True,) * n
     fds: list[int] = []
     read = direct.preadv_all
 
@@ -389,7 +389,7 @@ def test_a_device_refusing_o_direct_reads_gets_them_buffered(tmp_path: Path, mon
     n = (32 << 20) // PAGE
     buf, pages = aligned_pages(n, seed=13)
     names = [b"einval-read-%03d" % i for i in range(n)]
-    assert tier.put_from(names, pages) == [True] * n
+    assert tier.put_from(names, pages).ok == (True,) * n
     read = direct.preadv_all
     refused: list[int] = []
 

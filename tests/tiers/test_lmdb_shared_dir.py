@@ -59,7 +59,7 @@ AGENT = textwrap.dedent("""
             tier = lmdb_mod.LmdbTier(LmdbTierConfig(path=path, capacity=cmd["capacity"], sync=False))
             say(ok=True)
         elif op == "put":
-            say(res=tier.put_from(keys, [[memoryview(page_bytes(k, n))] for k in keys]))
+            say(res=list(tier.put_from(keys, [[memoryview(page_bytes(k, n))] for k in keys]).ok))
         elif op == "get":
             if cmd.get("hold"):  # inside the read transaction, before the page bytes are read
                 held_once(lmdb_mod, "parse_record", "reading")
@@ -294,6 +294,6 @@ def test_an_index_another_process_is_creating_is_not_taken_for_damage(tmp_path: 
     tier = LmdbTier(LmdbTierConfig(path=str(ssd), capacity="64MiB"))
     try:
         assert [p.name for p in tmp_path.iterdir()] == ["ssd"]
-        assert tier.put_from([b"k"], [[memoryview(b"x" * 4096)]]) == [True]
+        assert tier.put_from([b"k"], [[memoryview(b"x" * 4096)]]).ok == (True,)
     finally:
         tier.close()

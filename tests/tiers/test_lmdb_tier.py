@@ -74,7 +74,7 @@ WRITER = textwrap.dedent("""
     while True:
         keys = [b"batch%06d-page%03d" % (b, i) for i in range(per_batch)]
         pages = [[memoryview(page_bytes(k, nbytes))] for k in keys]
-        assert tier.put_from(keys, pages) == [True] * per_batch
+        assert tier.put_from(keys, pages).ok == (True,) * per_batch
         print(b, flush=True)
         b += 1
 """)
@@ -121,7 +121,7 @@ def test_pages_survive_sigkill_of_the_writer_and_are_found_by_a_new_process(
     assert tier.stats()["corrupt_pages"] == 0
     # The writer may have died holding LMDB's write lock: a new writer must still get it.
     fresh = [b"after-restart-%d" % i for i in range(4)]
-    assert tier.put_from(fresh, [[memoryview(page_bytes(k, 4096))] for k in fresh]) == [True] * 4
+    assert tier.put_from(fresh, [[memoryview(page_bytes(k, 4096))] for k in fresh]).ok == (True,) * 4
     assert tier.remove(fresh[:1]) == 1
     tier.close()
 
@@ -130,7 +130,7 @@ def test_flipped_bytes_in_the_file_are_a_counted_miss_and_the_page_is_removed(tm
     nbytes = 64 * 1024
     names = [b"payload-flip", b"checksum-flip", b"magic-flip", b"intact"]
     tier = lmdb_tier(tmp_path)
-    assert tier.put_from(names, [[memoryview(page_bytes(k, nbytes))] for k in names]) == [True] * 4
+    assert tier.put_from(names, [[memoryview(page_bytes(k, nbytes))] for k in names]).ok == (True,) * 4
     with tier._index.env.begin(db=tier._index.pages) as txn:  # white-box: where each record sits
         records = {k: txn.get(k) for k in names}
     tier.close()
@@ -175,9 +175,9 @@ def test_a_full_tier_refuses_the_pages_that_do_not_fit_without_raising(tmp_path:
     tier = lmdb_tier(tmp_path, capacity="4MiB", sync=False)
     names = [b"p%03d" % i for i in range(40)]
     pages = [[memoryview(page_bytes(k, 256 * 1024))] for k in names]
-    res = tier.put_from(names, pages)
+    res = tier.put_from(names, pages).ok
     fitted = res.count(True)
-    assert 0 < fitted < 40 and res == [True] * fitted + [False] * (40 - fitted)
+    assert 0 < fitted < 40 and res == (True,) * fitted + (False,) * (40 - fitted)
     assert tier.stats()["put_full"] == 40 - fitted
     usage = tier.usage()
     assert usage.capacity_bytes == 4 << 20 and usage.pages == fitted
@@ -197,14 +197,14 @@ def test_pages_removed_from_a_full_tier_make_room_for_the_very_next_put(tmp_path
     live: list[bytes] = []
     for rnd in range(6):
         names = [b"r%d-p%03d" % (rnd, i) for i in range(8)]
-        res = tier.put_from(names, [[memoryview(page_bytes(k, nbytes))] for k in names])
+        res = tier.put_from(names, [[memoryview(page_bytes(k, nbytes))] for k in names]).ok
         live += [k for k, ok in zip(names, res) if ok]
         missing = [k for k, ok in zip(names, res) if not ok]
         if missing:
             victims, live = live[:len(missing)], live[len(missing):]
             assert tier.remove(victims) == len(victims)
-            again = tier.put_from(missing, [[memoryview(page_bytes(k, nbytes))] for k in missing])
-            assert again == [True] * len(missing), f"round {rnd}: freed pages were not reusable"
+            again = tier.put_from(missing, [[memoryview(page_bytes(k, nbytes))] for k in missing]).ok
+            assert again == (True,) * len(missing), f"round {rnd}: freed pages were not reusable"
             live += missing
     assert sorted(k for k, _ in tier.scan()) == sorted(live)
     out = [[memoryview(bytearray(nbytes))] for _ in live]
@@ -222,13 +222,13 @@ def test_space_an_old_reader_may_still_read_is_not_reused_and_puts_are_per_key_f
     tier = lmdb_tier(tmp_path, capacity="4MiB", sync=False)
     nbytes = 256 * 1024
     first = [b"first-%02d" % i for i in range(8)]
-    assert tier.put_from(first, [[memoryview(page_bytes(k, nbytes))] for k in first]) == [True] * 8
+    assert tier.put_from(first, [[memoryview(page_bytes(k, nbytes))] for k in first]).ok == (True,) * 8
     old_reader = tier._index.env.begin(db=tier._index.pages)  # white-box: a slow reader in another process
     refused, live = 0, first
     for rnd in range(6):
         tier.remove(live)
         names = [b"r%02d-p%02d" % (rnd, i) for i in range(12)]
-        res = tier.put_from(names, [[memoryview(page_bytes(k, nbytes))] for k in names])
+        res = tier.put_from(names, [[memoryview(page_bytes(k, nbytes))] for k in names]).ok
         refused += res.count(False)
         live = [k for k, ok in zip(names, res) if ok]
     assert refused and tier.stats()["put_full"] == refused
@@ -241,7 +241,7 @@ def test_space_an_old_reader_may_still_read_is_not_reused_and_puts_are_per_key_f
     old_reader.abort()
     tier.remove(live)
     names = [b"after-%02d" % i for i in range(12)]
-    assert tier.put_from(names, [[memoryview(page_bytes(k, nbytes))] for k in names]) == [True] * 12
+    assert tier.put_from(names, [[memoryview(page_bytes(k, nbytes))] for k in names]).ok == (True,) * 12
     tier.close()
 
 
@@ -249,7 +249,7 @@ def test_a_second_process_sees_pages_committed_by_another(tmp_path: Path) -> Non
     tier = lmdb_tier(tmp_path)
     code = ("import sys; from mooncake_sgl.tiers.ssd import LmdbTier; from mooncake_sgl.config import "
             "LmdbTierConfig; t = LmdbTier(LmdbTierConfig(path=sys.argv[1], capacity='64MiB')); "
-            "assert t.put_from([b'from-child'], [[memoryview(b'x' * 5000)]]) == [True]; t.close()")
+            "assert t.put_from([b'from-child'], [[memoryview(b'x' * 5000)]]).ok == (True,); t.close()")
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, env=env, check=True, timeout=60)
     out = [memoryview(bytearray(5000))]
@@ -262,7 +262,7 @@ def test_warm_restart_scan_lists_every_page_across_scan_chunks(tmp_path: Path,
     monkeypatch.setattr(lmdb_mod, "_SCAN_CHUNK", 3)  # force several read transactions
     tier = lmdb_tier(tmp_path, sync=False)
     pages = {key(i): make_page(i, 1000 + i, nseg=1) for i in range(10)}
-    assert tier.put_from(list(pages), list(pages.values())) == [True] * 10
+    assert tier.put_from(list(pages), list(pages.values())).ok == (True,) * 10
     tier.close()
     tier = lmdb_tier(tmp_path)
     assert dict(tier.scan()) == {k: 1000 + i for i, k in enumerate(pages)}
@@ -285,7 +285,7 @@ def test_wrong_size_destination_is_a_miss_but_the_page_is_kept(tmp_path: Path) -
 def test_oversized_key_is_a_per_key_false(tmp_path: Path) -> None:
     tier = lmdb_tier(tmp_path, sync=False)
     page = make_page(1, 1024)
-    assert tier.put_from([b"k" * 600, b"", key(1)], [page, page, page]) == [False, False, True]
+    assert tier.put_from([b"k" * 600, b"", key(1)], [page, page, page]).ok == (False, False, True)
     assert tier.contains([b"k" * 600, b""]) == [False, False]
     assert tier.get_into([b""], [empty_like(page)]) == [False] and tier.remove([b""]) == 0
     tier.close()
@@ -296,7 +296,7 @@ def test_build_tier_gives_each_rank_its_own_environment(tmp_path: Path) -> None:
     t0, t1 = build_tier(cfg, rank_suffix="tp0"), build_tier(cfg, rank_suffix="tp1")
     assert isinstance(t0, LmdbTier) and isinstance(t1, LmdbTier)
     assert (t0.path, t1.path) == (str(tmp_path / "cache" / "tp0"), str(tmp_path / "cache" / "tp1"))
-    assert t0.put_from([key(1)], [make_page(1, 1024)]) == [True]
+    assert t0.put_from([key(1)], [make_page(1, 1024)]).ok == (True,)
     assert t1.contains([key(1)]) == [False]
     t0.close()
     t1.close()
@@ -314,7 +314,7 @@ def test_close_waits_for_a_read_in_flight_and_refuses_new_calls(tmp_path: Path) 
     # Closing unmaps the file; a reader still copying out of the map must finish first.
     tier = lmdb_tier(tmp_path, sync=False)
     page = make_page(1, 4096)
-    assert tier.put_from([key(1)], [page]) == [True]
+    assert tier.put_from([key(1)], [page]).ok == (True,)
     dst = ParkedPage(empty_like(page))
     result: list[list[bool]] = []
     reader = threading.Thread(target=lambda: result.append(tier.get_into([key(1)], [dst])))
@@ -339,7 +339,7 @@ def test_a_tier_with_damaged_lmdb_structure_starts_empty_and_keeps_the_damaged_f
     # A machine crash with sync off can leave LMDB's own pages (not ours, which are checksummed)
     # inconsistent. The tier must still start: empty, with the damaged files moved aside.
     tier = lmdb_tier(tmp_path / "db", sync=False)
-    assert tier.put_from([key(i) for i in range(4)], [make_page(i, 4096) for i in range(4)]) == [True] * 4
+    assert tier.put_from([key(i) for i in range(4)], [make_page(i, 4096) for i in range(4)]).ok == (True,) * 4
     tier.close()
     data = tmp_path / "db" / "data.mdb"
     with open(data, "r+b") as f:  # both meta pages
@@ -349,7 +349,7 @@ def test_a_tier_with_damaged_lmdb_structure_starts_empty_and_keeps_the_damaged_f
         assert reopened.contains([key(i) for i in range(4)]) == [False] * 4
         assert [p.name.startswith("db.damaged-") for p in tmp_path.iterdir()].count(True) == 1
         page = make_page(9, 4096)
-        assert reopened.put_from([key(9)], [page]) == [True]
+        assert reopened.put_from([key(9)], [page]).ok == (True,)
         out = empty_like(page)
         assert reopened.get_into([key(9)], [out]) == [True] and same(page, out)
     finally:
@@ -365,7 +365,7 @@ def damage_index(db: Path) -> None:
 def fill_and_damage(db: Path, pages: int = 8, seg_bytes: int = 32 << 10) -> None:
     tier = lmdb_tier(db, sync=False)
     assert tier.put_from([key(i) for i in range(pages)],
-                         [make_page(i, seg_bytes) for i in range(pages)]) == [True] * pages
+                         [make_page(i, seg_bytes) for i in range(pages)]).ok == (True,) * pages
     tier.close()
     damage_index(db)
 
@@ -423,7 +423,7 @@ FILL_ROUNDS = textwrap.dedent("""
     for r in range(rounds):
         tier = LmdbTier(LmdbTierConfig(path=db, capacity="48MiB", direct_io="buffered"))
         keys = [b"round%d-page%04d" % (r, i) for i in range(npages)]
-        stored.append(sum(tier.put_from(keys, [[memoryview(os.urandom(128 << 10))] for _ in keys])))
+        stored.append(sum(tier.put_from(keys, [[memoryview(os.urandom(128 << 10))] for _ in keys]).ok))
         tier.close()
         with open(os.path.join(db, "data.mdb"), "r+b") as f:
             f.write(os.urandom(2 * 4096))
@@ -461,7 +461,7 @@ OPEN_REPORT = textwrap.dedent("""
 def filled(db: Path) -> list[memoryview]:
     tier = lmdb_tier(db, capacity="8MiB")
     page = make_page(1, 4096)
-    assert tier.put_from([key(1)], [page]) == [True]
+    assert tier.put_from([key(1)], [page]).ok == (True,)
     tier.close()
     return page
 

@@ -87,7 +87,7 @@ def test_zero_copy_over_registered_memory_and_staging_elsewhere(master: Mooncake
     try:
         src, pages = registered_pages(tier, 8, 4096)
         keys = [key(i) for i in range(8)]
-        assert tier.put_from(keys, pages) == [True] * 8
+        assert tier.put_from(keys, pages).ok == (True,) * 8
         assert tier.stats()["zero_copy_pages"] == 8 and tier.stats()["staged_pages"] == 0
         # Read into plain (unregistered) memory: copied through the registered staging buffer.
         out = [empty_like(p) for p in pages]
@@ -98,7 +98,7 @@ def test_zero_copy_over_registered_memory_and_staging_elsewhere(master: Mooncake
         assert tier.page_size_of(keys[3]) == 2 * 4096
         # A page larger than the staging buffer cannot be staged: refused, the batch goes on.
         big = [memoryview(bytearray(5 * MiB))]
-        assert tier.put_from([key(100), key(101)], [big, make_page(101, 1024)]) == [False, True]
+        assert tier.put_from([key(100), key(101)], [big, make_page(101, 1024)]).ok == (False, True)
         assert tier.stats()["too_large"] == 1
     finally:
         tier.close()
@@ -116,7 +116,7 @@ def _fill_past_capacity(m: MooncakeMaster) -> tuple[list[int], list[int], dict[s
         keys = [key(i) for i in range(n)]
         acked = []
         for b in range(0, n, batch):
-            ok = tier.put_from(keys[b:b + batch], pages[b:b + batch])
+            ok = tier.put_from(keys[b:b + batch], pages[b:b + batch]).ok
             acked += [i for i, good in zip(range(b, b + batch), ok) if good]
         assert acked == list(range(n)), "a put was refused although the master evicts"
         hits = []
@@ -164,7 +164,7 @@ def test_no_space_without_retry_window_is_refused_not_lost() -> None:
             _, pages = registered_pages(tier, n, MiB // 2, seed=3)
             results = []
             for i in range(0, n, 16):
-                results += tier.put_from([key(j) for j in range(i, i + 16)], pages[i:i + 16])
+                results += tier.put_from([key(j) for j in range(i, i + 16)], pages[i:i + 16]).ok
             refused = [i for i, ok in enumerate(results) if not ok]
             assert refused, "16 MiB cannot take 64 MiB in 16-page batches without waiting on eviction"
             assert tier.stats()["put_failed_no_space"] == len(refused)
@@ -228,7 +228,7 @@ def test_pure_client_moves_pages_to_and_from_another_process(master: MooncakeMas
         _, direct = registered_pages(tier, 16, 32 * 1024, seed=5)
         staged = [make_page(100 + i, 16 * 1024) for i in range(16)]
         keys = [key(2000 + i) for i in range(32)]
-        assert tier.put_from(keys, direct + staged) == [True] * 32
+        assert tier.put_from(keys, direct + staged).ok == (True,) * 32
         out = [empty_like(p) for p in direct + staged]
         assert tier.get_into(keys, out) == [True] * 32
         assert all(same(a, b) for a, b in zip(direct + staged, out))
@@ -244,7 +244,7 @@ def test_remove_clear_and_object_names(master: MooncakeMaster) -> None:
     tier = mooncake_tier(master)
     try:
         pages = [make_page(i, 2048) for i in range(4)]
-        assert tier.put_from([key(i) for i in range(4)], pages) == [True] * 4
+        assert tier.put_from([key(i) for i in range(4)], pages).ok == (True,) * 4
         assert tier.contains([key(0)]) == [True]  # grants Mooncake's read lease
         assert tier.remove([key(0), key(9)]) == 1  # forced: a lease does not block our remove
         assert object_name(key(1)).startswith("msgl/")
@@ -260,7 +260,7 @@ def test_soft_pinned_pages_are_counted_by_the_master() -> None:
         try:
             pages = [make_page(i, 2048) for i in range(4)]
             ok = tier.put_from([key(i) for i in range(4)], pages, soft_pin=[True, True, False, False])
-            assert ok == [True] * 4
+            assert ok.ok == (True,) * 4
             assert m.metrics()["master_soft_pin_key_count"] == 2
         finally:
             tier.close()
@@ -303,13 +303,13 @@ def test_unreachable_master_at_start_answers_misses_then_connects() -> None:
         assert tier.stats()["connected"] == 0
         page = make_page(1, 2048)
         started = time.monotonic()
-        assert tier.put_from([key(1)], [page]) == [False]
+        assert tier.put_from([key(1)], [page]).ok == (False,)
         assert tier.contains([key(1)]) == [False]
         assert tier.get_into([key(1)], [empty_like(page)]) == [False]
         assert time.monotonic() - started < 0.5, "a down master must not block callers"
         m.start()
         assert _wait(lambda: tier.stats()["connected"] == 1, 20)
-        assert tier.put_from([key(1)], [page]) == [True]
+        assert tier.put_from([key(1)], [page]).ok == (True,)
     finally:
         tier.close()
         m.stop()
@@ -408,7 +408,7 @@ def test_ha_masters_over_etcd_fail_over_and_the_tier_follows_the_leader(tmp_path
                 master=master, segment_size="16MiB", buffer_size="4MiB", reconnect_after="1s",
                 put_retry_window="0.5s"))
             page = make_page(1, 4096)
-            assert _wait(lambda: tier.put_from([key(1)], [page]) == [True], 20), "no leader reached"
+            assert _wait(lambda: tier.put_from([key(1)], [page]).ok == (True,), 20), "no leader reached"
             leader = next(m for m in masters if m.role() == "leader")
             leader.kill()
             slowest = 0.0
@@ -416,7 +416,7 @@ def test_ha_masters_over_etcd_fail_over_and_the_tier_follows_the_leader(tmp_path
             def put_again() -> bool:
                 nonlocal slowest
                 t0 = time.monotonic()
-                ok = tier.put_from([key(2)], [page]) == [True]
+                ok = tier.put_from([key(2)], [page]).ok == (True,)
                 slowest = max(slowest, time.monotonic() - t0)
                 return ok
 
@@ -446,9 +446,9 @@ def test_a_re_put_is_acknowledged_without_a_put_and_not_counted_as_written() -> 
         try:
             _, pages = registered_pages(tier, 8, 4096)
             keys = [key(i) for i in range(8)]
-            assert tier.put_from(keys[:4], pages[:4]).present == [False] * 4
+            assert tier.put_from(keys[:4], pages[:4]).present == (False,) * 4
             res = tier.put_from(keys, pages)  # 4 pages again, as SGLang hands back backed-up pages
-            assert res == [True] * 8 and res.present == [True] * 4 + [False] * 4
+            assert res.ok == (True,) * 8 and res.present == (True,) * 4 + (False,) * 4
             master = m.metrics()
             assert master["master_key_count"] == 8
             assert master["master_batch_put_start_items_total"] == 8  # no re-put reached the master
@@ -516,14 +516,14 @@ def test_a_stopped_master_costs_one_bounded_call_and_never_freezes_the_process()
         try:
             _, pages = registered_pages(tier, 4, 4096)
             keys = [key(i) for i in range(4)]
-            assert tier.put_from(keys, pages) == [True] * 4
+            assert tier.put_from(keys, pages).ok == (True,) * 4
             m.freeze()
             t0 = time.monotonic()
             slowest = later = 0.0
             while time.monotonic() - t0 < 8:  # well past reconnect_after (0.5 s)
                 t = time.monotonic()
                 assert tier.contains(keys) == [False] * 4
-                assert tier.put_from([key(9)], [make_page(9, 4096)]) == [False]
+                assert tier.put_from([key(9)], [make_page(9, 4096)]).ok == (False,)
                 took = time.monotonic() - t
                 slowest = max(slowest, took)
                 later = max(later, took) if tier.stats()["connected"] == 0 and t - t0 > 4 else later
@@ -541,7 +541,7 @@ def test_a_stopped_master_costs_one_bounded_call_and_never_freezes_the_process()
             time.sleep(2)
             t1 = time.monotonic()
             m.restart()  # SIGKILL of the stopped master, then the same ports again
-            assert _wait(lambda: tier.put_from([key(10)], [make_page(10, 4096)]) == [True], 20)
+            assert _wait(lambda: tier.put_from([key(10)], [make_page(10, 4096)]).ok == (True,), 20)
             assert gil.longest_gap_since(t1) < 10.0  # a fresh setup: Mooncake's own close is slow
         finally:
             gil.close()

@@ -64,7 +64,7 @@ def test_build_tier_makes_a_pool_tier_with_declared_capabilities() -> None:
         t = build_tier(PoolTierConfig(endpoints=[f"{host}:{port}"]))
         assert isinstance(t, PoolTier)
         assert t.capabilities.shared and t.capabilities.self_evicting
-        assert t.put_from([key(1)], [make_page(1, 4096)]) == [True]
+        assert t.put_from([key(1)], [make_page(1, 4096)]).ok == (True,)
         assert t.stats()["shm_endpoints"] == 1.0  # same host: auto picked shared memory
         t.close()
         with pytest.raises(TierClosed):
@@ -79,7 +79,7 @@ def test_keys_spread_over_endpoints_by_rendezvous_and_read_back() -> None:
         eps = [f"{s.address[0]}:{s.address[1]}" for s in servers]
         tier = PoolTier(PoolTierConfig(endpoints=eps, transport="tcp"))
         pages = [make_page(i, 4096) for i in range(60)]
-        assert tier.put_from([key(i) for i in range(60)], pages) == [True] * 60
+        assert tier.put_from([key(i) for i in range(60)], pages).ok == (True,) * 60
         per_server = [int(s.stats()["pages"]) for s in servers]
         assert sum(per_server) == 60 and min(per_server) >= 8, per_server  # all three used
         # A second tier with the same endpoints in another order places keys identically.
@@ -104,16 +104,16 @@ def test_dead_endpoint_turns_into_misses_and_is_used_again_when_it_returns() -> 
                                        retry_after=0.3, timeout=2.0))
         pages = [make_page(i, 4096) for i in range(40)]
         keys = [key(i) for i in range(40)]
-        assert tier.put_from(keys, pages) == [True] * 40
+        assert tier.put_from(keys, pages).ok == (True,) * 40
         a.kill()
         hits = tier.get_into(keys, [empty_like(p) for p in pages])
         assert 0 < sum(hits) < 40  # b's share still hits, a's share misses
         assert tier.stats()["endpoints_live"] == 1.0 and tier.reachable()  # b still answers
         assert tier.contains(keys) == hits  # a's keys now route to b, which lacks them
-        assert tier.put_from([key(100)], [make_page(100, 4096)]) == [True]  # lands on b
+        assert tier.put_from([key(100)], [make_page(100, 4096)]).ok == (True,)  # lands on b
         a.start()
         time.sleep(0.4)
-        assert tier.put_from(keys, pages) == [True] * 40  # a is back: its share is stored again
+        assert tier.put_from(keys, pages).ok == (True,) * 40  # a is back: its share is stored again
         assert tier.stats()["endpoints_live"] == 2.0
         out = [empty_like(p) for p in pages]
         assert tier.get_into(keys, out) == [True] * 40
@@ -124,7 +124,7 @@ def test_dead_endpoint_turns_into_misses_and_is_used_again_when_it_returns() -> 
 def test_unreachable_pool_is_all_misses_not_errors() -> None:
     tier = PoolTier(PoolTierConfig(endpoints=["127.0.0.1:1"], transport="tcp", timeout=0.5))
     page = make_page(1, 4096)
-    assert tier.put_from([key(1)], [page]) == [False]
+    assert tier.put_from([key(1)], [page]).ok == (False,)
     assert not tier.reachable()  # the store drops victims bound here instead of waiting on copies
     assert tier.get_into([key(1)], [empty_like(page)]) == [False]
     assert tier.contains([key(1)]) == [False]
@@ -143,7 +143,7 @@ def test_a_stopped_server_costs_a_read_the_short_deadlines_once_not_the_full_tim
                    connect_timeout=0.3, first_byte_timeout=0.3)
         warm, cold = PoolTier(PoolTierConfig(**cfg)), PoolTier(PoolTierConfig(**cfg))
         page = make_page(1, 4096)
-        assert warm.put_from([key(1)], [page]) == [True]  # warm: connected before the stop
+        assert warm.put_from([key(1)], [page]).ok == (True,)  # warm: connected before the stop
         pool.freeze()
         try:
             for tier in (warm, cold):
@@ -169,7 +169,7 @@ def test_a_restarted_server_is_used_again_even_when_no_connection_was_in_use(tra
     with PoolProcess(capacity="4MiB", slab_size="1MiB") as pool:
         tier = PoolTier(PoolTierConfig(endpoints=[pool.endpoint], transport=transport,
                                        retry_after=0.1, connections=2))
-        assert tier.put_from([key(1)], [make_page(1, 4096)]) == [True]
+        assert tier.put_from([key(1)], [make_page(1, 4096)]).ok == (True,)
         pool.kill()
         pool.start()
         # Over TCP the dead idle connection is replaced at once; over shared memory the first
@@ -177,7 +177,7 @@ def test_a_restarted_server_is_used_again_even_when_no_connection_was_in_use(tra
         tier.put_from([key(2)], [make_page(2, 4096)])
         time.sleep(0.2)
         page = make_page(3, 4096)
-        assert tier.put_from([key(3)], [page]) == [True]  # ... the new server is used
+        assert tier.put_from([key(3)], [page]).ok == (True,)  # ... the new server is used
         out = empty_like(page)
         assert tier.get_into([key(3)], [out]) == [True] and same(page, out)
         tier.close()
@@ -190,7 +190,7 @@ def test_a_page_as_large_as_a_slab_is_stored_over_shared_memory_in_a_one_slab_po
         host, port = server.address
         tier = PoolTier(PoolTierConfig(endpoints=[f"{host}:{port}"], transport="shm"))
         page = make_page(9, 128 * 1024)  # two segments: one whole slab
-        assert tier.put_from([key(9)], [page]) == [True]
+        assert tier.put_from([key(9)], [page]).ok == (True,)
         out = empty_like(page)
         assert tier.get_into([key(9)], [out]) == [True] and same(page, out)
         tier.close()
@@ -287,7 +287,7 @@ def test_a_name_that_resolved_once_is_served_through_a_later_dns_outage(
     try:
         first = PoolTier(PoolTierConfig(endpoints=[endpoint], transport="tcp", connect_timeout="1s"))
         page = make_page(1, 4096)
-        assert first.put_from([key(1)], [page]) == [True]
+        assert first.put_from([key(1)], [page]).ok == (True,)
         first.close()
         dns.down = True
         later = PoolTier(PoolTierConfig(endpoints=[endpoint], transport="tcp", connect_timeout="1s"))

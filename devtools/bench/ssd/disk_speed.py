@@ -79,7 +79,7 @@ def child(argv: list[str]) -> None:
         buf[:] = page_data(size, n)
         tier = _tier(directory)
         cpu, t0 = _cpu_s(), time.perf_counter()
-        ok = tier.put_from(names, page_views(buf, size, n))
+        ok = tier.put_from(names, page_views(buf, size, n)).ok
         put, cpu = time.perf_counter() - t0, _cpu_s() - cpu
         sync_files(directory)
         synced = time.perf_counter() - t0

@@ -94,7 +94,7 @@ def profile_child(directory: str, size: int, n: int, batch: int) -> None:
     names = keys(n)
     pages = page_views(src, size, n)
     for i in range(0, n, batch):
-        if not all(tier.put_from(names[i:i + batch], pages[i:i + batch])):
+        if not all(tier.put_from(names[i:i + batch], pages[i:i + batch]).ok):
             raise SystemExit("bench: the tier refused pages in the get profile")
     dst = aligned_buffer(size * n)
     views = page_views(dst, size, n)

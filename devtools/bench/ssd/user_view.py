@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -108,7 +109,10 @@ def child_main(argv: list[str]) -> None:
     if backend == "ours":
         tier = _tier(directory)
         pages = page_views(buf, size, n)
-        op = tier.put_from if role == "write" else tier.get_into
+
+        def op(ks: list[bytes], ps: list) -> Sequence[bool]:
+            return tier.put_from(ks, ps).ok if role == "write" else tier.get_into(ks, ps)
+
         for _ in range(passes):
             t0 = time.perf_counter()
             for i in range(0, n, batch):
@@ -312,6 +316,6 @@ def restart_fill(directory: str, size: int, start: int, n: int, batch: int) -> N
     names = [b"user-view-page-%07d" % i for i in range(start, start + n)]
     for i in range(0, n, batch):
         part = names[i:i + batch]
-        if not all(tier.put_from(part, pages[:len(part)])):
+        if not all(tier.put_from(part, pages[:len(part)]).ok):
             raise SystemExit("bench: the tier refused pages while filling")
     tier.close()

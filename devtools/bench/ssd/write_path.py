@@ -95,7 +95,7 @@ def profile_child(directory: str, size: int, n: int, batch: int, with_cprofile: 
     if prof is not None:
         prof.enable()
     for i in range(0, n, batch):
-        if not all(tier.put_from(names[i:i + batch], pages[i:i + batch])):
+        if not all(tier.put_from(names[i:i + batch], pages[i:i + batch]).ok):
             raise SystemExit("bench: the tier refused pages in the put profile")
     if prof is not None:
         prof.disable()
@@ -190,7 +190,7 @@ def backlog_child(consumer: str, directory: str, page: int, batch: int, rate: fl
             return batch
         if len(held) >= ring:  # the store evicts the oldest pages to make room
             tier.remove(held.popleft())
-        ok = tier.put_from(names, src)
+        ok = tier.put_from(names, src).ok
         held.append([k for k, good in zip(names, ok) if good])
         return sum(ok)
 

@@ -238,7 +238,7 @@ class LmdbTier(Tier):
                 break
         self._counters.add(put_full=len(todo) - sum(results[i] for i in todo))
         # Pages already here are not reported present: the store goes by its own record of this tier.
-        return PutResult(results)
+        return PutResult.written(results)
 
     def _write_txn(self, keys: Sequence[PageKey], pages: Sequence[PageView], todo: list[int]
                    ) -> tuple[list[int], list[int], int] | int:
