@@ -4,8 +4,9 @@
                           and ``sglang.launch_server``, results tables, the benchmark CLIs.
 - ``e2e/``                the CPU end-to-end rig: SGLang's real ``HiCacheController`` and pools
                           driving our backend without a GPU (``scripts/run_e2e_cpu.py``).
-- ``testing/``            helpers that start real services: ``MooncakeMaster``, the network-namespace
-                          ``Cluster`` and its faults, PD deployments, and ``hybrid_pools`` (SGLang's
+- ``testing/``            helpers that start real services: ``MooncakeMaster``, ``PoolProcess``, the
+                          network-namespace ``Cluster`` and its faults, PD deployments, the ports
+                          and life cycle they share (``procs``), and ``hybrid_pools`` (SGLang's
                           hybrid host pools, a test fixture); it launches servers through ``bench``.
 - ``tiny_model``          the tiny seeded Llama every live test and benchmark serves (``bench`` and
                           ``testing`` both use it, so it belongs to neither).

@@ -14,8 +14,7 @@ config read as the built-in reads it and ``builtin_translate`` that config trans
 ``buffers`` views and copies over host memory; ``envs`` every environment variable; ``units``
 sizes and durations; ``tally`` thread-safe typed counts; ``errors`` our exceptions;
 ``failure_log`` the one way a failure that became a miss is logged; ``memory`` the host's and the
-container's memory headroom; ``procs`` ports and life cycle of the servers we start; ``cli`` the
-``mooncake-sgl`` command.
+container's memory headroom; ``cli`` the ``mooncake-sgl`` command.
 
 Benchmarks, the end-to-end rig and test helpers are not in the package: ``devtools/`` of the
 repository holds them.

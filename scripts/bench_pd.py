@@ -49,7 +49,7 @@ from devtools.bench.results import percentile, text_table  # noqa: E402
 from devtools.bench.server import LaunchedServer  # noqa: E402
 from devtools.bench.workloads import BenchRequest, MultiTurnSpec, add_chat_arguments, chat_parts, chat_spec  # noqa: E402
 from devtools.testing.pd import PdServers  # noqa: E402
-from mooncake_sgl.pool.process import PoolProcess  # noqa: E402
+from devtools.testing.pool_process import PoolProcess  # noqa: E402
 from mooncake_sgl_cpu.adaptations import HOST_RESERVE_ENV  # noqa: E402
 
 PAGE = 64

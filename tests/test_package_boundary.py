@@ -4,6 +4,7 @@ that only the ``bench`` extra installs, and the CPU-host adaptations are not in 
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import tomllib
@@ -44,6 +45,17 @@ def test_benchmarks_and_test_helpers_live_outside_the_package() -> None:
     assert not [d for d in ("bench", "e2e", "testing") if (PACKAGE / d).exists()]
     assert not (PACKAGE / "hicache" / "hybrid_pools.py").exists()
     assert (ROOT / "devtools" / "testing" / "mooncake_master.py").is_file()
+
+
+def test_the_server_subprocess_helpers_live_outside_the_package() -> None:
+    # Ports and life cycle of the servers tests start, and the pool server in a subprocess: test and
+    # benchmark helpers, so devtools/testing/ holds them (issue 52).
+    assert not (PACKAGE / "procs.py").exists()
+    assert not (PACKAGE / "pool" / "process.py").exists()
+    assert (ROOT / "devtools" / "testing" / "procs.py").is_file()
+    assert (ROOT / "devtools" / "testing" / "pool_process.py").is_file()
+    assert importlib.util.find_spec("mooncake_sgl.procs") is None
+    assert importlib.util.find_spec("mooncake_sgl.pool.process") is None
 
 
 def test_the_cpu_host_adaptations_are_a_distribution_of_their_own() -> None:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from typing import Any
 
-from mooncake_sgl.procs import ServerProcess, _all_threads_stopped
+from devtools.testing.procs import ServerProcess, _all_threads_stopped
 
 # Eight threads spinning: on two cores most of them are runnable, not running, when SIGSTOP is sent.
 _SPINNERS = """

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Union
 
+from devtools.testing.procs import pick_port, says_bind_failed
 from mooncake_sgl import envs
-from mooncake_sgl.procs import pick_port, says_bind_failed
 
 from .client import SglangClient
 
@@ -96,7 +96,7 @@ def has_gpu() -> bool:
 
 def free_port() -> int:
     """A port for a server to bind later: below the ephemeral range, checked free (see
-    ``mooncake_sgl.procs.pick_port``); the launcher still retries on a bind failure."""
+    ``devtools.testing.procs.pick_port``); the launcher still retries on a bind failure."""
     return pick_port()
 
 

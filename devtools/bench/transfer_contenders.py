@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from devtools.testing.pool_process import PoolProcess
 from mooncake_sgl.config import HostTierConfig
-from mooncake_sgl.pool.process import PoolProcess
 from mooncake_sgl.tiers.host import HostTier
 from mooncake_sgl.transfer.client import PoolClient
 from mooncake_sgl.transfer.tcp import recv_exact_into, send_buffers, tune

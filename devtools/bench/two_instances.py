@@ -123,7 +123,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 def run_scenario(scenario: str, args: argparse.Namespace, model: Path, workdir: Path,
                  conversations: list[list[BenchRequest]]) -> dict[str, Any]:
-    from mooncake_sgl.pool.process import PoolProcess
+    from devtools.testing.pool_process import PoolProcess
 
     cpu = not has_gpu()
     with ExitStack() as stack:

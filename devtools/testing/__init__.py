@@ -1,4 +1,5 @@
-"""Helpers that start real services for tests and benchmarks (``MooncakeMaster``)."""
+"""Helpers that start real services for tests and benchmarks (``MooncakeMaster``; also
+``pool_process.PoolProcess`` and ``procs``: the ports and life cycle of the servers we start)."""
 
 from .mooncake_master import MasterStartError, MooncakeMaster, find_master_binary, free_port, ha_masters
 

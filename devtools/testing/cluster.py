@@ -45,12 +45,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mooncake_sgl.pool.process import PoolProcess
-from mooncake_sgl.procs import pick_port
 from mooncake_sgl_cpu.adaptations import HOST_RESERVE_ENV
 
 from ..bench.server import LaunchedServer, launch_command, ours_args, server_env
 from .mooncake_master import MooncakeMaster
+from .pool_process import PoolProcess
+from .procs import pick_port
 
 SUBNET = "10.231"
 PREFIX = "mcsgl"  # of every bridge, namespace and veth made here

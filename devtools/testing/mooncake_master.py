@@ -29,7 +29,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from mooncake_sgl import envs
-from mooncake_sgl.procs import ServerProcess, pick_port
+
+from .procs import ServerProcess, pick_port
 
 MASTER_BIN_ENV = envs.MOONCAKE_MASTER_BIN.name
 

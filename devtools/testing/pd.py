@@ -28,8 +28,6 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from mooncake_sgl.procs import pick_port
-
 from ..bench.server import (
     CPU_HICACHE_FLAGS,
     LaunchedServer,
@@ -40,6 +38,7 @@ from ..bench.server import (
     stop_all,
 )
 from .cluster import router_command, wait_router_ready
+from .procs import pick_port
 
 TRANSFER = ("--disaggregation-transfer-backend", "mooncake_tcp")
 ROLES = ("prefill", "decode-offload", "decode-radix")

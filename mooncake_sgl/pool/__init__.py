@@ -13,7 +13,6 @@
 - ``requests``   one request of a connection: batch limits, the operation, the reply.
 - ``metrics``    the server's Prometheus ``/metrics``.
 - ``cli``        ``mooncake-sgl pool`` (serve, stats, health); ``__main__`` runs it as a module.
-- ``process``    ``PoolProcess``: a server in a subprocess, for tests and benchmarks.
 
 The pool's three parts live in three packages on purpose, split by which side of the wire runs
 them: this package is the server; ``transfer`` is the wire both sides share (the protocol the

@@ -5,8 +5,9 @@
     mooncake-sgl pool stats 127.0.0.1:7480 [--secret S] [--tenant T] [--json]
     mooncake-sgl pool health 127.0.0.1:7480              # exit 0 when it answers, 1 otherwise
 
-Once listening, the server prints one line ``READY <host>:<port> ...`` on stdout (scripts and
-``process.PoolProcess`` wait for it; with ``--port 0`` it is how the chosen port is learned).
+Once listening, the server prints one line ``READY <host>:<port> ...`` on stdout (scripts and the
+test helper ``devtools.testing.pool_process.PoolProcess`` wait for it; with ``--port 0`` it is how
+the chosen port is learned).
 """
 
 from __future__ import annotations

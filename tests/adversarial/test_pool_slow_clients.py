@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from devtools.testing.pool_process import PoolProcess
 from mooncake_sgl.config import PoolTierConfig
 from mooncake_sgl.errors import ProtocolError, TierUnavailable
-from mooncake_sgl.pool.process import PoolProcess
 from mooncake_sgl.tiers.pool import PoolTier
 from mooncake_sgl.transfer import protocol as P
 from mooncake_sgl.transfer.client import PoolClient

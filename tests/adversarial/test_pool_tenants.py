@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from devtools.testing.pool_process import PoolProcess
 from mooncake_sgl.errors import AuthError
-from mooncake_sgl.pool.process import PoolProcess
 from mooncake_sgl.pool.tenants import Tenant, authenticate
 from mooncake_sgl.transfer import protocol as P
 from mooncake_sgl.transfer.client import PoolClient

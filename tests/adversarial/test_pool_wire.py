@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mooncake_sgl.pool.process import PoolProcess
+from devtools.testing.pool_process import PoolProcess
 from mooncake_sgl.transfer import protocol as P
 from mooncake_sgl.transfer.client import PoolClient
 from tests.pool.peers import error_reply, raw, raw_shm, reply, request

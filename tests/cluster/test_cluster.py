@@ -190,7 +190,7 @@ def test_the_router_is_handed_out_only_once_it_routes_to_every_worker(tmp_path: 
         def log_message(self, *args: object) -> None:
             pass
 
-    from mooncake_sgl.procs import pick_port
+    from devtools.testing.procs import pick_port
 
     worker = http.server.ThreadingHTTPServer(("127.0.0.1", pick_port("127.0.0.1")), Worker)
     threading.Thread(target=worker.serve_forever, daemon=True).start()

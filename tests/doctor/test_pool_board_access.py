@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from devtools.testing.pool_process import PoolProcess
 from mooncake_sgl.config import PoolTierConfig
 from mooncake_sgl.hicache.namespace_board import NamespaceRecord, post
-from mooncake_sgl.pool.process import PoolProcess
 from mooncake_sgl.tiers.pool import PoolTier
 
 from .endpoints import HEALTHY_PAGE, SERVER_INFO, doctor, endpoint, namespace_info

@@ -18,11 +18,11 @@ from sglang.srt.mem_cache.events import KVCacheEventRecorder
 from sglang.srt.mem_cache.radix_cache import RadixKey, TreeNode
 from sglang.srt.mem_cache.utils import compute_node_hash_values
 
+from devtools.testing.procs import pick_port
 from mooncake_sgl.config import HostTierConfig, LmdbTierConfig
 from mooncake_sgl.hicache import router_events as re
 from mooncake_sgl.keys import KeyNamespace, page_key
 from mooncake_sgl.policy.lru import LruPolicy
-from mooncake_sgl.procs import pick_port
 from mooncake_sgl.store import TieredStore
 from mooncake_sgl.tiers.host import HostTier
 from mooncake_sgl.tiers.ssd import LmdbTier

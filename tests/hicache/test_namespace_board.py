@@ -11,10 +11,10 @@ from dataclasses import replace
 
 import pytest
 
+from devtools.testing.pool_process import PoolProcess
 from mooncake_sgl.config import PoolTierConfig
 from mooncake_sgl.hicache import namespace_board as nb
 from mooncake_sgl.keys import KeyNamespace, board_key
-from mooncake_sgl.pool.process import PoolProcess
 from mooncake_sgl.tiers.pool import PoolTier
 from mooncake_sgl.transfer.client import PoolClient
 

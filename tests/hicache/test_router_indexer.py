@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from sglang.srt.disaggregation.kv_events import BlockRemoved, BlockStored, KVEventBatch
 
+from devtools.testing.procs import pick_port
 from mooncake_sgl.keys import event_hash, page_key
-from mooncake_sgl.procs import pick_port
 
 from .kv_stream import NS, PS, chain, open_stream, put, recorded
 

@@ -23,11 +23,11 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, HiCacheStorageExtraInfo
 
 from devtools.testing import MooncakeMaster
+from devtools.testing.pool_process import PoolProcess
 from mooncake_sgl.errors import ConfigError
 from mooncake_sgl.hicache import layout
 from mooncake_sgl.hicache.backend import MooncakeSglStorage
 from mooncake_sgl.hicache.sglang_config import StorageRank
-from mooncake_sgl.pool.process import PoolProcess
 
 from . import pools
 

@@ -200,8 +200,8 @@ def test_in_a_scheduler_process_the_plugin_hooks_sglangs_weight_updates_and_flus
 def test_an_update_without_a_version_keys_every_mla_rank_alike(tmp_path: Path) -> None:
     """On MLA only TP rank 0 writes and every rank reads, and SGLang takes the least of the ranks'
     hits: an epoch drawn by each rank on its own made rank 1 find none of rank 0's new pages."""
-    from mooncake_sgl.pool.process import PoolProcess
-    from mooncake_sgl.procs import pick_port
+    from devtools.testing.pool_process import PoolProcess
+    from devtools.testing.procs import pick_port
 
     port = pick_port("127.0.0.1")
     with PoolProcess(capacity="32MiB") as pool:

@@ -76,7 +76,7 @@ def test_a_dead_http_server_fails_the_start_within_seconds(held_port: int, tmp_p
 
 
 def test_free_ports_are_below_the_ephemeral_range_and_outside_sglangs() -> None:
-    from mooncake_sgl.procs import SGLANG_PORTS, ephemeral_range
+    from devtools.testing.procs import SGLANG_PORTS, ephemeral_range
 
     low, _ = ephemeral_range()
     ports = [free_port() for _ in range(200)]
@@ -85,7 +85,7 @@ def test_free_ports_are_below_the_ephemeral_range_and_outside_sglangs() -> None:
 
 
 def test_pick_port_skips_a_port_in_use() -> None:
-    from mooncake_sgl.procs import pick_port, port_is_free
+    from devtools.testing.procs import pick_port, port_is_free
 
     # A range of two ports, one of them taken: every pick is the other one. The neighbour must be
     # free too, and with other suites on the machine an ephemeral port's neighbour is often in use

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from devtools.bench.server import LaunchedServer
-from mooncake_sgl.pool.process import PoolProcess
+from devtools.testing.pool_process import PoolProcess
 
 from .conftest import Servers, write_tiers
 from .probe import LiveClient, Output, prompt, reusable, storage_hit

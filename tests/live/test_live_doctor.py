@@ -15,8 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from devtools.testing.pool_process import PoolProcess
 from mooncake_sgl.metrics.scrape import scrape
-from mooncake_sgl.pool.process import PoolProcess
 
 from .conftest import Servers, wait_for, write_tiers
 from .probe import LiveClient, prompt

@@ -21,7 +21,7 @@ import pytest
 
 from devtools.bench.server import LaunchedServer
 from devtools.testing.pd import PdServers
-from mooncake_sgl.pool.process import PoolProcess
+from devtools.testing.pool_process import PoolProcess
 from mooncake_sgl_cpu.adaptations import HOST_RESERVE_ENV
 
 from .conftest import HEALTH_TIMEOUT_S, TEST_HOST_RESERVE, wait_for, write_tiers

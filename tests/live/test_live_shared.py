@@ -16,12 +16,12 @@ import pytest
 
 from devtools.bench.server import LaunchedServer
 from devtools.testing import MooncakeMaster
+from devtools.testing.pool_process import PoolProcess
 from mooncake_sgl.config import PoolTierConfig
 from mooncake_sgl.hicache.namespace_board import SLOTS
 from mooncake_sgl.keys import board_key
 from mooncake_sgl.metrics.model import Snapshot, diff
 from mooncake_sgl.metrics.scrape import scrape
-from mooncake_sgl.pool.process import PoolProcess
 from mooncake_sgl.tiers.pool import PoolTier
 
 from .conftest import Servers, wait_for, write_tiers

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from mooncake_sgl.pool.process import PoolProcess
+from devtools.testing.pool_process import PoolProcess
 from mooncake_sgl.transfer import protocol as P
 from mooncake_sgl.transfer.tcp import FramedConnection, open_connection, read_frame, send_buffers
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from devtools.testing.pool_process import PoolProcess
 from mooncake_sgl.errors import AuthError, ProtocolError
-from mooncake_sgl.pool.process import PoolProcess
 from mooncake_sgl.transfer import protocol as P
 from mooncake_sgl.transfer.client import PoolClient
 from mooncake_sgl.transfer.tcp import read_frame, recv_exact, send_buffers

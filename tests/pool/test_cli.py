@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from mooncake_sgl.pool.process import PoolProcess
+from devtools.testing.pool_process import PoolProcess
 
 
 def pool_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -59,17 +59,17 @@ def test_a_server_that_never_gets_ready_is_an_error_not_a_hang(tmp_path, monkeyp
 
     import pytest
 
-    from mooncake_sgl.pool import process
+    from devtools.testing import pool_process
 
     # A stand-in interpreter that starts and then says nothing: what a server stuck before its
     # READY line (pre-faulting a huge segment, say) looks like from outside.
     mute = tmp_path / "mute-python"
     mute.write_text("#!/bin/sh\nexec sleep 30\n")
     mute.chmod(0o755)
-    monkeypatch.setattr(process.sys, "executable", str(mute))
-    pool = process.PoolProcess(startup_timeout=1.0, capacity="2MiB", slab_size="1MiB")
+    monkeypatch.setattr(pool_process.sys, "executable", str(mute))
+    pool = pool_process.PoolProcess(startup_timeout=1.0, capacity="2MiB", slab_size="1MiB")
     t0 = time.monotonic()
-    with pytest.raises(process.PoolStartError, match="no READY line within 1s"):
+    with pytest.raises(pool_process.PoolStartError, match="no READY line within 1s"):
         pool.start()
     assert time.monotonic() - t0 < 5
     pool.__exit__(None, None, None)  # its work folder

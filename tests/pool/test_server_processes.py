@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
+from devtools.testing.pool_process import PoolProcess
 from mooncake_sgl.config import PoolTierConfig
-from mooncake_sgl.pool.process import PoolProcess
 from mooncake_sgl.tiers.pool import PoolTier
 from mooncake_sgl.transfer.client import PoolClient
 
@@ -270,7 +270,7 @@ def _flood(endpoint: str, remove_ids: list[int], size: int) -> None:
 def test_a_pool_on_port_0_gets_a_port_below_the_ephemeral_range_and_keeps_it() -> None:
     # A kernel-picked port is in the ephemeral range: by a restart, any outgoing connection of any
     # process may hold it. A picked one is below it, and the restart finds it free.
-    from mooncake_sgl.procs import ephemeral_range
+    from devtools.testing.procs import ephemeral_range
 
     with PoolProcess(capacity="16MiB", slab_size="1MiB") as pool:
         port = pool.port

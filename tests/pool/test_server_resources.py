@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from devtools.testing.pool_process import PoolProcess, PoolStartError
+from devtools.testing.procs import pick_port
 from mooncake_sgl.errors import ConfigError, TierUnavailable
 from mooncake_sgl.memory import MemoryRoots
 from mooncake_sgl.pool.accept import SPARE_DESCRIPTORS
 from mooncake_sgl.pool.config import PoolServerConfig
-from mooncake_sgl.pool.process import PoolProcess, PoolStartError
 from mooncake_sgl.pool.server import PoolServer
-from mooncake_sgl.procs import pick_port
 from mooncake_sgl.transfer.client import PoolClient
 
 from .peers import fail_accepts

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from devtools.testing.pool_process import PoolProcess
 from mooncake_sgl.api import Tier, page_nbytes
 from mooncake_sgl.config import HostTierConfig, PoolTierConfig
 from mooncake_sgl.errors import TierClosed
 from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.pool.config import PoolServerConfig
-from mooncake_sgl.pool.process import PoolProcess
 from mooncake_sgl.pool.server import PoolServer
 from mooncake_sgl.store import TieredStore
 from mooncake_sgl.tiers import build_tier

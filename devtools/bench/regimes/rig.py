@@ -212,7 +212,7 @@ def run_cell(cell: Cell, index: int, total: int, shape: Shape, b: Budget, cfg: R
             stack.callback(lambda: shutil.copy(master.log_path, keep))
             services = Services(master_rpc=master.rpc_address)
         elif cell.backend == "ours" and cell.regime == "instances":
-            from mooncake_sgl.pool.process import PoolProcess
+            from devtools.testing.pool_process import PoolProcess
 
             pool = stack.enter_context(PoolProcess(capacity=full_dram(b)))
             services = Services(pool_endpoint=pool.endpoint)

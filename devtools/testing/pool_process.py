@@ -1,4 +1,4 @@
-"""A pool server in a subprocess, for tests and benchmarks.
+"""A pool server (``python -m mooncake_sgl.pool``) in a subprocess, for tests and benchmarks.
 
     with PoolProcess(capacity="256MiB", secret="s") as pool:   # waits for the READY line
         client = PoolClient(pool.endpoint, secret="s")
@@ -6,10 +6,10 @@
         pool.start()                                          # again, on the same port
 
 Config keys are ``PoolServerConfig`` fields. Port 0 (the default) is a port picked below the
-ephemeral range (``procs.pick_port``), not the kernel's: the server keeps it across restarts, and a
-kernel-picked port could be any process's outgoing port by the time of a restart. ``prefix`` goes
-before the command (``["ip", "netns", "exec", "NS"]`` to run it on another host). The server's log
-goes to ``log_path``; its tail is in every start error.
+ephemeral range (``procs.pick_port``, beside this module), not the kernel's: the server keeps it
+across restarts, and a kernel-picked port could be any process's outgoing port by the time of a
+restart. ``prefix`` goes before the command (``["ip", "netns", "exec", "NS"]`` to run it on another
+host). The server's log goes to ``log_path``; its tail is in every start error.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from typing import Any
 
 import msgspec
 
-from ..config_text import parse_config
-from ..procs import ServerProcess, pick_port
-from .config import PoolServerConfig
+from mooncake_sgl.config_text import parse_config
+from mooncake_sgl.pool.config import PoolServerConfig
+
+from .procs import ServerProcess, pick_port
 
 
 class PoolStartError(RuntimeError):
@@ -60,6 +61,7 @@ class PoolProcess(ServerProcess):
         cfg_path = os.path.join(self.workdir, "pool.json")
         data = msgspec.to_builtins(self.config)
         env = dict(os.environ)
+        # The checkout's root (devtools/testing/ is two folders below it), where mooncake_sgl is.
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         deadline = time.monotonic() + self._startup_timeout
