@@ -9,6 +9,7 @@ import multiprocessing as mp
 import random
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -116,10 +117,12 @@ def test_a_batch_naming_a_key_twice_is_stored_over_both_transports() -> None:
 
 # --------------------------------------------------------------------- crash and restart
 
-def _crash_worker(endpoint: str, transport: str, wid: int, seconds: float, size: int) -> dict:
+def _crash_worker(endpoint: str, transport: str, wid: int, seconds: float, size: int,
+                  ready_dir: str) -> dict:
     """Rounds of puts and reads until the crash was seen and three whole rounds came back after it,
     or ``seconds`` pass: not a fixed window, which on a loaded host could close before the crash
-    (or the restart) came."""
+    (or the restart) came. After its first whole round it says so with a file in ``ready_dir``:
+    the pool is killed only once every worker is mid-stream."""
     tier = PoolTier(PoolTierConfig(endpoints=[endpoint], transport=transport, retry_after=0.1,
                                    timeout=2.0, connections=2))
     errors: list[str] = []
@@ -134,6 +137,8 @@ def _crash_worker(endpoint: str, transport: str, wid: int, seconds: float, size:
         errors += check(ids, size, out, hits)  # a hit is never wrong, crash or not
         if all(ok) and all(hits):
             recovered_after_failure += failures > 0
+            if not failures:
+                (Path(ready_dir) / str(wid)).touch()
         else:
             failures += 1
     tier.close()
@@ -141,26 +146,30 @@ def _crash_worker(endpoint: str, transport: str, wid: int, seconds: float, size:
             "rounds": rounds}
 
 
-def test_server_killed_mid_batch_and_restarted_clients_recover_without_wrong_data() -> None:
+def test_server_killed_mid_batch_and_restarted_clients_recover_without_wrong_data(tmp_path: Path) -> None:
+    transports = ["shm", "tcp", "tcp"]
+    crashed: list[bool] = []
     with PoolProcess(capacity="64MiB", slab_size="4MiB") as pool:
         def crash() -> None:
-            # Wait until all three workers are connected and running, then give them time to be
-            # mid-stream.
-            watcher = PoolClient(pool.endpoint, transport="tcp")
-            deadline = time.monotonic() + 30
-            while watcher.stats()["connections"] < 4 and time.monotonic() < deadline:
+            # Every worker has stored and read a whole round (counting connections is not enough:
+            # two workers' pools of connections can reach any count while the third still starts).
+            deadline = time.monotonic() + 150
+            while len(list(tmp_path.iterdir())) < len(transports) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            watcher.close()
-            time.sleep(0.5)
+            if len(list(tmp_path.iterdir())) < len(transports):
+                return
+            time.sleep(0.5)  # mid-stream
             pool.kill()  # SIGKILL while batches are in flight
             time.sleep(0.3)
             pool.start()  # same port, empty pool
+            crashed.append(True)
 
         t = threading.Thread(target=crash)
         t.start()
-        results = _run(_crash_worker, [(pool.endpoint, tr, w, 90.0, 256 * KIB)
-                                       for w, tr in enumerate(["shm", "tcp", "tcp"])])
+        results = _run(_crash_worker, [(pool.endpoint, tr, w, 180.0, 256 * KIB, str(tmp_path))
+                                       for w, tr in enumerate(transports)])
         t.join()
+    assert crashed, f"the workers did not all complete a round within 150 s: {results}"
     for r in results:
         assert r["errors"] == []
         assert r["failures"] >= 1, r  # the crash was seen ...

@@ -230,13 +230,17 @@ def test_a_tier_whose_buffered_writes_are_throttled_moves_to_o_direct_and_reads_
     n = 96  # 96 MiB batches: the first one probes both ways
     tier, buf, pages = _tier_and_pages(tmp_path, 3, n, seed=6)
     monkeypatch.setattr(write_route.DirtyRoom, "takes", lambda self, nbytes: True)
-    monkeypatch.setattr(write_route.DirtyRoom, "dirty", lambda self: 2 << 30)
+    # Nothing dirty at first: a buffered window a loaded CPU slows is contention, not the kernel's
+    # throttling, and must change nothing; then 2 GiB dirty, as when the kernel throttles.
+    dirty = {"bytes": 0}
+    monkeypatch.setattr(write_route.DirtyRoom, "dirty", lambda self: dirty["bytes"])
     delays = {"buffered": 0.0, "direct": 0.05}  # a page cache faster than the disk (4 in flight: 320 MB/s)
     _slowed(monkeypatch, tier, delays)
     names = [b"route-%02d" % i for i in range(3 * n)]
     assert tier.put_from(names[:n], pages[:n]).ok == (True,) * n
     probe = write_route.PROBE_BYTES // MIB
     assert tier.stats()["direct_pages"] == probe and tier.stats()["buffered_throttled"] == 0
+    dirty["bytes"] = 2 << 30
     delays["buffered"] = 0.03  # balance_dirty_pages holding the writer: 4 MiB per 30 ms
     assert tier.put_from(names[n:2 * n], pages[n:2 * n]).ok == (True,) * n  # through the page cache
     assert tier.stats()["direct_pages"] == probe and tier.stats()["buffered_throttled"] == 1
