@@ -55,6 +55,7 @@ from ..api import (
     RemovalCause,
     StoreObserver,
 )
+from ..policy.promotion_reach import PromotionReach
 from ..tally import Tally
 from .observers import EventHub
 from .stats import ResidencyStats
@@ -121,9 +122,12 @@ class Residency:
         managed: per tier, whether the store tracks its pages (not self-evicting).
         clock: logical time for ``policy.tick`` (monotonic seconds by default; the simulator's
             trace time).
+        reach_bytes: tier 0's capacity, where a promotion into it must also be within reach
+            (``policy.promotion_reach``); ``None``: the policy's target stands.
     """
 
-    def __init__(self, policy: PlacementPolicy, managed: Sequence[bool], clock: Callable[[], float]):
+    def __init__(self, policy: PlacementPolicy, managed: Sequence[bool], clock: Callable[[], float],
+                 reach_bytes: int | None = None):
         self.policy = policy
         self.events = EventHub()
         self.managed = list(managed)
@@ -136,6 +140,7 @@ class Residency:
         self._lookups: deque[tuple[float, Sequence[PageKey], list[int | None], PageKey | None]] = \
             deque(maxlen=LOOKUP_BUFFER)
         self.counters = Tally(ResidencyStats)
+        self._reach = PromotionReach(reach_bytes) if reach_bytes and self.managed[0] else None
         policy.bind(_View([_Ranked(r, g) for r, g in zip(self._resident, self._leaving)], self._used))
 
     def observe(self, observer: StoreObserver, with_current: bool) -> None:
@@ -175,6 +180,8 @@ class Residency:
                 break
             policy.tick(now)
             policy.on_lookup(keys, where, parent)
+            if self._reach is not None:
+                self._reach.used([k for k, w in zip(keys, where) if w == 0])
             self.events.post(PagesLookedUp(keys))
         self.counters.add(maintenance_runs=1)
 
@@ -237,6 +244,8 @@ class Residency:
                 resident.update(fresh)
                 self._used[t] += sum(fresh.values())
                 self.policy.on_insert(list(fresh), t, list(fresh.values()), parent)
+                if t == 0 and self._reach is not None:
+                    self._reach.arrived(list(fresh), list(fresh.values()))
                 self.events.post(PagesStored(t, tuple(fresh), tuple(fresh.values())))
         self.events.deliver()
         return new
@@ -323,9 +332,21 @@ class Residency:
         return admitted
 
     def promotion_targets(self, keys: Sequence[PageKey], found: Sequence[int]) -> list[int | None]:
+        """Where each page a read found (in tier ``found[i]``) is copied up to: the policy's
+        target, into tier 0 only if the page is within reach there (a pinned page always is)."""
         with self._lock:
             self._drain()
-            targets = [self.policy.promotion_target(k, t) for k, t in zip(keys, found)]
+            policy, reach = self.policy, self._reach
+            targets = [policy.promotion_target(k, t) for k, t in zip(keys, found)]
+            if reach is not None:
+                beyond = 0
+                for i, (k, target) in enumerate(zip(keys, targets)):
+                    if target != 0:
+                        reach.used((k,))
+                    elif not reach.judge(k) and not policy.is_pinned(k):
+                        targets[i] = None
+                        beyond += 1
+                self.counters.add(promotions_beyond_reach=beyond)
         self.events.deliver()
         return targets
 

@@ -63,6 +63,7 @@ class ResidencyStats:
     evictions_prepared: int = 0
     evictions_committed: int = 0
     evictions_aborted: int = 0
+    promotions_beyond_reach: int = 0  # not promoted: last used longer ago than tier 0 turns over
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,9 @@ class TieredStore:
         self._calls = calls = TierCalls(tiers)
         self.tiers = calls.tiers
         self.names = calls.names
-        self._residency = Residency(policy, calls.managed, clock)
+        usage0 = calls.call(0, "usage", self.tiers[0].usage) if len(tiers) > 1 else None
+        self._residency = Residency(policy, calls.managed, clock,
+                                    usage0.capacity_bytes if usage0 is not None else None)
         self._mover: Mover = BackgroundMover() if mover == "background" else InlineMover()
         staging = staging or Staging()
         self._placer = Placer(calls, self._residency, self._mover, staging, room_wait)

@@ -223,6 +223,10 @@ def test_a_tier_raising_at_any_step_of_a_demotion_or_promotion_leaves_no_page_le
         promoting = disk if side == "source" else dram
         found = below_dram(dram, disk, 24)
         assert found, "nothing below DRAM to promote"
+        # A first read, so that the next one is within reach of DRAM and promotes.
+        assert store.get_into([key(i) for i in found], [empty_like(pages[i]) for i in found]) \
+            == [True] * len(found)
+        assert store.wait_idle()
         promoting.fail(op, 1000, "raise")
         injected = promoting.injected
         outs = [empty_like(pages[i]) for i in found]
