@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mooncake_sgl.tiers.ssd.aside import disk_bytes
 from mooncake_sgl_cpu.adaptations import HOST_RESERVE_ENV
 
 from ..client import RequestResult, SglangClient
@@ -82,18 +83,6 @@ class Phase:
 
 def router_available() -> bool:
     return importlib.util.find_spec("sglang_router") is not None
-
-
-def disk_bytes(path: Path) -> int:
-    """Bytes allocated under ``path`` (sparse files count what they hold)."""
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(root, f)).st_blocks * 512
-            except OSError:
-                pass
-    return total
 
 
 def backend_failures(logs: Path, run: str) -> int:

@@ -91,7 +91,7 @@ def prune(path: str, keep: int = KEEP, keep_bytes: int = KEEP_BYTES) -> list[str
     dirs = damaged_dirs(path)
     for d in dirs:
         _release_pages(d)
-    sizes = [_disk_bytes(d) for d in dirs]
+    sizes = [disk_bytes(d) for d in dirs]
     gone = []
     while len(dirs) > 1 and (len(dirs) > keep or sum(sizes) > keep_bytes):
         d, _ = dirs.pop(0), sizes.pop(0)
@@ -112,8 +112,9 @@ def _release_pages(d: str) -> None:
         logger.warning("could not delete the page file of the damaged SSD tier directory %s: %s", d, e)
 
 
-def _disk_bytes(d: str) -> int:
-    """Disk blocks held (a sparse ``data.mdb`` of a large map holds only what it wrote)."""
+def disk_bytes(d: str | os.PathLike[str]) -> int:
+    """Bytes of disk blocks held under ``d`` (a sparse ``data.mdb`` of a large map holds only what it
+    wrote); files that vanish meanwhile count nothing."""
     total = 0
     for root, _, files in os.walk(d):
         for name in files:
