@@ -339,10 +339,6 @@ class TieredStore:
                 return False
         return self._mover.wait_idle(max(0.0, timeout - (time.monotonic() - start)))
 
-    def resident_keys(self, t: int) -> set[PageKey]:
-        """The pages the store knows to be in managed tier ``t`` (consistency checks)."""
-        return self._residency.keys_in(t)
-
     def close(self) -> None:
         """Stop the mover (queued placement work is dropped), then close every tier."""
         if self._closed:

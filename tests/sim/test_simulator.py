@@ -20,6 +20,7 @@ from mooncake_sgl.sim.synth import chat_sessions
 from mooncake_sgl.sim.trace import Request, block_key, distinct_blocks, load_trace, read_trace
 from mooncake_sgl.store import TieredStore
 from mooncake_sgl.tiers.host import HostTier
+from tests.store_record import resident_keys
 
 SEG = 512
 PAGE = 2 * SEG
@@ -126,7 +127,7 @@ def test_the_simulated_store_policy_and_tiers_agree(name: str, chat_trace: Path)
     sim.run(load_trace(chat_trace, limit=300))
     for t, tier in enumerate(sim.store.tiers):
         held = {k for k, _ in tier.scan()}
-        assert sim.store.resident_keys(t) == held == sim.policy.residents(t)
+        assert resident_keys(sim.store, t) == held == sim.policy.residents(t)
     assert isinstance(sim.store.tiers[0], SizeTier)
 
 

@@ -24,6 +24,7 @@ from mooncake_sgl.api import (
 from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.store import TieredStore
 from tests.store.test_store import host, lmdb, put, read
+from tests.store_record import resident_keys
 from tests.tiers.conformance import key
 
 
@@ -88,7 +89,7 @@ def test_an_observer_rebuilds_the_record_of_every_managed_tier_from_the_events(s
     assert store.wait_idle()
     store.maintain()
     for t in range(len(store.tiers)):
-        assert replica.held.get(t, set()) == store.resident_keys(t)
+        assert replica.held.get(t, set()) == resident_keys(store, t)
     assert replica.lock_was_free
     causes = {e.cause for e in replica.events if isinstance(e, PagesRemoved)}
     assert causes == {RemovalCause.EVICTED, RemovalCause.LOST}
@@ -134,7 +135,7 @@ def test_an_observer_that_raises_costs_only_itself(store: TieredStore, caplog) -
     assert read(store, pages) == [True] * 6
     assert store.wait_idle()
     assert failing.calls > 1  # it goes on receiving
-    assert replica.held[0] == store.resident_keys(0)
+    assert replica.held[0] == resident_keys(store, 0)
     assert "store observer Failing failed" in caplog.text
 
 
@@ -156,7 +157,7 @@ def test_threads_writing_at_once_deliver_one_at_a_time_and_lose_nothing(tmp_path
         assert store.wait_idle()
         store.maintain()
         for t in range(len(store.tiers)):
-            assert replica.held.get(t, set()) == store.resident_keys(t)
+            assert replica.held.get(t, set()) == resident_keys(store, t)
     finally:
         store.close()
 
@@ -194,7 +195,7 @@ def test_an_observer_added_later_can_start_from_what_the_tiers_hold(tmp_path: Pa
         pages = put(store, range(6, 10))
         assert read(store, pages) == [True] * 4
         for t in range(len(store.tiers)):
-            assert late.held.get(t, set()) == store.resident_keys(t)
+            assert late.held.get(t, set()) == resident_keys(store, t)
         assert plain.held.get(1, set()) == {key(i) for i in range(6, 10)}  # only what happened since
     finally:
         store.close()
