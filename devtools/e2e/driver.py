@@ -41,6 +41,8 @@ from typing import Any
 
 import torch
 
+from devtools.testing.backend_record import store_stats
+
 from .rig import Rig, build_rig
 from .workload import KvShape, PagePattern, Request, WorkloadSpec, make_requests
 
@@ -283,13 +285,13 @@ def run_e2e(config: E2EConfig, on_request: Callable[[dict[str, Any]], None] | No
                         prefetch_threshold=config.prefetch_threshold)
         try:
             runner = _Runner(config, rig)
-            before = rig.backend.store_stats()
+            before = store_stats(rig.backend)
             rows = []
             for req in requests:
                 rows.append(runner.serve(req))
                 if on_request is not None:
                     on_request(rows[-1])
-            after = rig.backend.store_stats()
+            after = store_stats(rig.backend)
             metrics = rig.backend.get_stats()
             memory = _memory()
         finally:

@@ -537,9 +537,5 @@ class MooncakeSglStorage(HiCacheStorage):
         """Pages and GB/s per prefetch and backup call since the previous call (then reset)."""
         return self._calls.drain()
 
-    def store_stats(self) -> dict[str, object]:
-        """The tiered store's own counters (for ``mooncake-sgl stats`` and tests)."""
-        return self._store.stats() if self._store is not None else {}
-
 
 touch_points.apply(touch_points.POINTS, touch_points.Phase.BACKEND)

@@ -19,6 +19,8 @@ import time
 import traceback
 from pathlib import Path
 
+from devtools.testing.backend_record import store_stats
+
 PLAN = [("mha", "page_first"), ("mha", "layer_first"), ("mla", "page_first_direct")]
 PAGES = 20
 
@@ -52,7 +54,7 @@ def write(root: Path, conn) -> None:
             assert type(pool.allocator).__name__ == "HostTensorAllocator", type(pool.allocator)
             pools.fill_random(pool, idx, seed=200 + seed)
             res = backend.batch_set_v1(keys, idx)
-            assert res == [True] * PAGES, (res, backend.store_stats())
+            assert res == [True] * PAGES, (res, store_stats(backend))
             (where / "expected.bin").write_bytes(b"".join(pools.page_bytes(pool, idx)))
             keep.append((backend, pool))
         conn.send("READY")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from devtools.testing.backend_record import store_stats
 from mooncake_sgl.hicache import prefill_clock
 from mooncake_sgl.metrics.source import gate_counters
 
@@ -62,7 +63,7 @@ def test_a_hit_slower_to_load_than_to_recompute_is_not_reported(make_backend, tm
     backend, keys = stored(make_backend, tmp_path)
     computes(scheduler, 4096, 1e-9, backend, keys)  # recomputing is (absurdly) fast
     assert backend.batch_exists(keys) == 0
-    counters = gate_counters(backend.store_stats()["load_gate"])
+    counters = gate_counters(store_stats(backend)["load_gate"])
     assert counters["gate_declined_lookups"] >= 1 and counters["gate_declined_pages"] >= PAGES
 
 
@@ -70,14 +71,14 @@ def test_a_hit_faster_to_load_is_reported_whole(make_backend, tmp_path, schedule
     backend, keys = stored(make_backend, tmp_path)
     computes(scheduler, 4096, 1.0, backend, keys)  # a second per token
     assert backend.batch_exists(keys) == PAGES
-    assert gate_counters(backend.store_stats()["load_gate"])["gate_declined_lookups"] == 0
+    assert gate_counters(store_stats(backend)["load_gate"])["gate_declined_lookups"] == 0
 
 
 def test_with_the_gate_off_every_hit_is_reported(make_backend, tmp_path, scheduler) -> None:
     backend, keys = stored(make_backend, tmp_path, gate={"enabled": False})
     computes(scheduler, 4096, 1e-9, backend, keys)
     assert backend.batch_exists(keys) == PAGES
-    assert "load_gate" not in backend.store_stats()
+    assert "load_gate" not in store_stats(backend)
 
 
 def test_without_a_scheduler_every_hit_is_reported(make_backend, tmp_path, monkeypatch) -> None:

@@ -20,6 +20,7 @@ from sglang.srt.mem_cache.memory_pool_host import LogicalHostPool
 from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
 from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
 
+from devtools.testing.backend_record import store_stats
 from mooncake_sgl.hicache import page_objects, sidecars
 from mooncake_sgl.hicache.backend import MooncakeSglStorage
 from mooncake_sgl.hicache.sglang_config import StorageRank
@@ -223,7 +224,7 @@ def test_kv_pages_keep_host_slots_when_a_smaller_sidecar_is_written_first(tmp_pa
                                                   keys=keys[-1:], hit_policy=TRAILING)]) \
             == {PoolName.MAMBA: [True]}
         assert backend.batch_set_v1(keys, kv_idx) == [True, True]
-        host = backend.store_stats()["tiers"]["host"]
+        host = store_stats(backend)["tiers"]["host"]
         assert host["usage"]["pages"] == 3
         assert host["tier"]["put_too_large"] == 0
     finally:

@@ -16,6 +16,7 @@ from pathlib import Path
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 from sglang.srt.plugins import load_plugins
 
+from devtools.testing.backend_record import store_stats
 from mooncake_sgl.metrics.source import snapshot_of
 from tests.hicache import pools
 
@@ -34,7 +35,7 @@ def main() -> None:
     assert backend.batch_exists(keys) == 4
     assert backend.batch_get_v1(keys, dst) == [True] * 4
     assert backend.batch_get_v1(pools.page_hashes(2, seed=99), dst[:2 * pools.PAGE]) == [False] * 2
-    stats = backend.store_stats()
+    stats = store_stats(backend)
     backend.close()
     print(json.dumps({t: {"hits": s.hits, "misses": s.misses, "written_bytes": s.written_bytes}
                       for t, s in snapshot_of(stats).by_tier().items()}))
