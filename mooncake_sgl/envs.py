@@ -10,6 +10,8 @@ malformed value raises ``EnvError`` naming the variable and what it expects, nev
 default. Variables we set for libraries we drive are declared here too (``set_default``: a value the
 operator set wins).
 
+Variables only the test and benchmark tools read live with them (``devtools/testing/tool_envs.py``).
+
 Not declared here, on purpose: SGLang's built-in Mooncake backend's own variables
 (``SGLANG_HICACHE_MOONCAKE_CONFIG_PATH``, ``MOONCAKE_MASTER``, ``MOONCAKE_PROTOCOL`` and the rest of
 ``builtin_config.BUILTIN_ENV``). They are the built-in's contract, read in ``builtin_config``
@@ -23,7 +25,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Generic, TypeVar
 
-from .units import parse_duration, parse_size
+from .units import parse_size
 
 T = TypeVar("T")
 
@@ -95,12 +97,9 @@ MOONCAKE_SGL_POOL_SECRET = _str("MOONCAKE_SGL_POOL_SECRET", "the pool's shared s
 MOONCAKE_SGL_HOST_RESERVE: EnvVar[int | None] = EnvVar(
     "MOONCAKE_SGL_HOST_RESERVE", None, parse_size,
     "bytes SGLang keeps back from a HiCache host pool's size check, e.g. 512MiB")
-MOONCAKE_SGL_STOP_GRACE = EnvVar("MOONCAKE_SGL_STOP_GRACE", 5.0, parse_duration,
-                                 "how long a test server's stop waits before SIGKILL, e.g. 5s")
 MOONCAKE_SGL_CPU_ADAPTATIONS = _bool(
     "MOONCAKE_SGL_CPU_ADAPTATIONS", "adapt SGLang to serve HiCache on a host without an accelerator "
     "(the mooncake-sgl-cpu distribution, cpu_host/; off, it changes nothing in SGLang)")
-MOONCAKE_MASTER_BIN = _str("MOONCAKE_MASTER_BIN", "path of the mooncake_master binary for tests")
 
 
 # ------------------------------------------------------------- set by mooncake_sgl for its libraries

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools.testing import tool_envs
 from mooncake_sgl import envs
 from mooncake_sgl.config import default_cache_dir
 from mooncake_sgl.config_sources import resolve_config
@@ -44,14 +45,14 @@ def test_no_module_but_the_registry_reads_a_variable() -> None:
 
 def test_unset_or_empty_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MOONCAKE_SGL_STOP_GRACE", raising=False)
-    assert envs.MOONCAKE_SGL_STOP_GRACE.get() == 5.0
+    assert tool_envs.MOONCAKE_SGL_STOP_GRACE.get() == 5.0
     monkeypatch.setenv("MOONCAKE_SGL_STOP_GRACE", " ")
-    assert envs.MOONCAKE_SGL_STOP_GRACE.get() == 5.0
+    assert tool_envs.MOONCAKE_SGL_STOP_GRACE.get() == 5.0
     assert envs.MOONCAKE_SGL_HOST_RESERVE.get({}) is None
 
 
 def test_values_are_typed() -> None:
-    assert envs.MOONCAKE_SGL_STOP_GRACE.get({"MOONCAKE_SGL_STOP_GRACE": "250ms"}) == 0.25
+    assert tool_envs.MOONCAKE_SGL_STOP_GRACE.get({"MOONCAKE_SGL_STOP_GRACE": "250ms"}) == 0.25
     assert envs.MOONCAKE_SGL_HOST_RESERVE.get({"MOONCAKE_SGL_HOST_RESERVE": "512MiB"}) == 512 << 20
     assert envs.MOONCAKE_SGL_CPU_ADAPTATIONS.get({"MOONCAKE_SGL_CPU_ADAPTATIONS": "1"}) is True
     # "0" was true while flags were tested for a non-empty string.
@@ -60,7 +61,7 @@ def test_values_are_typed() -> None:
 
 @pytest.mark.parametrize(("var", "value", "words"), [
     (envs.MOONCAKE_SGL_HOST_RESERVE, "lots", "expected a size"),
-    (envs.MOONCAKE_SGL_STOP_GRACE, "soon", "expected a duration"),
+    (tool_envs.MOONCAKE_SGL_STOP_GRACE, "soon", "expected a duration"),
     (envs.MOONCAKE_SGL_CPU_ADAPTATIONS, "maybe", "expected one of"),
     (envs.MC_RPC_TIMEOUT_MS, "3s", "invalid literal"),
 ])

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Union
 
+from devtools.testing import tool_envs
 from devtools.testing.procs import pick_port, says_bind_failed
 from mooncake_sgl import envs
 
@@ -52,7 +53,7 @@ HICACHE = "--enable-hierarchical-cache"
 
 # SGLang's own shutdown can hang on CPU (a scheduler waiting on a CUDA core-dump timeout); after
 # this long a stop becomes SIGKILL of every process the server started.
-STOP_GRACE_S = envs.MOONCAKE_SGL_STOP_GRACE.get()
+STOP_GRACE_S = tool_envs.MOONCAKE_SGL_STOP_GRACE.get()
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from mooncake_sgl import envs
-
+from . import tool_envs
 from .procs import ServerProcess, pick_port
 
-MASTER_BIN_ENV = envs.MOONCAKE_MASTER_BIN.name
+MASTER_BIN_ENV = tool_envs.MOONCAKE_MASTER_BIN.name
 
 
 class MasterStartError(RuntimeError):
@@ -48,7 +47,7 @@ _START_ATTEMPTS = 3
 
 def find_master_binary() -> str:
     """Path of the ``mooncake_master`` executable; ``MasterStartError`` says how to get one."""
-    env = envs.MOONCAKE_MASTER_BIN.get()
+    env = tool_envs.MOONCAKE_MASTER_BIN.get()
     if env:
         return env
     # Locate the package without importing it: ``import mooncake.store`` needs libibverbs.
