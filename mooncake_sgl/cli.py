@@ -135,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         from .metrics.cli import main as stats_main
 
         return stats_main(argv[1:])
+    if argv[:1] == ["trace"]:
+        from .sim.gen_suite import main as trace_main
+
+        return trace_main(argv[1:])
     parser = argparse.ArgumentParser(prog="mooncake-sgl", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -158,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("stats", help="our counters from a /metrics URL or an LMDB tier; see `stats --help`")
     sub.add_parser("doctor", help="why storage hits did not happen, from live servers; see "
                                   "`doctor --help`")
+    sub.add_parser("trace", help="write a seeded generated workload (chat, agent, rag, scan, mix, "
+                                 "tenants) as a Mooncake-format trace; see `trace --help`")
     args = parser.parse_args(argv)
     if args.command == "config":
         if args.action == "check" and not (args.file or args.extra_config):

@@ -10,7 +10,7 @@
 The last three are ten times the first three's distinct blocks: a tier at a few percent of them
 holds thousands of pages, where the capacity curves sample (``policy.curve``).
 
-``python -m mooncake_sgl.sim.gen_suite NAME OUT.jsonl [--seed N]`` writes one in Mooncake format;
+``mooncake-sgl trace NAME OUT.jsonl [--seed N]`` writes one in Mooncake format;
 ``scripts/replay_trace.py gen:NAME`` replays one without a file.
 """
 
@@ -52,13 +52,16 @@ def generate_requests(name: str, seed: int | None = None) -> list[Request]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="mooncake-sgl trace", description=__doc__.splitlines()[0])
     ap.add_argument("name", choices=sorted(GENERATORS))
     ap.add_argument("out", type=Path)
     ap.add_argument("--seed", type=int, help="default: the seed of the documented figures")
     args = ap.parse_args(argv)
     records = generate(args.name, args.seed)
-    write_records(records, args.out)
+    try:
+        write_records(records, args.out)
+    except OSError as e:
+        ap.error(f"cannot write {args.out}: {e.strerror or e}")
     print(f"wrote {len(records)} {args.name} requests to {args.out}")
     return 0
 

@@ -116,11 +116,16 @@ def test_tenants_share_no_block_and_keep_their_order():
     assert len(recs) > 150 and all(r["hash_ids"] for r in recs)
 
 
-def test_cli_writes_a_replayable_trace(tmp_path: Path):
+def test_mooncake_sgl_trace_writes_a_replayable_trace(tmp_path: Path):
+    from mooncake_sgl.cli import main as cli_main
+
     out = tmp_path / "agent.jsonl"
-    assert gen_suite.main(["agent", str(out), "--seed", "2"]) == 0
+    assert cli_main(["trace", "agent", str(out), "--seed", "2"]) == 0
     lines = out.read_text().splitlines()
     assert json.loads(lines[0])["hash_ids"]
     assert len(load_trace(out)) == len(lines) == len(gen_suite.generate("agent", 2))
     with pytest.raises(ValueError, match="unknown workload"):
         gen_suite.generate("video")
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["trace", "agent", str(tmp_path / "missing" / "agent.jsonl")])
+    assert exit_.value.code == 2
