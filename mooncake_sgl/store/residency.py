@@ -123,7 +123,7 @@ class Residency:
         clock: logical time for ``policy.tick`` (monotonic seconds by default; the simulator's
             trace time).
         reach_bytes: tier 0's capacity, where a promotion into it must also be within reach
-            (``policy.promotion_reach``); ``None``: the policy's target stands.
+            (``mooncake_sgl.policy.promotion_reach``); ``None``: the policy's target stands.
     """
 
     def __init__(self, policy: PlacementPolicy, managed: Sequence[bool], clock: Callable[[], float],
