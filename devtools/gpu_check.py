@@ -116,7 +116,7 @@ def check_pinned_host(device: torch.device, page_bytes: int = 64 << 10, pages: i
         dst.zero_()
         got = store.get_into(keys, _pages(dst, page_bytes))
         store_exact = got == [True] * pages and torch.equal(src, dst)
-        hits = {name: int(t["store"]["hits"]) for name, t in store.stats()["tiers"].items()}
+        hits = {name: t.reads.hits for name, t in store.stats().tiers.items()}
     finally:
         store.close()
     return PinnedHostResult(str(device), pinned, device.type == "cuda", pages, exact, hits, store_exact)

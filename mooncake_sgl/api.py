@@ -17,6 +17,7 @@ Primitives, one line each:
 - ``ResidencyView``  the record of which page is in which tier, as a policy reads it (sizes and
                      membership); the policy keeps ordering state only.
 - ``ExpertStanding`` one expert of an adaptive policy's tier: leading or not, its shadow's hit ratio.
+- ``TierReport``     a tier's own counters and gauges (``Tier.stats()``), as declared fields.
 - ``STATS_SHAPE``    the nesting of ``TieredStore.stats()`` (one namespace per source of counts).
 - ``PagesStored``, ``PagesRemoved``, ``PagesLookedUp``, ``PagesRead`` the store's events: what its
                      record of the managed tiers committed, the lookups its policy learns from,
@@ -30,12 +31,13 @@ Tier indices are positions in the store's speed order: 0 is the fastest tier.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 PageKey = bytes
 PageView = Sequence[memoryview]
@@ -48,8 +50,9 @@ def page_nbytes(page: PageView) -> int:
     return sum([seg.nbytes for seg in page])  # a list is faster than a generator for a few segments
 
 
-# The shape of ``TieredStore.stats()``: one namespace per source of counts, so no two sources can
-# overwrite each other's names. Counters only grow; gauges (usage, queue depth) are current values.
+# The shape of ``TieredStore.stats().as_dict()`` (``store.stats.StoreReport``, whose typed fields
+# say the same): one namespace per source of counts, so no two sources can overwrite each other's
+# names. Counters only grow; gauges (usage, queue depth) are current values.
 #
 #   {"store":  {lookups, lookup_pages, lookup_hit_pages, lookups_recorded, lookups_dropped,
 #               maintenance_runs, evictions_prepared, evictions_committed, evictions_aborted,
@@ -60,18 +63,58 @@ def page_nbytes(page: PageView) -> int:
 #                "shadow_hit_ratio": r}}}}  from ``PlacementPolicy.standings()`` (adaptive only),
 #    "tiers":  {<unique tier name, e.g. "host", "lmdb", "host.1" for a second host tier>: {
 #        "usage": {capacity_bytes, used_bytes, holdable_bytes, pages}  (or {"error": "..."} for a
-#                  dead tier),
+#                  dead tier; absent from a counter file where another rank reports it),
 #        "store": {hits, misses (pages a read offered this tier and it lacked), bytes_read,
 #                  lookup_hits (pages of lookups' leading runs found here first), writes and
 #                  bytes_written (pages new to the tier), write_failures, admission_refused,
 #                  promotions / demotions (pages moved into this tier), demotion_failures,
 #                  evictions, eviction_aborts (victims whose removal failed), room_refused,
 #                  lost (pages gone without an eviction)}  counted by the store for this tier,
-#        "tier":  {...}  the tier's own ``stats()``}},
+#        "tier":  {...}  the tier's own ``stats().as_dict()``}},
 #    <section>: ...  one per observer that reports (``ReportingObserver``), e.g. "curves":
 #              {"points": {<tier name>: [{multiplier, capacity_pages, lookups, hits}, ...]},
 #               "costs": {busy_seconds, process_seconds, dropped_pages}}  (``policy.curve_feed``)}
 STATS_SHAPE = ("store", "mover", "policy", "experts", "tiers")
+
+
+@dataclass(frozen=True)
+class TierReport:
+    """A tier's own counters and gauges (``Tier.stats()``), as declared fields.
+
+    A tier subclasses it with its fields: numbers, or nested shapes (its ``tally.Tally`` counts, a
+    link's report) whose fields ``as_dict`` flattens into the one namespace of the tier, in field
+    order, so the flat names of every nested shape must be distinct. Readers that need a quantity
+    every tier may have (the exporter) call the methods below, never look a name up: a tier that
+    renames its field must update its override, or the tests of that tier fail.
+    """
+
+    def as_dict(self) -> dict[str, Any]:
+        """The flat ``{name: value}`` of the stats JSON (``["tiers"][<name>]["tier"]``)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, TierReport):
+                out.update(value.as_dict())
+            elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+                out.update(dataclasses.asdict(value))
+            else:
+                out[f.name] = value
+        return out
+
+    def corrupt_pages(self) -> int:
+        """Pages found corrupt on read and dropped; 0 for a tier that cannot tell (no checksums)."""
+        return 0
+
+    def write_busy_seconds(self) -> float:
+        """Seconds the tier's writer was busy (a tier with one serialised writer); 0 otherwise."""
+        return 0.0
+
+
+@dataclass(frozen=True)
+class TierReportError(TierReport):
+    """A tier whose ``stats()`` raised (a dead remote tier): the store reports the error instead."""
+
+    error: str
 
 
 @dataclass(frozen=True)
@@ -238,10 +281,10 @@ class Tier(ABC):
         """(key, nbytes) of every stored page; only persistent tiers need to yield anything."""
         return iter(())
 
-    def stats(self) -> dict[str, float]:
-        """This tier's own counters (names are tier specific). ``TieredStore.stats`` nests them under
-        ``["tiers"][<tier name>]["tier"]``, so they never collide with the store's counters."""
-        return {}
+    def stats(self) -> TierReport:
+        """This tier's own counters and gauges (fields are tier specific). ``TieredStore.stats``
+        nests them under each tier's ``tier``, so they never collide with the store's counters."""
+        return TierReport()
 
     def clear(self) -> None:
         """Drop every page."""
@@ -345,12 +388,6 @@ class PlacementPolicy(ABC):
         record holds them again): they must be evictable again later. Default: treat them as
         inserted again."""
         self.on_insert(keys, tier, nbytes)
-
-    def residents(self, tier: int) -> set[PageKey] | None:
-        """The pages this policy's ordering state ranks in ``tier``, for consistency checks (tests,
-        the simulator): the record's pages, when the events kept the two in step. ``None`` when the
-        policy ranks nothing there. Not used for decisions."""
-        return None
 
     def is_pinned(self, key: PageKey) -> bool:
         """Is ``key`` part of a configured pinned prefix (a system prompt) right now."""

@@ -2,9 +2,9 @@
 
 A component declares the shape of its counts once, as a frozen dataclass of ``int`` fields (its
 stats type), and owns one ``Tally`` of that shape; ``snapshot()`` is an instance of the shape, so a
-reader (the store's ``stats()``, the exporter) gets named, typed fields, never a dict it must know
-the keys of. SGLang calls us from several daemon threads at once and an unlocked ``+=`` on shared
-ints loses increments, hence the lock.
+reader (the store's ``stats()`` report, a tier's, the exporter) gets named, typed fields, never a
+dict it must know the keys of. SGLang calls us from several daemon threads at once and an unlocked
+``+=`` on shared ints loses increments, hence the lock.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class Tally(Generic[S]):
             return self._shape(**self._values)
 
     def as_dict(self) -> dict[str, Any]:
-        """The snapshot as ``{field: count}`` (JSON, the counter file)."""
+        """The snapshot as ``{field: count}``, for a reader that reports plain dicts (the pool
+        server's wire stats, the router announcer's section)."""
         with self._lock:
             return dict(self._values)

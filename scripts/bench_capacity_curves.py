@@ -53,7 +53,7 @@ def replay(policy: str, requests: list[Request], blocks: int, curves: bool) -> t
     sim = Simulator(build_policy(policy, caps, PolicyConfig(name="heat")), caps, PAGE_BYTES, policy,
                     curves=curves)
     result = sim.run(requests)
-    points = sim.store.stats()["curves"]["points"].get("t0", []) if curves else []
+    points = sim.store.stats().sections["curves"]["points"].get("t0", []) if curves else []
     return result.hit_ratio, points
 
 

@@ -73,7 +73,7 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
             store.exists_prefix(doc_keys(d))
             store.put_from(doc_keys(d), [src[(d + i) % 64] for i in range(DOC_PAGES)])
         store.wait_idle(120)
-        before = store.stats()
+        before = store.stats().as_dict()
         gets: list[float] = []
         puts: list[float] = []
         start = threading.Barrier(2)
@@ -110,7 +110,7 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
             th.join()
         wall = time.perf_counter() - t0
         store.wait_idle(120)
-        after = store.stats()
+        after = store.stats().as_dict()
     finally:
         store.close()
     moved = {}

@@ -67,13 +67,13 @@ t0 = time.perf_counter()
 if what == "tier-only":
     tier = LmdbTier(LmdbTierConfig(path=path, capacity=capacity))
     pages = sum(1 for _ in tier.scan())
-    locked = tier.stats()["index_locked_bytes"]
+    locked = tier.stats().index_locked_bytes
     held = tier
 else:
     store = build_store(load_config({"policy": {"name": what},
                                      "tiers": [{"kind": "lmdb", "path": path, "capacity": capacity}]}))
-    pages = int(store.stats()["tiers"]["lmdb"]["usage"]["pages"])
-    locked = store.stats()["tiers"]["lmdb"]["tier"]["index_locked_bytes"]
+    pages = int(store.stats().tiers["lmdb"].usage.pages)
+    locked = store.stats().tiers["lmdb"].tier.as_dict()["index_locked_bytes"]
     held = store
 attach = time.perf_counter() - t0
 heap = anon() - before

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mooncake_sgl.api import PageKey, PageView, PutResult, Tier, TierUsage
+from mooncake_sgl.api import PageKey, PageView, PutResult, Tier, TierReport, TierUsage
 
 
 class WrappedTier(Tier):
@@ -40,7 +40,7 @@ class WrappedTier(Tier):
     def scan(self):
         return self.inner.scan()
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> TierReport:
         return self.inner.stats()
 
     def close(self) -> None:

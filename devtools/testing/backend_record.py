@@ -8,7 +8,7 @@ from typing import Any
 
 
 def store_stats(backend: Any) -> dict[str, Any]:
-    """``TieredStore.stats()`` of ``backend`` (a ``MooncakeSglStorage``), or ``{}`` before its store
-    exists."""
+    """``TieredStore.stats().as_dict()`` of ``backend`` (a ``MooncakeSglStorage``): the nested
+    JSON a worker prints, or ``{}`` before its store exists."""
     store = backend._store
-    return store.stats() if store is not None else {}
+    return store.stats().as_dict() if store is not None else {}

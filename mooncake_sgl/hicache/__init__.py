@@ -2,7 +2,9 @@
 
 - ``plugin``         the ``sglang.srt.plugins`` entry point registering the backend name ``mooncake``.
 - ``backend``        ``MooncakeSglStorage``, the ``HiCacheStorage`` over our ``TieredStore``.
-- ``page_objects``   a host pool as stored objects, and ``move``: the one path every API's pages take.
+- ``page_objects``   a host pool as stored objects, and ``move_pages``: the one path every API's pages take.
+- ``sglang_config``, ``sglang_pool``  what we use of SGLang's storage config and of each host pool,
+                     read once at attach into frozen records.
 - ``boundary``       every failure of a storage call becomes a miss of the method's own shape.
 - ``layout``         host pool and storage config → page views, key namespace, per-rank file names
                      and which rank reports a shared directory.

@@ -2,7 +2,7 @@
 
 A thin, honest adapter: page hashes become ``PageKey``s in this process's namespace, host slots (or
 the legacy path's flat pages) become ``PageView``s, and every page of every API moves through one
-path, ``page_objects.move``. No tier logic lives here.
+path, ``page_objects.move_pages``. No tier logic lives here.
 
 Why subclass ``HiCacheStorage`` and not SGLang's built-in ``MooncakeStore``: the built-in's
 ``__init__`` needs the real ``mooncake`` package and a master, and its keys and IO are its own; we
@@ -14,7 +14,8 @@ restorable prefixes) and the consistency rule between KV and sidecars.
 
 Threading: SGLang calls from its prefetch, prefetch-IO, backup and scheduler threads at once. The
 store is thread-safe; the state here is the pool binding, set at attach before IO starts, and the
-sidecar pool objects, built once per pool under ``_pools_lock``.
+sidecar pool objects, built once per pool under ``_pools_lock``. Each host pool is read once, when it
+is registered, into a ``sglang_pool.HostPool``; nothing below the attach touches SGLang's pool.
 
 Error boundary: a tier's failure is already a miss inside the store (``store.tier_calls``); what
 the store itself raises becomes a miss of the method's own shape at ``boundary``.
@@ -69,6 +70,7 @@ from .boundary import (
 from .call_metrics import CallMetrics, StorageMetrics
 from .page_hash import load_page_hash
 from .sglang_config import StorageRank
+from .sglang_pool import HostPool
 
 logger = logging.getLogger(__name__)
 
@@ -101,17 +103,17 @@ class MooncakeSglStorage(HiCacheStorage):
         self._ns: KeyNamespace | None = None
         self._kv: page_objects.PoolObjects | None = None
         self._pools_lock = threading.Lock()
-        self._host_pools: dict[str, Any] = {}  # sidecar host pools by PoolName value
+        self._host_pools: dict[str, HostPool] = {}  # sidecar host pools by PoolName value
         self._sidecars: dict[str, page_objects.PoolObjects] = {}
         self.mem_pool_host = None
         self._closed = False
         self._session_ids_seen = False
-        self._weights = fingerprint.checkpoint_fingerprint(storage_config)
+        self._weights = fingerprint.checkpoint_fingerprint(self._rank.model_name)
         # Weight updates at run time (``weight_updates``): the last checkpoint fingerprinted and
         # where it came from, the identity of weights loaded but not yet keyed (SGLang's caches
         # may still hold the old ones' KV), and whether calls answer misses meanwhile.
         self._checkpoint = self._weights
-        self._source = fingerprint.model_source(storage_config)
+        self._source = fingerprint.model_source(self._rank.model_name)
         self._next_weights: fingerprint.Fingerprint | None = None
         self._weights_changing = False
         weight_updates.follow(self)
@@ -143,13 +145,14 @@ class MooncakeSglStorage(HiCacheStorage):
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Bind the anchor KV host pool: its geometry fixes the key namespace.
 
-        Raises: whatever probing the pool raises; SGLang then fails the attach (an unusable pool
-        must not look like an empty cache).
+        Raises: ``ConfigError`` for a pool lacking a field its SGLang class declares, or whatever
+        probing its page raises; SGLang then fails the attach (an unusable pool must not look like
+        an empty cache).
         """
         if mem_pool_host is self.mem_pool_host:
             return  # the factory's constructor call and the controller's both register it
-        ns, geometry, kv = self._kv_binding(mem_pool_host)
-        logical = kv.logical
+        pool = HostPool.read(mem_pool_host)
+        ns, geometry, kv = self._kv_binding(pool)
         if self._store is None:
             self._store = build_store(layout.sized_for_pages(self._store_config, kv.object_nbytes),
                                       layout.rank_suffix(self._rank))
@@ -168,8 +171,7 @@ class MooncakeSglStorage(HiCacheStorage):
         with self._pools_lock:
             self._ns, self._geometry, self._kv = ns, geometry, kv
             self._sidecars.clear()  # derived from the KV namespace: rebuilt on next use
-        if not logical:
-            self._register_buffers(mem_pool_host)
+        self._register_buffers(pool)
         if self._watch is None:
             self._watch = observe_store(self._store, self.storage_config, self._metrics_on,
                                         layout.reports_local_usage(self._rank))
@@ -182,20 +184,19 @@ class MooncakeSglStorage(HiCacheStorage):
                         "under lcm-grid ranks %s of %d", len(kv.head_groups), kv.object_nbytes,
                         ",".join(str(g.tp_rank) for g in kv.head_groups), kv.head_groups[0].tp_size)
         self._post_namespace()
-        staging_room.check(mem_pool_host, namespace_board.sglang_role(),
+        staging_room.check(pool.host_tokens, pool.device_tokens, namespace_board.sglang_role(),
                            self._rank.extra_config)
 
-    def _kv_binding(self, mem_pool_host: Any) -> tuple[KeyNamespace, Any, page_objects.PoolObjects]:
-        """The KV namespace, pool geometry and page objects of ``mem_pool_host`` under the weights
-        this backend keys by now."""
-        # DeepSeek V4's anchor only hands out indices (no buffer); its sidecars carry the bytes.
-        logical = getattr(mem_pool_host, "kv_buffer", None) is None
-        geometry = (page_objects.logical_geometry(mem_pool_host) if logical
-                    else layout.pool_geometry(mem_pool_host))
+    def _kv_binding(self, pool: HostPool
+                    ) -> tuple[KeyNamespace, layout.PoolGeometry, page_objects.PoolObjects]:
+        """The KV namespace, pool geometry and page objects of ``pool`` under the weights this
+        backend keys by now."""
+        geometry = layout.pool_geometry(pool)
         ns = layout.key_namespace(self._rank, geometry, self._store_config.namespace_tag,
                                   self._weights.digest)
-        split = 1 if logical else layout.head_split(self._rank, mem_pool_host)
-        return ns, geometry, page_objects.kv_objects(mem_pool_host, geometry, ns, split)
+        # DeepSeek V4's anchor only hands out indices; its sidecars carry the bytes (and heads).
+        split = 1 if pool.logical else layout.head_split(self._rank, pool)
+        return ns, geometry, page_objects.kv_objects(pool, geometry, ns, split)
 
     # ------------------------------------------------------------------ weight updates
     # Called by ``weight_updates``' hooks on SGLang's scheduler thread; see that module for why.
@@ -227,8 +228,8 @@ class MooncakeSglStorage(HiCacheStorage):
             return
         with self._pools_lock:
             self._weights, self._next_weights = self._next_weights, None
-            if self.mem_pool_host is not None:
-                self._ns, self._geometry, self._kv = self._kv_binding(self.mem_pool_host)
+            if self._kv is not None:
+                self._ns, self._geometry, self._kv = self._kv_binding(self._kv.pool)
             self._sidecars.clear()  # derived from the KV namespace: rebuilt on next use
             self._weights_changing = False
         if self._ns is not None:
@@ -259,16 +260,19 @@ class MooncakeSglStorage(HiCacheStorage):
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         """Bind a hybrid model's host pool (every ``HostPoolGroup`` entry, KV included).
 
-        The KV entry is the anchor ``register_mem_pool_host`` already bound; a sidecar's objects
-        are derived on first use (or at ``on_host_pools_registered``), so pools registered later
-        (dynamic sidecars) work the same way.
+        The KV entry is the anchor ``register_mem_pool_host`` already bound; a sidecar pool is read
+        now, its objects derived on first use (or at ``on_host_pools_registered``), so pools
+        registered later (dynamic sidecars) work the same way.
+
+        Raises: ``ConfigError`` for a pool lacking a field its SGLang class declares.
         """
         super().register_mem_host_pool_v2(host_pool, host_pool_name)
         name = sidecars.pool_name(host_pool_name)
         if name == KV_POOL:
             return
+        pool = HostPool.read(host_pool)
         with self._pools_lock:
-            self._host_pools[name] = host_pool
+            self._host_pools[name] = pool
             self._sidecars.pop(name, None)
 
     def on_host_pools_registered(self) -> None:
@@ -280,10 +284,8 @@ class MooncakeSglStorage(HiCacheStorage):
                         objects.geometry.page_nbytes, objects.parts,
                         "shared by TP ranks" if objects.namespace.rank_replicated else "per TP rank")
 
-    def _register_buffers(self, pool: Any) -> None:
-        buf = getattr(pool, "kv_buffer", None)
-        buffers = [buf] if isinstance(buf, torch.Tensor) else list(pool.get_hybrid_pool_buffer())
-        for t in buffers:
+    def _register_buffers(self, pool: HostPool) -> None:
+        for t in pool.buffers:
             self._store.register_memory(t.data_ptr(), t.numel() * t.element_size())
 
     def _objects(self, name: Any) -> page_objects.PoolObjects:
@@ -343,7 +345,8 @@ class MooncakeSglStorage(HiCacheStorage):
         self._live()
         start = time.perf_counter()
         kv: page_objects.PoolObjects = self._kv_objects()
-        ok = page_objects.move(self._store, kv, keys, kv.pages(host_indices, len(keys)), None, write=False)
+        ok = page_objects.move_pages(self._store, kv, keys, kv.pages(host_indices, len(keys)), None,
+                                     write=False)
         self._calls.record("prefetch", 0 if kv.logical else sum(ok), self._geometry.page_nbytes, start)
         return ok
 
@@ -360,8 +363,8 @@ class MooncakeSglStorage(HiCacheStorage):
             return [True] * len(keys)
         start = time.perf_counter()
         kv: page_objects.PoolObjects = self._kv_objects()
-        ok = page_objects.move(self._store, kv, keys, kv.pages(host_indices, len(keys)),
-                               layout.parent_hash(extra_info), write=True)
+        ok = page_objects.move_pages(self._store, kv, keys, kv.pages(host_indices, len(keys)),
+                                     layout.parent_hash(extra_info), write=True)
         self._calls.record("backup", 0 if kv.logical else sum(ok), self._geometry.page_nbytes, start)
         return ok
 
@@ -444,9 +447,9 @@ class MooncakeSglStorage(HiCacheStorage):
             return []
         try:
             objects = self._objects(transfer.name)
-            return page_objects.move(self._store, objects, hashes,
-                                     objects.pages(transfer.host_indices, len(hashes)),
-                                     layout.parent_hash(extra_info), write)
+            return page_objects.move_pages(self._store, objects, hashes,
+                                           objects.pages(transfer.host_indices, len(hashes)),
+                                           layout.parent_hash(extra_info), write)
         except Exception as e:
             self._errors.report(f"batch_{'set' if write else 'get'}_v2[{transfer.name}]", e)
             return [False] * len(hashes)
@@ -470,10 +473,10 @@ class MooncakeSglStorage(HiCacheStorage):
         """Per key: the filled flat page tensor, or ``None`` on a miss."""
         self._live()
         if target_locations is None:
-            target_locations = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
+            target_locations = [self._kv_objects().pool.dummy_flat_page() for _ in keys]
         # Filled in place, so they must already be contiguous CPU pages (flat_page_view checks).
         pages = [layout.flat_page_view(self._geometry, t) for t in target_locations]
-        ok = page_objects.move(self._store, self._kv_objects(), keys, pages, None, write=False)
+        ok = page_objects.move_pages(self._store, self._kv_objects(), keys, pages, None, write=False)
         return [t if good else None for t, good in zip(target_locations, ok, strict=True)]
 
     @boundary(lambda *a, **k: False)
@@ -491,7 +494,7 @@ class MooncakeSglStorage(HiCacheStorage):
             return True
         src = [v.detach().to("cpu").contiguous() for v in values]  # keeps the copies alive
         pages = [layout.flat_page_view(self._geometry, t) for t in src]
-        return all(page_objects.move(self._store, self._kv_objects(), keys, pages, None, write=True))
+        return all(page_objects.move_pages(self._store, self._kv_objects(), keys, pages, None, write=True))
 
     # ------------------------------------------------------------------ lifecycle, metrics
 

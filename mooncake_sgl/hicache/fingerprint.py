@@ -80,13 +80,15 @@ class Fingerprint:
 
 
 def _bag_value(bag: Any, name: str) -> str | None:
+    # A ``_ConfigBag`` holds what this server published, which differs by release and by launch.
     value = getattr(bag, name, None)
     return None if value is None else str(value)
 
 
-def model_source(cfg: Any) -> ModelSource | None:
+def model_source(model_name: str) -> ModelSource | None:
     """The running server's model, from SGLang's published model config (scheduler processes);
-    outside a server, ``cfg.model_name`` when it names a local path; else ``None``."""
+    outside a server, ``model_name`` (the storage config's) when it names a local path; else
+    ``None``."""
     try:
         from sglang.srt.runtime_context import get_model, get_spec
 
@@ -110,19 +112,18 @@ def model_source(cfg: Any) -> ModelSource | None:
             quantization_param_path=_bag_value(model, "quantization_param_path"),
             download_dir=_bag_value(model, "download_dir"), draft_model_path=draft,
             draft_revision=draft_rev)
-    name = getattr(cfg, "model_name", None)
-    if name and os.path.exists(name):
-        return ModelSource(model_path=str(name))
+    if model_name and os.path.exists(model_name):
+        return ModelSource(model_path=model_name)
     return None
 
 
-def checkpoint_fingerprint(cfg: Any) -> Fingerprint:
-    """The fingerprint of the model ``cfg``'s server runs. Never raises: what cannot be read is
-    recorded as such (and so still differs from what could)."""
-    source = model_source(cfg)
+def checkpoint_fingerprint(model_name: str) -> Fingerprint:
+    """The fingerprint of the model this server runs (``model_name``: the storage config's). Never
+    raises: what cannot be read is recorded as such (and so still differs from what could)."""
+    source = model_source(model_name)
     if source is None:
         return Fingerprint("", "none (no model path known: not inside an SGLang server, and the "
-                               f"model name {getattr(cfg, 'model_name', None)!r} is not a local path)")
+                               f"model name {model_name!r} is not a local path)")
     try:
         return fingerprint(source)
     except Exception as e:  # a bug here must not stop the server; the name still keys the pages

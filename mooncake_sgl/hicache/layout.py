@@ -11,9 +11,8 @@
 - ``head_split`` / ``head_group_views``: SGLang's split heads, each page as one object per head group
   of the lcm grid (``keys.KeyNamespace.head_groups`` names them).
 
-SGLang's storage config arrives as ``sglang_config.StorageRank``, read once at attach. Host pools
-are probed with ``getattr`` where pool classes differ (an MLA pool has no heads, only DCP pools a
-logical page size).
+SGLang's storage config arrives as ``sglang_config.StorageRank`` and each host pool as
+``sglang_pool.HostPool``, both read once at attach.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from ..config import HbmTierConfig, HostTierConfig, StoreConfig
 from ..errors import ConfigError
 from ..keys import KeyNamespace
 from .sglang_config import StorageRank
+from .sglang_pool import HostPool
 
 
 @dataclass(frozen=True)
@@ -48,43 +48,26 @@ class PoolGeometry:
         return sum(self.segment_sizes)
 
 
-def _dtype_name(dtype: Any) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def pool_page_size(pool: Any) -> int:
-    # With decode context parallel (DCP) a key covers a logical page; the pool's physical page is
-    # a shard of it, and indices are counted in logical tokens.
-    return int(getattr(pool, "logical_page_size", None) or pool.page_size)
-
-
-def pool_geometry(pool: Any) -> PoolGeometry:
+def pool_geometry(pool: HostPool) -> PoolGeometry:
     """Probe one page of ``pool`` (pointer arithmetic only; no memory is touched)."""
-    page_size = pool_page_size(pool)
-    _, sizes = pool.get_page_buffer_meta(torch.arange(page_size, dtype=torch.int64))
+    if pool.logical:
+        # Indices only: no segments, and a dtype of none, so the namespace names no bytes.
+        return PoolGeometry(page_size=pool.page_size, layout=pool.layout, dtype="none",
+                            segment_sizes=(), flat_order=())
+    _, sizes = pool.page_buffer_meta(torch.arange(pool.page_size, dtype=torch.int64))
     sizes = tuple(int(s) for s in sizes)
-    layout = str(getattr(pool, "layout", "layer_first"))
-    layer_num = int(getattr(pool, "layer_num", 0))
     order = tuple(range(len(sizes)))
     # MHA ``layer_first`` gives zero-copy segments K0 V0 K1 V1 ..., while its flat page is the
     # slice kv_buffer[:, :, page] = K0 K1 ... V0 V1 ...; every other layout (and MLA, which has one
-    # segment per layer) already agrees.
-    if layout == "layer_first" and layer_num and len(sizes) == 2 * layer_num:
+    # segment per layer) already agrees. Subclasses with more segments (scales) keep theirs.
+    layer_num = pool.layer_num
+    if pool.kind == "mha" and pool.layout == "layer_first" and len(sizes) == 2 * layer_num:
         order = tuple((j % 2) * layer_num + j // 2 for j in range(len(sizes)))
-    return PoolGeometry(page_size=page_size, layout=layout, dtype=_dtype_name(pool.dtype),
+    return PoolGeometry(page_size=pool.page_size, layout=pool.layout, dtype=pool.dtype,
                         segment_sizes=sizes, flat_order=order)
 
 
-def slot_limit(pool: Any) -> int:
-    """Host slots a pool's indices may name: ``[0, slot_limit)``. Under DCP the controller counts
-    in logical slots (``logical_size``); pools that never set DCP fields answer their ``size``."""
-    try:
-        return int(pool.logical_size)
-    except Exception:
-        return int(pool.size)
-
-
-def check_host_indices(pool: Any, host_indices: Any, page_size: int) -> None:
+def check_host_indices(pool: HostPool, host_indices: Any, page_size: int) -> None:
     """Refuse indices that would address memory outside the pool.
 
     SGLang's ``get_page_buffer_meta`` is pointer arithmetic without bounds, so an index of 1e9 or
@@ -96,6 +79,7 @@ def check_host_indices(pool: Any, host_indices: Any, page_size: int) -> None:
     """
     if not isinstance(host_indices, torch.Tensor) or host_indices.dtype in (
             torch.bool, torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        # Whatever the caller passed, a tensor or not: its dtype, if any, only goes into the message.
         raise ValueError(f"host_indices must be an integer tensor, got {type(host_indices).__name__}"
                          f" {getattr(host_indices, 'dtype', '')}")
     n = host_indices.numel()
@@ -103,16 +87,16 @@ def check_host_indices(pool: Any, host_indices: Any, page_size: int) -> None:
         raise ValueError(f"{n} host indices are not whole pages of {page_size} slots")
     if not n:
         return
-    limit = slot_limit(pool)
+    limit = pool.slots
     flat = host_indices.reshape(-1)
     lowest, highest = int(flat.min()), int(flat.max())
     last_start = int(flat[::page_size].max())
     if lowest < 0 or highest >= limit or last_start + page_size > limit:
         raise ValueError(f"host indices out of range: [{lowest}, {highest}] with pages of {page_size} "
-                         f"slots, but the {type(pool).__name__} holds {limit} slots")
+                         f"slots, but the {pool.class_name} holds {limit} slots")
 
 
-def page_views(pool: Any, geometry: PoolGeometry, host_indices: torch.Tensor, npages: int
+def page_views(pool: HostPool, geometry: PoolGeometry, host_indices: torch.Tensor, npages: int
                ) -> list[PageView]:
     """Views of the ``npages`` host pages starting at ``host_indices[i * page_size]``.
 
@@ -124,7 +108,7 @@ def page_views(pool: Any, geometry: PoolGeometry, host_indices: torch.Tensor, np
     if len(host_indices) != npages * geometry.page_size:
         raise ValueError(f"{len(host_indices)} host indices for {npages} pages of "
                          f"{geometry.page_size} tokens")
-    ptrs, sizes = pool.get_page_buffer_meta(host_indices)
+    ptrs, sizes = pool.page_buffer_meta(host_indices)
     return pages_from_pointers([int(p) for p in ptrs], [int(s) for s in sizes], npages)
 
 
@@ -178,7 +162,7 @@ def is_rank_replicated(cfg: StorageRank) -> bool:
     return cfg.is_mla_model
 
 
-def head_split(cfg: StorageRank, pool: Any) -> int:
+def head_split(cfg: StorageRank, pool: HostPool) -> int:
     """Head groups per page this rank stores apart: ``tp_lcm_size // tp_size`` where SGLang set
     ``should_split_heads`` (an MHA pool in the ``page_head`` layout with ``tp_lcm_size > tp_size``),
     else 1.
@@ -193,10 +177,9 @@ def head_split(cfg: StorageRank, pool: Any) -> int:
     """
     tp_size = max(1, cfg.tp_size)
     lcm = cfg.tp_lcm_size
-    pool_layout = str(getattr(pool, "layout", ""))
-    if lcm > tp_size and not is_rank_replicated(cfg) and pool_layout != "page_head":
+    if lcm > tp_size and not is_rank_replicated(cfg) and pool.layout != "page_head":
         raise ConfigError(f"tp_lcm_size {lcm} splits pages by head, which only the page_head host "
-                          f"layout can, but the host pool has layout {pool_layout!r}; start SGLang "
+                          f"layout can, but the host pool has layout {pool.layout!r}; start SGLang "
                           "with --hicache-mem-layout page_head, or drop tp_lcm_size",
                           key="tp_lcm_size", source="--hicache-storage-backend-extra-config")
     if not cfg.should_split_heads:
@@ -205,7 +188,7 @@ def head_split(cfg: StorageRank, pool: Any) -> int:
         raise ValueError(f"split heads: tp_lcm_size {lcm} must be a multiple of tp_size {tp_size} "
                          "and larger than it")
     split = lcm // tp_size
-    heads = int(getattr(pool, "head_num", 0) or 0)
+    heads = pool.head_num  # 0 for a pool without heads: no split fits it
     if not heads or heads % split:
         raise ValueError(f"split heads: this rank's {heads} KV heads do not divide into tp_lcm_size "
                          f"{lcm} / tp_size {tp_size} = {split} groups; choose a tp_lcm_size that "
@@ -292,5 +275,7 @@ def _tp_ranks_share_local_files(cfg: StorageRank) -> bool:
 
 def parent_hash(extra_info: Any) -> str | None:
     """The page hash just before a call's first key, when SGLang passes prefix keys."""
+    # SGLang passes a ``HiCacheStorageExtraInfo`` or None; the getattr keeps a caller's other
+    # object from turning every call into a miss at the boundary.
     prefix: Sequence[str] | None = getattr(extra_info, "prefix_keys", None) if extra_info else None
     return prefix[-1] if prefix else None

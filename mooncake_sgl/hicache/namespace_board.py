@@ -72,6 +72,7 @@ class NamespaceRecord:
                    ("pp_size", "PP size"), ("cp_size", "CP size"), ("tag", "namespace tag"))
 
     def identity(self) -> tuple[Any, ...]:
+        # By name, over this record's own fields: ``MEET_FIELDS`` is the one list of them.
         return (self.role, *(getattr(self, f) for f, _ in self.MEET_FIELDS))
 
     def differences(self, other: NamespaceRecord) -> list[str]:

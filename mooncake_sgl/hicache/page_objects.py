@@ -1,6 +1,6 @@
 """A registered host pool as stored objects, and the one path that moves its pages through the store.
 
-Every page SGLang moves, whatever its API, goes ``move``'s way: hashes become keys in the pool's
+Every page SGLang moves, whatever its API, goes ``move_pages``' way: hashes become keys in the pool's
 namespace (``PoolObjects.keys``), whole pages (zero-copy views of host slots, or the legacy path's
 flat page tensors) become views of their stored objects (``objects_of``), the store reads or
 writes the objects, and a page counts only when all of its objects moved (``present_pages``).
@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from ..api import PageKey, PageView
 from ..keys import KV_POOL, KeyNamespace, page_key
-from ..store import TieredStore
+from ..store.tiered_store import TieredStore
 from . import layout
+from .sglang_pool import HostPool
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class PoolObjects:
     """One registered host pool as stored objects: keys, views and parts of its pages."""
 
     name: str  # the ``PoolName`` value
-    pool: Any
+    pool: HostPool
     geometry: layout.PoolGeometry
     namespace: KeyNamespace
     chunk: int  # bytes per stored part; 0 = the page is one object (the KV pool itself)
@@ -58,7 +58,7 @@ class PoolObjects:
     @property
     def logical(self) -> bool:
         """A pool that only hands out indices (DeepSeek V4's KV anchor): no bytes to move."""
-        return not self.geometry.segment_sizes
+        return self.pool.logical
 
     def keys(self, hashes: Sequence[str]) -> list[PageKey]:
         """Keys of every stored object of ``hashes``' pages, page by page, parts in order."""
@@ -76,7 +76,7 @@ class PoolObjects:
             ValueError: indices outside the pool or not ``npages`` whole pages.
         """
         if self.logical:
-            return []  # indices only: nothing to view, and ``move`` moves nothing
+            return []  # indices only: nothing to view, and ``move_pages`` moves nothing
         return layout.page_views(self.pool, self.geometry, host_indices, npages)
 
     def objects_of(self, pages: Sequence[PageView]) -> list[PageView]:
@@ -116,7 +116,7 @@ def chunk_page(page: PageView, chunk: int) -> list[PageView]:
     return parts
 
 
-def kv_objects(pool: Any, geometry: layout.PoolGeometry, namespace: KeyNamespace, split: int = 1
+def kv_objects(pool: HostPool, geometry: layout.PoolGeometry, namespace: KeyNamespace, split: int = 1
                ) -> PoolObjects:
     """The KV pool's objects: whole pages, or ``split`` head groups per page (split heads).
 
@@ -128,21 +128,13 @@ def kv_objects(pool: Any, geometry: layout.PoolGeometry, namespace: KeyNamespace
                        head_groups=groups)
 
 
-def logical_geometry(pool: Any) -> layout.PoolGeometry:
-    """Geometry of a pool with no buffer (``kv_buffer is None``): indices only, no segments."""
-    return layout.PoolGeometry(page_size=layout.pool_page_size(pool),
-                               layout=str(getattr(pool, "layout", "")), dtype="none",
-                               segment_sizes=(), flat_order=())
-
-
 def part_key(objects: PoolObjects, prior: str | None) -> PageKey | None:
     """The last stored object of the page before a chain (the policy's parent), if any."""
     return objects.keys([prior])[-1] if prior is not None and not objects.logical else None
 
 
-
-def move(store: TieredStore, objects: PoolObjects, hashes: Sequence[str], pages: Sequence[PageView],
-         prior: str | None, write: bool) -> list[bool]:
+def move_pages(store: TieredStore, objects: PoolObjects, hashes: Sequence[str],
+               pages: Sequence[PageView], prior: str | None, write: bool) -> list[bool]:
     """Store (``write``) or load the whole ``pages`` of ``hashes`` (one page each); one bool per
     page, ``True`` when every object of it moved (or, for a write, was already there).
     ``prior``: the page hash before the chain, the policy's parent on a write.

@@ -48,6 +48,7 @@ def register_backend(_point: TouchPoint) -> bool:
     SGLang's factory when a backend is created. True if registered now."""
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
+    # ``_registry`` is the factory's private table, no declared field: without it, register anew.
     entry = getattr(StorageBackendFactory, "_registry", {}).get(BACKEND_NAME, {})
     if (entry.get("module_path"), entry.get("class_name")) == (BACKEND_MODULE, BACKEND_CLASS):
         return False

@@ -7,7 +7,7 @@ through ``batch_*_v1`` and sidecars through ``batch_*_v2`` in separate calls (a 
 sidecars first, a prefetch reads KV first), and asks ``batch_exists_v2`` which prefixes can be
 restored. Here each sidecar pool becomes a ``page_objects.PoolObjects``: its namespace (derived from
 the KV namespace, see ``keys.py``), its page geometry, and how a page is cut into stored parts; its
-pages then move like the KV pool's (``page_objects.move``).
+pages then move like the KV pool's (``page_objects.move_pages``).
 
 Parts: the store's host tiers keep fixed slots of one KV page (``slot_size: auto``), and a Mamba
 state is often many KV pages large. So a sidecar page larger than the KV page is stored as
@@ -39,10 +39,11 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransferResult,
 )
 
-from ..store import TieredStore
+from ..store.tiered_store import TieredStore
 from . import layout
 from .page_objects import PoolObjects, part_key
 from .sglang_config import StorageRank
+from .sglang_pool import HostPool
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ logger = logging.getLogger(__name__)
 _TP_SHARDED_POOLS = frozenset({PoolName.MAMBA.value})
 
 
-def is_rank_replicated(cfg: StorageRank, name: str, pool: Any) -> bool:
+def is_rank_replicated(cfg: StorageRank, name: str, pool: HostPool) -> bool:
     """Do all TP ranks hold the same bytes for this pool's pages (so they share its keys)?
 
     As MLA KV: the sidecars of a rank-replicated model are replicated (DSA indexer, DeepSeek V4
@@ -60,10 +61,10 @@ def is_rank_replicated(cfg: StorageRank, name: str, pool: Any) -> bool:
     """
     if not layout.is_rank_replicated(cfg) or name in _TP_SHARDED_POOLS:
         return False
-    return not hasattr(pool, "v_buffer")
+    return pool.kind != "mha"
 
 
-def sidecar_objects(cfg: StorageRank, kv: PoolObjects, name: str, pool: Any) -> PoolObjects:
+def sidecar_objects(cfg: StorageRank, kv: PoolObjects, name: str, pool: HostPool) -> PoolObjects:
     """A sidecar pool in the namespace derived from the KV pool's; parts of one KV page each."""
     geometry = layout.pool_geometry(pool)
     chunk = kv.object_nbytes or geometry.page_nbytes
@@ -159,6 +160,8 @@ def refuse_session_id(extra_info: Any) -> bool:
     write our own objects and emit no stored-KV events, and the installed Mooncake client's
     ``ReplicateConfig`` may not have the field at all. The pages are stored as usual.
     """
+    # SGLang passes a ``HiCacheStorageExtraInfo`` or None; the getattr keeps a caller's other
+    # object from failing the whole write at the boundary over a log line.
     session = (getattr(extra_info, "extra_info", None) or {}).get("session_id")
     if session is None:
         return False

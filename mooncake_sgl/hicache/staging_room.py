@@ -48,22 +48,21 @@ def advice(host_tokens: int, device_tokens: int, memory_mode: str, write_policy:
             "with our host tier as the DRAM cache (docs/tiers.md, SGLang's host pool)")
 
 
-def check(mem_pool_host: Any, role: str, extra_config: dict[str, Any] | None) -> str | None:
-    """``advice`` for a live SGLang host pool and this process's server arguments; logged as a
-    warning when there is one. Settings SGLang does not expose here (a unit test's pool, another
-    release) give no advice."""
+def check(host_tokens: int, device_tokens: int, role: str, extra_config: dict[str, Any] | None
+          ) -> str | None:
+    """``advice`` for a live SGLang host pool (``sglang_pool.HostPool``'s ``host_tokens`` and
+    ``device_tokens``) and this process's server arguments; logged as a warning when there is one.
+    Settings SGLang does not expose here (a unit test, another release) give no advice."""
     try:
         from sglang.srt.runtime_context import get_server_args
 
         args = get_server_args()
         mode, policy = str(args.hicache_host_memory_mode), str(args.hicache_write_policy)
-        host = int(mem_pool_host.size)
-        device = int(mem_pool_host.device_capacity_tokens)
         extra = extra_config if isinstance(extra_config, dict) else {}
         threshold = int(extra.get("prefetch_threshold", SGLANG_PREFETCH_THRESHOLD))
     except Exception:  # noqa: BLE001 - SGLang's runtime context is not ours to validate
         return None
-    text = advice(host, device, mode, policy, role, threshold)
+    text = advice(host_tokens, device_tokens, mode, policy, role, threshold)
     if text:
         logger.warning(text)
     return text

@@ -143,6 +143,8 @@ def _around_update(kind: str) -> Callable[..., Any]:
             result = original(manager, recv_req, *args, **kwargs)
             return result
         finally:
+            # ``result`` is None when the update raised; the four request classes differ (only
+            # the disk one has ``model_path``, the IPC one no ``load_format``), as do test doubles.
             succeeded = bool(getattr(result, "success", False))
             update = WeightUpdate(
                 kind=kind, model_path=getattr(recv_req, "model_path", None),

@@ -8,10 +8,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
 from ..store import TieredStore
+from ..store.stats import StoreReport
 from .exporter import StoreExporter
 from .model import RANK_LABELS, rank_name
 from .persist import CounterPersister
@@ -50,11 +52,11 @@ def usage_reported_elsewhere(store: TieredStore, storage_config: Any,
                      or (t.capabilities.local_files and not reports_local_usage))
 
 
-def _without_usage(stats: dict[str, Any], tiers: frozenset[str]) -> dict[str, Any]:
-    if tiers:
-        stats["tiers"] = {n: {k: v for k, v in e.items() if k != "usage"} if n in tiers else e
-                          for n, e in stats.get("tiers", {}).items()}
-    return stats
+def _without_usage(stats: StoreReport, tiers: frozenset[str]) -> StoreReport:
+    if not tiers:
+        return stats
+    return dataclasses.replace(stats, tiers={n: dataclasses.replace(e, usage=None) if n in tiers else e
+                                             for n, e in stats.tiers.items()})
 
 
 def observe_store(store: TieredStore, storage_config: Any, enabled: bool,

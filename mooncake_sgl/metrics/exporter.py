@@ -27,6 +27,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..store.stats import StoreReport
 from .model import (
     COUNTERS,
     CURVE_COUNTERS,
@@ -108,7 +109,7 @@ class StoreExporter:
     """Exports one ``TieredStore``'s counters under one rank's labels.
 
     Args:
-        stats: returns the store's ``stats()`` (called on the exporter's thread only).
+        stats: returns the store's ``stats()`` report (called on the exporter's thread only).
         labels: SGLang's rank labels, ``{"tp_rank": 0, "pp_rank": 0, "dp_rank": 0, "attn_cp_rank": 0}``
             (a missing one is 0).
         skip_gauges: tiers whose usage another rank exports (their counters are still this rank's).
@@ -119,7 +120,7 @@ class StoreExporter:
     Thread-safety: ``sync`` and ``observe`` may be called from any thread.
     """
 
-    def __init__(self, stats: Callable[[], Mapping[str, Any]], labels: Mapping[str, object],
+    def __init__(self, stats: Callable[[], StoreReport], labels: Mapping[str, object],
                  skip_gauges: frozenset[str] = frozenset(), registry: Any = None,
                  policy: str = "") -> None:
         if registry is None:

@@ -13,7 +13,7 @@ directory, hence the rank in the file name)::
 
     {"version": 1, "written_at": <unix time>, "pid": 1234, "rank": "tp0_pp0_dp0_cp0", "stats": {...}}
 
-where ``stats`` is ``TieredStore.stats()``.
+where ``stats`` is ``TieredStore.stats().as_dict()``, read back by ``StoreReport.from_plain``.
 
 Several processes on one directory and rank (two servers on one host with the default directory,
 a restart that overlaps the old process's exit): the rank's file belongs to whichever holds the
@@ -35,9 +35,10 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..store.stats import StoreReport
 from .model import Snapshot, merge
 from .source import snapshot_of
 
@@ -60,13 +61,13 @@ def counter_file_name(rank: str, pid: int | None = None) -> str:
     return f"{FILE_PREFIX}{rank}.json" if pid is None else f"{FILE_PREFIX}{rank}.{pid}.json"
 
 
-def write_counter_file(directory: str, stats: Mapping[str, Any], rank: str, own: bool = True) -> str:
+def write_counter_file(directory: str, stats: StoreReport, rank: str, own: bool = True) -> str:
     """Write ``stats`` atomically into ``directory``, into the rank's file or (``own`` false) this
     process's; returns the file's path."""
     name = counter_file_name(rank, None if own else os.getpid())
     path = os.path.join(directory, name)
     body = json.dumps({"version": VERSION, "written_at": time.time(), "pid": os.getpid(),
-                       "rank": rank, "stats": stats}, default=_plain)
+                       "rank": rank, "stats": stats.as_dict()}, default=_plain)
     fd, tmp = tempfile.mkstemp(prefix=name, suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
@@ -79,8 +80,8 @@ def write_counter_file(directory: str, stats: Mapping[str, Any], rank: str, own:
 
 
 def _plain(value: Any) -> Any:
-    """JSON for what ``json`` does not know in a stats tree: typed reports (dataclasses) as their
-    fields, numbers of other types as floats."""
+    """JSON for what ``json`` does not know in ``StoreReport.as_dict()``: an observer's typed section
+    (a dataclass, ``LoadGateStats``) as its fields, numbers of other types as floats."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     return float(value)
@@ -102,7 +103,7 @@ def read_counter_file(path: str) -> Snapshot:
     rank = str(doc.get("rank", ""))
     if os.path.basename(path) != counter_file_name(rank):  # a second process on the same rank
         rank = f"{rank} pid {doc.get('pid', '?')}"
-    return snapshot_of(doc["stats"], rank, float(doc.get("written_at", 0.0)))
+    return snapshot_of(StoreReport.from_plain(doc["stats"]), rank, float(doc.get("written_at", 0.0)))
 
 
 def find_counter_files(lmdb_paths: Iterable[str]) -> list[str]:
@@ -141,7 +142,7 @@ class CounterPersister:
     a full disk must not disturb serving.
     """
 
-    def __init__(self, stats: Callable[[], Mapping[str, Any]], directory: str, rank: str,
+    def __init__(self, stats: Callable[[], StoreReport], directory: str, rank: str,
                  interval_s: float = DEFAULT_INTERVAL_S) -> None:
         self._stats = stats
         self.directory = directory

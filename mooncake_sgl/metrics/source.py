@@ -1,38 +1,59 @@
-"""From ``TieredStore.stats()`` to per-tier samples: the one place that knows the store's names.
+"""From ``TieredStore.stats()`` (a ``store.stats.StoreReport``) to per-tier samples: the one place
+that maps the store's report onto our series.
 
 The store reports, per tier, its own counters (what it moved through the tier), the tier's usage,
-and the tier's own counters under the tier's own names; ``tier_sample`` picks the fields our
-series need from those and nothing else.
+and the tier's own report; ``tier_sample`` picks the fields our series need from those and nothing
+else. Every mapping reads a declared field, so a renamed field is an ``AttributeError`` (which
+``test_source`` calls every mapping to catch), never a series that silently stays 0. A counter file
+is read back through ``StoreReport.from_plain`` into the same types.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..policy.load_gate import LoadGateStats
+from ..store.stats import LookupStats, StoreReport, StoreTierReport, UsageReport
 from .model import CURVE_FIELDS, CurveKey, Snapshot, TierSample, size_label
 
-# Store-level counter name -> sample field. The store counts what it moved through a tier.
-_STORE_FIELDS = {
-    "hits": "hits",
-    "misses": "misses",
-    "bytes_read": "read_bytes",
-    "bytes_written": "written_bytes",
-    "write_failures": "puts_refused",
-    "evictions": "evictions",
-    "promotions": "promotions_in",
-    "demotions": "demotions_in",
-    "admission_refused": "admission_refusals",
+# Sample field -> its value in the store's report of one tier (what the store moved through it, and
+# the tier's own report for what only some tiers count).
+TIER_FIELDS: dict[str, Callable[[StoreTierReport], float]] = {
+    "hits": lambda t: t.reads.hits,
+    "misses": lambda t: t.reads.misses,
+    "read_bytes": lambda t: t.reads.bytes_read,
+    "written_bytes": lambda t: t.placement.bytes_written,
+    "puts_refused": lambda t: t.placement.write_failures,
+    "evictions": lambda t: t.placement.evictions,
+    "promotions_in": lambda t: t.promotion.promotions,
+    "demotions_in": lambda t: t.placement.demotions,
+    "admission_refusals": lambda t: t.reads.admission_refused,
+    "corrupt_pages": lambda t: t.tier.corrupt_pages(),
+    "write_busy_seconds": lambda t: t.tier.write_busy_seconds(),
 }
-# Usage name -> sample field.
-_USAGE_FIELDS = {"pages": "resident_pages", "used_bytes": "resident_bytes",
-                 "capacity_bytes": "capacity_bytes", "holdable_bytes": "holdable_bytes"}
-# The tier's own counter of checksum failures (the LMDB tier; the others cannot detect any).
-_TIER_CORRUPT = "corrupt_pages"
-# The tier's own seconds with its writer busy (the LMDB tier).
-_TIER_WRITE_BUSY = "write_busy_s"
+# Sample field -> its value in the tier's usage (all 0 where the tier's usage is not reported here:
+# it failed, or another rank reports it).
+USAGE_FIELDS: dict[str, Callable[[UsageReport], float]] = {
+    "resident_pages": lambda u: u.pages,
+    "resident_bytes": lambda u: u.used_bytes,
+    "capacity_bytes": lambda u: u.capacity_bytes,
+    "holdable_bytes": lambda u: u.holdable_bytes,
+}
+# Per-rank counter -> its value in the store's own lookup counts.
+LOOKUP_FIELDS: dict[str, Callable[[LookupStats], float]] = {
+    "lookup_pages": lambda s: s.lookup_pages,
+    "lookup_hit_pages": lambda s: s.lookup_hit_pages,
+}
+# Per-rank counter -> its name in the curves' and the router announcer's sections: JSON-ready dicts
+# of ``policy.curve_feed`` and ``hicache.router_events``, whose names are theirs.
+CURVE_COST_FIELDS = {"curve_busy_seconds": "busy_seconds", "curve_process_seconds": "process_seconds",
+                     "curve_dropped_pages": "dropped_pages"}
+ROUTER_FIELDS = {"router_announced_pages": "stored", "router_removed_pages": "removed",
+                 "router_unannounced_pages": "unannounced",
+                 "router_skipped_other_namespace": "skipped_other_namespace",
+                 "router_skipped_not_sglang_hash": "skipped_not_sglang_hash"}
 
 
 def _section(d: Mapping[str, Any], name: str) -> Mapping[str, Any]:
@@ -40,41 +61,28 @@ def _section(d: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return sub if isinstance(sub, Mapping) else {}
 
 
-def tier_sample(entry: Mapping[str, Any], position: int) -> TierSample:
-    """A sample from one tier's entry of ``store.stats()["tiers"]``."""
-    store = _section(entry, "store")
-    usage = _section(entry, "usage")
-    tier = _section(entry, "tier")
+def tier_sample(entry: StoreTierReport, position: int) -> TierSample:
+    """A sample from one tier's entry of ``store.stats().tiers``."""
     vals: dict[str, float] = {"position": float(position)}
-    for name, f in _STORE_FIELDS.items():
-        vals[f] = float(store.get(name, 0.0))
-    for name, f in _USAGE_FIELDS.items():
-        vals[f] = float(usage.get(name, 0.0))
-    vals["corrupt_pages"] = float(tier.get(_TIER_CORRUPT, 0.0))
-    vals["write_busy_seconds"] = float(tier.get(_TIER_WRITE_BUSY, 0.0))
+    for f, value in TIER_FIELDS.items():
+        vals[f] = float(value(entry))
+    usage = entry.usage
+    for f, of_usage in USAGE_FIELDS.items():
+        vals[f] = float(of_usage(usage)) if isinstance(usage, UsageReport) else 0.0
     return TierSample(**vals)
 
 
-def snapshot_of(stats: Mapping[str, Any], rank: str = "", taken_at: float | None = None) -> Snapshot:
+def snapshot_of(stats: StoreReport, rank: str = "", taken_at: float | None = None) -> Snapshot:
     """Every tier of one store's ``stats()`` under ``rank``."""
-    tiers = _section(stats, "tiers")
-    samples = {(rank, name): tier_sample(entry, i) for i, (name, entry) in enumerate(tiers.items())
-               if isinstance(entry, Mapping)}
+    samples = {(rank, name): tier_sample(entry, i) for i, (name, entry) in enumerate(stats.tiers.items())}
     first = next(iter(samples.values()), TierSample())
-    store = _section(stats, "store")
-    costs = _section(_section(stats, "curves"), "costs")
-    router = _section(stats, "router_events")
+    costs = _section(_section(stats.sections, "curves"), "costs")
+    router = _section(stats.sections, "router_events")
     counters = {"read_pages": first.hits + first.misses,
-                "lookup_pages": float(store.get("lookup_pages", 0.0)),
-                "lookup_hit_pages": float(store.get("lookup_hit_pages", 0.0)),
-                **{f"curve_{name}": float(costs.get(name, 0.0))
-                   for name in ("busy_seconds", "process_seconds", "dropped_pages")},
-                **{f"router_{name}": float(router.get(field, 0.0))
-                   for name, field in (("announced_pages", "stored"), ("removed_pages", "removed"),
-                                       ("unannounced_pages", "unannounced"),
-                                       ("skipped_other_namespace", "skipped_other_namespace"),
-                                       ("skipped_not_sglang_hash", "skipped_not_sglang_hash"))},
-                **gate_counters(stats.get("load_gate"))}
+                **{name: float(value(stats.lookups)) for name, value in LOOKUP_FIELDS.items()},
+                **{name: float(costs.get(field, 0.0)) for name, field in CURVE_COST_FIELDS.items()},
+                **{name: float(router.get(field, 0.0)) for name, field in ROUTER_FIELDS.items()},
+                **gate_counters(stats.sections.get("load_gate"))}
     return Snapshot(samples, time.time() if taken_at is None else taken_at, {rank: counters},
                     curve_points(stats, rank))
 
@@ -91,11 +99,11 @@ def gate_counters(gate: object) -> dict[str, float]:
             "gate_probe_lookups": float(gate.probe_lookups)}
 
 
-def curve_points(stats: Mapping[str, Any], rank: str = "") -> dict[CurveKey, dict[str, float]]:
-    """From a store's ``stats()["curves"]["points"]`` (``policy/curve_feed.py``): per (rank, tier,
+def curve_points(stats: StoreReport, rank: str = "") -> dict[CurveKey, dict[str, float]]:
+    """From a store's ``stats()`` section ``curves`` (``policy/curve_feed.py``): per (rank, tier,
     size label), the point's lookups, hits and capacity in bytes."""
     out: dict[CurveKey, dict[str, float]] = {}
-    for tier, points in _section(_section(stats, "curves"), "points").items():
+    for tier, points in _section(_section(stats.sections, "curves"), "points").items():
         for point in points if isinstance(points, list) else []:
             if isinstance(point, Mapping) and "multiplier" in point:
                 out[(rank, tier, size_label(float(point["multiplier"])))] = {
@@ -103,19 +111,15 @@ def curve_points(stats: Mapping[str, Any], rank: str = "") -> dict[CurveKey, dic
     return out
 
 
-def policy_series(stats: Mapping[str, Any]
-                  ) -> tuple[dict[tuple[str, str, str], float], dict[str, float]]:
-    """From a store's ``stats()["experts"]`` (the policy's ``standings()``, by tier name):
+def policy_series(stats: StoreReport) -> tuple[dict[tuple[str, str, str], float], dict[str, float]]:
+    """From a store's ``stats().experts`` (the policy's ``standings()``, by tier name):
     ``{(field, tier, expert): value}`` for ``POLICY_GAUGES`` fields and ``{tier: leader switches}``;
     empty for a policy without experts. No name is parsed: a renamed expert is a renamed label."""
     gauges: dict[tuple[str, str, str], float] = {}
     switches: dict[str, float] = {}
-    for tier, entry in _section(stats, "experts").items():
-        if not isinstance(entry, Mapping):
-            continue
-        switches[tier] = float(entry.get("leader_switches", 0.0))
-        for expert, standing in _section(entry, "experts").items():
-            if isinstance(standing, Mapping):
-                gauges[("lead", tier, expert)] = float(standing.get("lead", 0.0))
-                gauges[("shadow_hit_ratio", tier, expert)] = float(standing.get("shadow_hit_ratio", 0.0))
+    for tier, entry in stats.experts.items():
+        switches[tier] = float(entry.leader_switches)
+        for expert, standing in entry.experts.items():
+            gauges[("lead", tier, expert)] = float(standing.lead)
+            gauges[("shadow_hit_ratio", tier, expert)] = float(standing.shadow_hit_ratio)
     return gauges, switches

@@ -168,18 +168,6 @@ class AdaptivePolicy(WriteThrough, ChainedPolicy):
             if key in sizes:
                 self._leave(state, tier, key)
 
-    def residents(self, tier: int) -> set[PageKey] | None:
-        state = self._tiers[tier]
-        if state.capacity is None:
-            return None
-        if not state.experts:
-            return set()
-        it = state.experts[FIRST_LEADER].candidates()
-        try:
-            return set(it)
-        finally:
-            it.close()
-
     # ------------------------------------------------------------------ decisions
 
     def victims(self, tier: int, nbytes: int, protected: AbstractSet[PageKey] = frozenset()

@@ -264,10 +264,6 @@ class HeatPolicy(ChainedPolicy):
         seg.evictions -= len(keys)
         self.on_insert(keys, tier, nbytes)
 
-    def residents(self, tier: int) -> set[PageKey]:
-        seg = self._tiers[tier]
-        return set(seg.probation) | set(seg.main)
-
     # ------------------------------------------------------------------ decisions
 
     def admit(self, keys: Sequence[PageKey], tier: int) -> list[bool]:

@@ -43,9 +43,6 @@ class LruPolicy(WriteThrough):
         for key in keys:
             order.pop(key, None)
 
-    def residents(self, tier: int) -> set[PageKey]:
-        return set(self._order[tier])
-
     def victims(self, tier: int, nbytes: int, protected: AbstractSet[PageKey] = frozenset()
                 ) -> list[PageKey] | None:
         sizes = self.residency.pages(tier)

@@ -72,16 +72,6 @@ class _ExpertPolicy(WriteThrough):
         for key in keys:
             expert.drop(key)
 
-    def residents(self, tier: int) -> set[PageKey]:
-        expert = self._experts[tier]
-        if expert is None:
-            return set()
-        it = expert.candidates()
-        try:
-            return set(it)
-        finally:
-            it.close()
-
     def victims(self, tier: int, nbytes: int, protected: AbstractSet[PageKey] = frozenset()
                 ) -> list[PageKey] | None:
         sizes, expert = self.residency.pages(tier), self._experts[tier]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..api import PageKey, PlacementPolicy
 from ..policy.curve_feed import CurveFeed
@@ -106,14 +105,15 @@ class Simulator:
     @property
     def result(self) -> SimResult:
         """What the store did so far, from its counters."""
-        stats: dict[str, Any] = self.store.stats()
-        top = stats["store"]
+        stats = self.store.stats()
+        top = stats.lookups
         tiers = []
         for cap, name in zip(self.caps, self.store.names):
-            c = stats["tiers"][name]["store"]
-            tiers.append(TierStats(cap, hit_pages=c["lookup_hits"], bytes_written=c["bytes_written"],
-                                   bytes_promoted=c["promotions"] * self.page,
-                                   bytes_demoted=c["demotions"] * self.page, evictions=c["evictions"],
-                                   refused_writes=c["write_failures"]))
-        return SimResult(self.name, requests=top["lookups"], lookup_pages=top["lookup_pages"],
-                         hit_pages=top["lookup_hit_pages"], tiers=tiers, policy_stats=stats["policy"])
+            t = stats.tiers[name]
+            placed = t.placement
+            tiers.append(TierStats(cap, hit_pages=t.reads.lookup_hits, bytes_written=placed.bytes_written,
+                                   bytes_promoted=t.promotion.promotions * self.page,
+                                   bytes_demoted=placed.demotions * self.page, evictions=placed.evictions,
+                                   refused_writes=placed.write_failures))
+        return SimResult(self.name, requests=top.lookups, lookup_pages=top.lookup_pages,
+                         hit_pages=top.lookup_hit_pages, tiers=tiers, policy_stats=dict(stats.policy))

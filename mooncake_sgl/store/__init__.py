@@ -23,10 +23,10 @@ keys still missing → pages found below tier 0 → ``Promoter.promote`` (on the
 ``Residency.promotion_targets`` → ``Placer.write`` into the faster tier.
 
 A write: ``put_from`` holds its keys on ``Residency`` → ``Residency.admit`` (per tier) →
-``Placer.write`` per admitting tier (shared tiers in parallel) → room: ``Residency.prepare_evict``
-(the policy names victims) → victims copied to their demotion tier by ``Placer.write`` there → removed
-→ ``commit_evict`` / ``abort_evict`` → ``TierCalls.call(put)`` → ``Residency.inserted`` (the
-policy hears of it) → headroom kept later on the mover.
+``Placer.write`` per admitting tier (shared tiers in parallel) → room: ``Residency.plan_room``
+(one call: the policy names victims and their demotion tiers) → victims copied down by
+``Placer.write`` there → removed → ``commit_evict`` / ``abort_evict`` → ``TierCalls.call(put)`` →
+``Residency.inserted`` (the policy hears of it) → headroom kept later on the mover.
 """
 
 from __future__ import annotations

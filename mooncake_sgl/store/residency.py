@@ -15,9 +15,11 @@ Facts and their owners:
 
 Moves out of a tier are two-phase, as the tiers' own writes are:
 
-1. ``prepare_evict``: the policy names victims and forgets them (``PlacementPolicy.victims``); here
-   they stay resident but leaving (out of the policy's view), so nothing else removes them while
-   their bytes are being copied down or removed;
+1. ``plan_room``: the policy names victims and forgets them (``PlacementPolicy.victims``) and
+   names each one's demotion target; here they stay resident but leaving (out of the policy's
+   view), so nothing else removes them while their bytes are being copied down or removed. The
+   same call answers the rest of what a write asks before it writes (which of its pages the tier
+   holds already, which are pinned), so a write takes the lock once to plan;
 2. the store copies (demotes) and removes them through the tier;
 3. ``commit_evict`` forgets the victims whose removal succeeded; ``abort_evict`` gives the rest
    back to the policy (``PlacementPolicy.on_evict_aborted``), so a tier whose ``remove`` failed
@@ -27,7 +29,8 @@ Lookups are recorded, not applied: ``record_lookup`` appends to a bounded, lossy
 taking the lock (Caffeine's read buffer), and ``maintain`` drains it into the policy in one step
 under the lock. A full buffer drops the oldest lookups (a lost recency signal costs a little
 precision; a blocked reader costs latency). Decisions that depend on heat (``admit``,
-``promotion_targets``, ``prepare_evict``) drain first, so they see every lookup that was not dropped.
+``promotion_targets``, ``plan_room`` when it evicts) drain first, so they see every lookup that was
+not dropped.
 
 Every change to the record, and every lookup handed to the policy, is also an event
 (``api.StoreEvent``) for the store's observers (``observers.EventHub``): queued under the lock, in
@@ -43,6 +46,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from ..api import (
     ExpertStanding,
@@ -65,6 +69,27 @@ from .stats import ResidencyStats
 LOOKUP_BUFFER = 4096
 # Buffered lookups that make the store ask the mover for a maintenance run (coalesced). Arbitrary.
 DRAIN_AT = LOOKUP_BUFFER // 4
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """A page chosen to leave a managed tier, *leaving* until its eviction commits or aborts."""
+
+    key: PageKey
+    footprint: int
+    target: int | None  # the tier the policy demotes it to; None, or one not slower: dropped
+
+
+@dataclass(frozen=True, slots=True)
+class RoomPlan:
+    """What ``Residency.plan_room`` decided for a write into one tier, in one step under its lock."""
+
+    need: int  # bytes of the batch's pages the record lacks there (held ones need no room)
+    short: bool  # the tier cannot take them (and the reserve) without evicting, or cannot say
+    # Chosen when the tier is short and said what it can take; each must end in ``commit_evict`` or
+    # ``abort_evict``. Empty there: the policy could not free enough without a held page.
+    victims: tuple[Victim, ...]
+    pins: tuple[bool, ...] | None  # per key: pinned now; None when not asked
 
 
 class _Ranked(Mapping[PageKey, int]):
@@ -266,32 +291,62 @@ class Residency:
 
     # ------------------------------------------------------------------ two-phase eviction
 
-    def prepare_evict(self, t: int, nbytes: int) -> list[tuple[PageKey, int]] | None:
-        """Victims (key, footprint) freeing at least ``nbytes`` of tier ``t``, marked leaving; ``None``
-        when the policy cannot free that much without a held page (nothing changes then).
+    def plan_room(self, t: int, free: int, keys: Sequence[PageKey] = (), footprints: Sequence[int] = (),
+                  reserve: Callable[[int], int] | None = None, pins: bool = False) -> RoomPlan:
+        """Room in tier ``t`` for the batch ``keys`` (each page's ``footprints`` there), decided in
+        one step under the lock (see ``RoomPlan``). ``free``: the bytes the tier says it can take
+        now (negative: it cannot say, and nothing is evicted). ``reserve(need)``: bytes to keep
+        free beyond the batch's ``need`` (the mover's headroom, which grows with the largest
+        batch); not asked for a batch the tier holds whole, asked alone when there is no batch. It
+        runs under the lock: arithmetic only, no tier call. ``pins``: also say which of ``keys``
+        are pinned now.
 
-        Raises: ``RuntimeError`` when the policy names a page its view of ``t`` lacks. The policies
-        of this package cannot: they take victims' sizes from the view and skip what it lacks. A
-        policy from elsewhere is checked here.
+        Raises: ``RuntimeError`` when the policy names a page its view of ``t`` lacks (no victim is
+        marked leaving then). The policies of this package cannot: they take victims' sizes from
+        the view and skip what it lacks. A policy from elsewhere is checked here. Whatever else
+        the policy raises once victims are marked leaving gives them back first: the caller never
+        sees them, so it could not end their eviction.
         """
+        policy = self.policy
+        need, short = 0, False
+        chosen: list[PageKey] = []
         try:
             with self._lock:
-                self._drain()
-                victims = self.policy.victims(t, nbytes, self._holds.keys())  # a view: read under the lock
-                if not victims:
-                    return None
-                resident, leaving = self._resident[t], self._leaving[t]
-                unknown = [k for k in victims if k not in resident or k in leaving]
-                if unknown:
-                    raise RuntimeError(f"{type(self.policy).__name__} named {len(unknown)} victim(s) of "
-                                       f"tier {t} that are not resident there (or already leaving)")
-                out = [(k, resident[k]) for k in victims]
-                leaving.update(victims)
-                self._used[t] -= sum(resident[k] for k in set(victims))
+                resident = self._resident[t]
+                if self.managed[t]:
+                    need = sum(n for k, n in zip(keys, footprints) if k not in resident)
+                    total = need + reserve(need) if reserve is not None and (need > 0 or not keys) else need
+                    short = free < total and total > 0
+                    if short and free >= 0:
+                        chosen = self._mark_leaving(t, total - free)
+                try:
+                    # Asked once the policy has let the victims go, as it decides them for pages
+                    # leaving the tier.
+                    targets = [policy.demotion_target(k, t) for k in chosen]
+                    pinned = tuple(policy.is_pinned(k) for k in keys) if pins else None
+                except BaseException:
+                    self._give_back(t, chosen, [resident[k] for k in chosen])
+                    raise
+                victims = tuple(Victim(k, resident[k], target) for k, target in zip(chosen, targets))
         finally:
             self.events.deliver()
-        self.counters.add(evictions_prepared=len(out))
-        return out
+        self.counters.add(evictions_prepared=len(victims))
+        return RoomPlan(need, short, victims, pinned)
+
+    def _mark_leaving(self, t: int, nbytes: int) -> list[PageKey]:
+        """The policy's victims freeing ``nbytes`` of tier ``t``, marked leaving (none: it cannot)."""
+        self._drain()
+        chosen = self.policy.victims(t, nbytes, self._holds.keys())  # a view: read under the lock
+        if not chosen:
+            return []
+        resident, leaving = self._resident[t], self._leaving[t]
+        unknown = [k for k in chosen if k not in resident or k in leaving]
+        if unknown:
+            raise RuntimeError(f"{type(self.policy).__name__} named {len(unknown)} victim(s) of "
+                               f"tier {t} that are not resident there (or already leaving)")
+        leaving.update(chosen)
+        self._used[t] -= sum(resident[k] for k in set(chosen))
+        return chosen
 
     def commit_evict(self, t: int, keys: Sequence[PageKey]) -> None:
         """The victims ``keys`` are gone from tier ``t``: forget them (the policy already has)."""
@@ -308,18 +363,23 @@ class Residency:
         self.events.deliver()
         self.counters.add(evictions_committed=len(keys))
 
-    def abort_evict(self, t: int, victims: Sequence[tuple[PageKey, int]]) -> None:
+    def abort_evict(self, t: int, victims: Sequence[Victim]) -> None:
         """The victims are still in tier ``t`` (their removal failed): the policy gets them back."""
         if not victims:
             return
         with self._lock:
-            resident, leaving = self._resident[t], self._leaving[t]
-            for k, _ in victims:
-                if k in leaving:
-                    leaving.discard(k)
-                    self._used[t] += resident[k]
-            self.policy.on_evict_aborted([k for k, _ in victims], t, [n for _, n in victims])
+            self._give_back(t, [v.key for v in victims], [v.footprint for v in victims])
         self.counters.add(evictions_aborted=len(victims))
+
+    def _give_back(self, t: int, keys: Sequence[PageKey], footprints: Sequence[int]) -> None:
+        if not keys:
+            return
+        resident, leaving = self._resident[t], self._leaving[t]
+        for k in keys:
+            if k in leaving:
+                leaving.discard(k)
+                self._used[t] += resident[k]
+        self.policy.on_evict_aborted(keys, t, footprints)
 
     # ------------------------------------------------------------------ decisions
 
@@ -349,14 +409,6 @@ class Residency:
                 self.counters.add(promotions_beyond_reach=beyond)
         self.events.deliver()
         return targets
-
-    def demotion_targets(self, t: int, keys: Sequence[PageKey]) -> list[int | None]:
-        with self._lock:
-            return [self.policy.demotion_target(k, t) for k in keys]
-
-    def pinned(self, keys: Sequence[PageKey]) -> list[bool]:
-        with self._lock:
-            return [self.policy.is_pinned(k) for k in keys]
 
     def policy_stats(self) -> tuple[dict[str, float], list[ExpertStanding]]:
         """The policy's own counters and its experts' standings, read together."""

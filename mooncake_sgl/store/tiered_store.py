@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Literal
 
 from ..api import (
     PageKey,
@@ -43,6 +43,8 @@ from ..api import (
     RemovalCause,
     StoreObserver,
     Tier,
+    TierReport,
+    TierReportError,
     page_nbytes,
 )
 from ..tally import Tally
@@ -52,7 +54,17 @@ from .placer import ROOM_WAIT, Placer
 from .promoter import Promoter
 from .residency import DRAIN_AT, Residency
 from .staging import Staging
-from .stats import LookupStats, TierReadStats
+from .stats import (
+    ExpertReport,
+    LookupStats,
+    MoverReport,
+    StoreReport,
+    StoreTierReport,
+    TierExpertsReport,
+    TierReadStats,
+    UsageError,
+    UsageReport,
+)
 from .tier_calls import TierCalls
 
 logger = logging.getLogger(__name__)
@@ -351,35 +363,34 @@ class TieredStore:
             self._shared_writer.shutdown(wait=True)
         self._calls.close()
 
-    def stats(self) -> dict[str, Any]:
-        """Counters, one namespace per source; the shape is ``api.STATS_SHAPE``."""
-        tiers: dict[str, Any] = {}
+    def stats(self) -> StoreReport:
+        """Counters, one field per source (``as_dict()``: the nesting of ``api.STATS_SHAPE``)."""
+        tiers: dict[str, StoreTierReport] = {}
         for t, (name, tier) in enumerate(zip(self.names, self.tiers)):
+            usage: UsageReport | UsageError
             try:
-                u = tier.usage()
-                usage: dict[str, Any] = {"capacity_bytes": u.capacity_bytes, "used_bytes": u.used_bytes,
-                                         "holdable_bytes": u.holdable_bytes, "pages": u.pages}
+                usage = UsageReport.of(tier.usage())
             except Exception as e:  # a dead remote tier still reports its counters
-                usage = {"error": str(e)}
+                usage = UsageError(str(e))
+            own: TierReport
             try:
                 own = tier.stats()
             except Exception as e:
-                own = {"error": str(e)}
-            moved = {**self._read_counters[t].as_dict(), **self._placer.counters[t].as_dict(),
-                     **self._promoter.counters[t].as_dict()}
-            tiers[name] = {"usage": usage, "store": moved, "tier": own}
+                own = TierReportError(str(e))
+            tiers[name] = StoreTierReport(usage, self._read_counters[t].snapshot(),
+                                          self._placer.counters[t].snapshot(),
+                                          self._promoter.counters[t].snapshot(), own)
         policy, standings = self._residency.policy_stats()
-        experts: dict[str, Any] = {}
+        switches: dict[str, int] = {}
+        experts: dict[str, dict[str, ExpertReport]] = {}
         for s in standings:
-            entry = experts.setdefault(self.names[s.tier], {"leader_switches": s.leader_switches,
-                                                            "experts": {}})
-            entry["experts"][s.expert] = {"lead": int(s.leading), "shadow_hit_ratio": s.shadow_hit_ratio}
-        out = {"store": {**self._counters.as_dict(), **self._residency.counters.as_dict()},
-               "mover": {"background": int(self._mover.background), **self._mover.counters.as_dict()},
-               "policy": policy, "experts": experts, "tiers": tiers}
-        for observer in self._residency.events.reporting:
-            out[observer.section] = observer.stats()
-        return out
+            switches.setdefault(self.names[s.tier], s.leader_switches)
+            experts.setdefault(self.names[s.tier], {})[s.expert] = ExpertReport(int(s.leading),
+                                                                                s.shadow_hit_ratio)
+        return StoreReport(self._counters.snapshot(), self._residency.counters.snapshot(),
+                           MoverReport(self._mover.background, self._mover.counters.snapshot()),
+                           policy, {n: TierExpertsReport(switches[n], e) for n, e in experts.items()},
+                           tiers, {o.section: o.stats() for o in self._residency.events.reporting})
 
     # ------------------------------------------------------------------ internals
 

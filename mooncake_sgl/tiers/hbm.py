@@ -19,14 +19,15 @@ Size: ``capacity`` bytes, or ``fraction_of_free`` of the device memory free when
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..api import PageView, TierKind
+from ..api import PageView, TierKind, TierReport
 from ..config import HbmTierConfig, HostTierConfig
 from ..errors import TierError
-from .host import HostTier
+from .host import HostTier, HostTierReport
 
 
 def _free_bytes(device: torch.device) -> int:
@@ -65,6 +66,14 @@ def resolve_capacity(config: HbmTierConfig, device: torch.device) -> int:
     if capacity <= 0:
         raise TierError(f"hbm tier: {config.fraction_of_free} of the free memory on {device} is 0 bytes")
     return capacity
+
+
+@dataclass(frozen=True)
+class HbmTierReport(TierReport):
+    """The HBM tier's ``stats()``: the host tier's, and whether its slots are on a GPU."""
+
+    host: HostTierReport
+    on_cuda: float  # 1.0 on a CUDA device, 0.0 on the CPU stand-in (a 0/1 gauge, as exported)
 
 
 class HbmTier(HostTier):
@@ -122,7 +131,5 @@ class HbmTier(HostTier):
     def _write_slots(self, buf: Any, writes: list[tuple[int, PageView]]) -> None:
         self._copy(self._segments(buf, writes))
 
-    def stats(self) -> dict[str, float]:
-        out = super().stats()
-        out["on_cuda"] = float(self._device.type == "cuda")
-        return out
+    def stats(self) -> HbmTierReport:
+        return HbmTierReport(super().stats(), float(self._device.type == "cuda"))

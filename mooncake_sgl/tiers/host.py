@@ -33,7 +33,17 @@ from typing import Any
 
 import numpy as np
 
-from ..api import PageKey, PageView, PutResult, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
+from ..api import (
+    PageKey,
+    PageView,
+    PutResult,
+    Tier,
+    TierCapabilities,
+    TierKind,
+    TierReport,
+    TierUsage,
+    page_nbytes,
+)
 from ..buffers import copy_batch
 from ..config import HostTierConfig
 from ..errors import TierClosed, TierError
@@ -59,6 +69,17 @@ class HostTierStats:
     bytes_read: int = 0
     bytes_written: int = 0
     removed: int = 0
+
+
+@dataclass(frozen=True)
+class HostTierReport(TierReport):
+    """The host tier's ``stats()``: its counts and its slots now."""
+
+    counts: HostTierStats
+    slot_size: int  # bytes of one slot (the largest page it takes)
+    slots: int
+    slots_free: int
+    pages: int
 
 
 def _allocate_buffer(nbytes: int, pin: bool) -> tuple[object, np.ndarray]:
@@ -312,14 +333,10 @@ class HostTier(Tier):
             snapshot = [(k, n) for k, (_, n) in self._index.items()]
         return iter(snapshot)
 
-    def stats(self) -> dict[str, float]:
-        out: dict[str, float] = self._counters.as_dict()
+    def stats(self) -> HostTierReport:
+        counts = self._counters.snapshot()
         with self._lock:
-            out["slot_size"] = self._slot_size
-            out["slots"] = self._nslots
-            out["slots_free"] = self._nfree
-            out["pages"] = len(self._index)
-        return out
+            return HostTierReport(counts, self._slot_size, self._nslots, self._nfree, len(self._index))
 
     def clear(self) -> None:
         with self._lock:

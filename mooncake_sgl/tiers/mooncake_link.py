@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from ..api import TierReport
 from ..config import MooncakeStoreTierConfig
 from ..errors import TierClosed
 from ..tally import Tally
@@ -98,6 +99,14 @@ class MasterLinkStats:
     master_lost: int = 0  # times the link went down
     reconnects: int = 0  # times it came back, by the client's own reconnect or a fresh setup
     setups: int = 0  # client setups tried, the first included
+
+
+@dataclass(frozen=True)
+class MasterLinkReport(TierReport):
+    """A link's ``stats()``: its counts and whether it is up (part of its tier's report)."""
+
+    counts: MasterLinkStats
+    connected: float  # 1.0 while the link is up, else 0.0 (a 0/1 gauge, as exported)
 
 
 class MasterLink:
@@ -194,9 +203,9 @@ class MasterLink:
         logger.warning("%s: master %s unreachable (%s); answering misses until it is back",
                        self.name, self.config.master, why)
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> MasterLinkReport:
         with self._lock:  # the watcher counts a reconnect as it marks the link up
-            return {**self._counters.as_dict(), "connected": float(self._up)}
+            return MasterLinkReport(self._counters.snapshot(), float(self._up))
 
     def close(self) -> None:
         """Stop the watcher, wait for calls in flight, close the client. Idempotent."""

@@ -38,12 +38,22 @@ from typing import Any
 import numpy as np
 
 from .. import envs
-from ..api import PageKey, PageView, PutResult, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
+from ..api import (
+    PageKey,
+    PageView,
+    PutResult,
+    Tier,
+    TierCapabilities,
+    TierKind,
+    TierReport,
+    TierUsage,
+    page_nbytes,
+)
 from ..buffers import gather, scatter
 from ..config import MooncakeStoreTierConfig
 from ..errors import TierError
 from ..tally import Tally
-from .mooncake_link import OK, RPC_TIMEOUT_MS, MasterLink
+from .mooncake_link import OK, RPC_TIMEOUT_MS, MasterLink, MasterLinkReport
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +84,15 @@ class MooncakeStoreTierStats:
     zero_copy_pages: int = 0  # moved straight from or into registered memory
     staged_pages: int = 0  # copied through the staging buffer
     too_large: int = 0  # outside registered memory and larger than the staging buffer
+
+
+@dataclass(frozen=True)
+class MooncakeStoreTierReport(TierReport):
+    """The Mooncake Store tier's ``stats()``: its counts, its link's report, its registered memory."""
+
+    counts: MooncakeStoreTierStats
+    link: MasterLinkReport
+    registered_bytes: int  # host memory registered with the transfer engine (zero-copy reach)
 
 
 def _load_mooncake() -> Any:
@@ -265,9 +284,9 @@ class MooncakeStoreTier(Tier):
             # Copy on write: readers bisect the list without the lock.
             self._ranges = sorted([*self._ranges, (ptr, ptr + nbytes)])
 
-    def stats(self) -> dict[str, float]:
-        return {**self._counters.as_dict(), **self._link.stats(),
-                "registered_bytes": float(sum(e - s for s, e in self._ranges))}
+    def stats(self) -> MooncakeStoreTierReport:
+        return MooncakeStoreTierReport(self._counters.snapshot(), self._link.stats(),
+                                       sum(e - s for s, e in self._ranges))
 
     def clear(self) -> None:
         """Drop every page this package wrote to the cluster (keys under ``msgl/``), from every

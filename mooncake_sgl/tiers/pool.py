@@ -31,7 +31,7 @@ from typing import TypeVar
 
 import xxhash
 
-from ..api import PageKey, PageView, PutResult, Tier, TierCapabilities, TierKind, TierUsage
+from ..api import PageKey, PageView, PutResult, Tier, TierCapabilities, TierKind, TierReport, TierUsage
 from ..config import PoolTierConfig
 from ..errors import MooncakeSglError, TierClosed
 from ..tally import Tally
@@ -54,6 +54,16 @@ class PoolTierStats:
     put_already_present: int = 0  # of those, already there
     endpoint_failures: int = 0  # calls to a pool server that failed (it is skipped a while)
     skipped_keys: int = 0  # pages whose pool server was skipped as down
+
+
+@dataclass(frozen=True)
+class PoolTierReport(TierReport):
+    """The pool tier's ``stats()``: its counts and its pool servers now."""
+
+    counts: PoolTierStats
+    endpoints: int  # pool servers configured
+    endpoints_live: int  # of those, not skipped as down
+    shm_endpoints: int  # of those, reached through shared memory (same host)
 
 
 class PoolTier(Tier):
@@ -203,12 +213,9 @@ class PoolTier(Tier):
         self._each_live(lambda c: c.clear())
         self._usage = None
 
-    def stats(self) -> dict[str, float]:
-        out: dict[str, float] = {k: float(v) for k, v in self._counters.as_dict().items()}
-        out["endpoints"] = float(len(self._clients))
-        out["endpoints_live"] = float(len(self._live()))
-        out["shm_endpoints"] = float(sum(c.mode == "shm" for c in self._clients))
-        return out
+    def stats(self) -> PoolTierReport:
+        return PoolTierReport(self._counters.snapshot(), len(self._clients), len(self._live()),
+                              sum(c.mode == "shm" for c in self._clients))
 
     def close(self) -> None:
         if self._closed:

@@ -70,7 +70,7 @@ CHILD = textwrap.dedent("""
     call("remove", lambda: tier.remove(keys[:10]))
     call("contains_again", lambda: sum(tier.contains(keys)))
     wanted = ("io_errors", "disk_errors", "index_locked_bytes")
-    out["stats"] = {k: v for k, v in tier.stats().items() if k in wanted}
+    out["stats"] = {k: v for k, v in tier.stats().as_dict().items() if k in wanted}
     tier.close()
     print(json.dumps(out), flush=True)
 """)

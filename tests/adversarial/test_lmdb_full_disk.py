@@ -97,7 +97,7 @@ for i in range(120):
     if store.get_into([f"page-{i}".encode()], [[out]]) == [True]:
         assert bytes(out) == bytes([i % 251]) * PAGE, i
         held.append(i)
-lmdb = store.stats()["tiers"]["lmdb"]
+lmdb = store.stats().tiers["lmdb"].as_dict()
 store.close()
 print(json.dumps({"accepted": sum(map(all, puts)), "held": held, "evictions": lmdb["store"]["evictions"],
                   "refused": lmdb["tier"]["put_full"], "usage": lmdb["usage"]}))

@@ -197,6 +197,6 @@ def test_sigkill_mid_batch_leaves_every_acknowledged_page_readable(tmp_path: Pat
         for b in set(acked):
             want = [b"b%04d-%03d" % (b, i) for i in range(64) if i % 3]
             assert all(k in found for k in want), f"acknowledged batch {b} lost pages"
-        assert tier.stats()["corrupt_pages"] == 0
+        assert tier.stats().counts.corrupt_pages == 0
     finally:
         tier.close()

@@ -181,7 +181,7 @@ def test_idle_connections_are_closed_and_clients_reconnect_without_a_failure(
     time.sleep(1.5)  # the server closes the tier's idle connection meanwhile
     out = [memoryview(bytearray(64 * KIB))]
     assert tier.get_into([b"idle-k"], [out]) == [True] and bytes(out[0]) == bytes(page(3)[0])
-    assert tier.stats()["endpoint_failures"] == 0
+    assert tier.stats().counts.endpoint_failures == 0
     tier.close()
 
 

@@ -176,7 +176,7 @@ VERIFIER = textwrap.dedent("""
                       "refused_after": res.ok.count(False),
                       "unreadable_after": sum(1 for ok, k, o in zip(back, fresh, out)
                                               if not ok or bytes(o[0]) != page_bytes(k, size_of(k))),
-                      "stored": sum(1 for _ in tier.scan()), "stats": tier.stats(),
+                      "stored": sum(1 for _ in tier.scan()), "stats": tier.stats().as_dict(),
                       "file_bytes": os.path.getsize(sys.argv[1] + "/pages.bin")}))
     tier.close()
 """)

@@ -52,8 +52,8 @@ def main(role: str, n: int, seed: int, extra: dict) -> None:
         report["exists"] = backend.batch_exists(hashes)
         report["read"] = sum(backend.batch_get_v1(hashes, idx))
     report["digests"] = [hashlib.sha256(p).hexdigest() for p in pools.page_bytes(pool, idx)]
-    stats = store.stats()["tiers"]
-    report["hits"] = {tier_kind(t): stats[name]["store"]["hits"]
+    stats = store.stats().tiers
+    report["hits"] = {tier_kind(t): stats[name].reads.hits
                       for name, t in zip(store.names, backend._store_config.tiers)}
     print(("READY " if role == "write" else "RESULT ") + json.dumps(report), flush=True)
     if role == "write":

@@ -24,6 +24,7 @@ from devtools.testing import hybrid_pools
 from mooncake_sgl.hicache import layout, plugin
 from mooncake_sgl.hicache.backend import MooncakeSglStorage
 from mooncake_sgl.hicache.sglang_config import StorageRank
+from mooncake_sgl.hicache.sglang_pool import HostPool
 
 from . import pools
 from .pools import KINDS, LAYOUTS, PAGE
@@ -192,8 +193,8 @@ def test_copy_path_shares_keys_and_bytes_with_zero_copy_path(make_backend, kind:
 # ---------------------------------------------------------------------------------- keys, ranks
 
 def test_key_namespace_covers_model_ranks_and_layout(tmp_path) -> None:
-    mha_geo = layout.pool_geometry(pools.build_pool("mha", "page_first"))
-    mla_geo = layout.pool_geometry(pools.build_pool("mla", "page_first"))
+    mha_geo = layout.pool_geometry(HostPool.read(pools.build_pool("mha", "page_first")))
+    mla_geo = layout.pool_geometry(HostPool.read(pools.build_pool("mla", "page_first")))
 
     def ns(kind, geo, **kw):
         cfg = StorageRank.read(pools.storage_config(kind, "page_first", tmp_path, **kw))

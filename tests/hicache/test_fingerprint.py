@@ -104,9 +104,8 @@ def test_a_gguf_file_or_an_unknown_hub_id_is_still_fingerprinted(tmp_path: Path,
     assert unknown.digest and "not identified" in caplog.text and "no-such-org/no-such-model" in caplog.text
 
 
-def test_outside_a_server_without_a_local_path_there_is_no_fingerprint(tmp_path: Path) -> None:
-    cfg = pools.storage_config("mha", "page_first", tmp_path)  # model "toy-org/toy-model"
-    assert fp.checkpoint_fingerprint(cfg).digest == ""
+def test_outside_a_server_without_a_local_path_there_is_no_fingerprint() -> None:
+    assert fp.checkpoint_fingerprint(pools.MODEL).digest == ""  # "toy-org/toy-model"
 
 
 def _store_and_probe(model: Path, root: Path, write: bool) -> int:

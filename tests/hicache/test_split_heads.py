@@ -28,6 +28,7 @@ from mooncake_sgl.errors import ConfigError
 from mooncake_sgl.hicache import layout
 from mooncake_sgl.hicache.backend import MooncakeSglStorage
 from mooncake_sgl.hicache.sglang_config import StorageRank
+from mooncake_sgl.hicache.sglang_pool import HostPool
 
 from . import pools
 
@@ -190,7 +191,8 @@ def test_head_groups_are_the_buffers_sglang_splits() -> None:
     idx = pool.alloc(2 * pools.PAGE)
     for split in (2, 4):
         ptrs, sizes = pool.get_split_heads_page_buffer_meta(idx, split)
-        pages = layout.page_views(pool, layout.pool_geometry(pool), idx, 2)
+        record = HostPool.read(pool)
+        pages = layout.page_views(record, layout.pool_geometry(record), idx, 2)
         ours = [group for page in pages for group in layout.head_group_views(page, split)]
         flat = [(ctypes.addressof(ctypes.c_char.from_buffer(seg)), seg.nbytes) for g in ours for seg in g]
         assert flat == list(zip(ptrs, sizes, strict=True))
@@ -223,9 +225,11 @@ def test_tp_lcm_size_on_a_layout_other_than_page_head_fails_the_attach(tmp_path:
 def test_tp_lcm_size_is_no_error_for_mla_or_without_a_split(tmp_path: Path) -> None:
     mla = storage_config(0, 1, 2, pools.extra_config(tmp_path / "mla"))
     mla = dataclasses.replace(mla, is_mla_model=True, should_split_heads=False)
-    assert layout.head_split(StorageRank.read(mla), pools.build_pool("mla", "layer_first")) == 1
+    mla_pool = HostPool.read(pools.build_pool("mla", "layer_first"))
+    assert layout.head_split(StorageRank.read(mla), mla_pool) == 1
     same = dataclasses.replace(storage_config(0, 2, 2, {}), should_split_heads=False)
-    assert layout.head_split(StorageRank.read(same), pools.build_pool("mha", "layer_first", heads=HEADS)) == 1
+    mha = HostPool.read(pools.build_pool("mha", "layer_first", heads=HEADS))
+    assert layout.head_split(StorageRank.read(same), mha) == 1
 
 
 def test_split_pages_through_the_copy_path_are_the_zero_copy_objects(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from devtools.testing.backend_record import store_stats
 from mooncake_sgl.hicache import page_objects, sidecars
 from mooncake_sgl.hicache.backend import MooncakeSglStorage
 from mooncake_sgl.hicache.sglang_config import StorageRank
+from mooncake_sgl.hicache.sglang_pool import HostPool
 
 from . import hybrid, pools
 from .pools import PAGE
@@ -81,8 +82,8 @@ def test_parts_cover_a_page_exactly_in_order() -> None:
 def test_which_sidecars_tp_ranks_share(tmp_path) -> None:
     mla = StorageRank.read(pools.storage_config("mla", "page_first", tmp_path, tp_rank=1, tp_size=2))
     mha = StorageRank.read(pools.storage_config("mha", "page_first", tmp_path, tp_rank=1, tp_size=2))
-    mha_pool = pools.build_pool("mha", "page_first")
-    mla_pool = pools.build_pool("mla", "page_first")
+    mha_pool = HostPool.read(pools.build_pool("mha", "page_first"))
+    mla_pool = HostPool.read(pools.build_pool("mla", "page_first"))
     assert sidecars.is_rank_replicated(mla, "indexer", mla_pool)
     assert sidecars.is_rank_replicated(mla, "draft", mla_pool)
     assert not sidecars.is_rank_replicated(mla, "mamba", mla_pool)  # TP-sharded (Kimi-K3)

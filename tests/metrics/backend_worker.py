@@ -18,6 +18,7 @@ from sglang.srt.plugins import load_plugins
 
 from devtools.testing.backend_record import store_stats
 from mooncake_sgl.metrics.source import snapshot_of
+from mooncake_sgl.store.stats import StoreReport
 from tests.hicache import pools
 
 
@@ -38,7 +39,7 @@ def main() -> None:
     stats = store_stats(backend)
     backend.close()
     print(json.dumps({t: {"hits": s.hits, "misses": s.misses, "written_bytes": s.written_bytes}
-                      for t, s in snapshot_of(stats).by_tier().items()}))
+                      for t, s in snapshot_of(StoreReport.from_plain(stats)).by_tier().items()}))
 
 
 if __name__ == "__main__":

@@ -20,9 +20,9 @@ RANK = "tp0_pp0_dp0_cp0"
 WRITER = textwrap.dedent("""
     import sys
     from mooncake_sgl.metrics.persist import CounterPersister
-    hits = float(sys.argv[2])
-    p = CounterPersister(lambda: {"tiers": {"host": {"store": {"hits": hits}}}}, sys.argv[1],
-                         "tp0_pp0_dp0_cp0", interval_s=0.05).start()
+    from mooncake_sgl.store.stats import StoreReport
+    report = StoreReport.from_plain({"tiers": {"host": {"store": {"hits": float(sys.argv[2])}}}})
+    p = CounterPersister(lambda: report, sys.argv[1], "tp0_pp0_dp0_cp0", interval_s=0.05).start()
     print("started", flush=True)
     sys.stdin.read()
     p.close()

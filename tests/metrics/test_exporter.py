@@ -12,6 +12,7 @@ from mooncake_sgl.metrics.attach import observe_store
 from mooncake_sgl.metrics.exporter import StoreExporter
 from mooncake_sgl.metrics.scrape import parse
 from mooncake_sgl.metrics.source import snapshot_of
+from mooncake_sgl.store.stats import StoreReport
 
 from .stores import PAGE, host_lmdb_store, key, read, write
 
@@ -234,7 +235,7 @@ def test_changes_of_leader_count_once_each(tmp_path: Path) -> None:
              "experts": {"host": {"leader_switches": 2, "experts": {
                  "arc": {"lead": 1, "shadow_hit_ratio": 0.5}, "lru": {"lead": 0, "shadow_hit_ratio": 0.4}}}}}
     registry = CollectorRegistry()
-    exporter = StoreExporter(lambda: stats, RANK, registry=registry)
+    exporter = StoreExporter(lambda: StoreReport.from_plain(stats), RANK, registry=registry)
     exporter.sync()
     exporter.sync()  # nothing new
     stats["experts"]["host"]["leader_switches"] = 5

@@ -217,8 +217,8 @@ def test_the_store_keeps_curves_only_where_asked_and_reports_them_in_its_stats()
     for i, keys in enumerate(requests):
         with_curves.request(keys, float(i))
         without.request(keys, float(i))
-    assert "curves" not in without.store.stats()
-    points = with_curves.store.stats()["curves"]["points"]["t0"]
+    assert "curves" not in without.store.stats().sections
+    points = with_curves.store.stats().sections["curves"]["points"]["t0"]
     own = next(p for p in points if p["multiplier"] == 1.0)
     # At its own size the curve is the tier as it ran (both LRU, both exact at this size).
     assert own["hits"] / own["lookups"] == pytest.approx(with_curves.result.hit_ratio, abs=0.02)

@@ -253,7 +253,7 @@ def test_a_store_with_curves_in_a_process_reports_them_and_their_cost_and_stops_
     for _ in range(3):
         assert store.exists_prefix(keys) == 4
     assert feed.sync(30)
-    stats = store.stats()
+    stats = store.stats().sections
     curves = feed._curves
     assert isinstance(curves, CurveProcess)
     store.close()

@@ -12,6 +12,7 @@ from mooncake_sgl.config import PolicyConfig
 from mooncake_sgl.policy import policy_for_capacities
 from mooncake_sgl.policy.ledger import Ledger
 from mooncake_sgl.sim.reference import ArcPolicy, LfuDaPolicy, LirsPolicy
+from tests.store_record import policy_residents
 
 # A page size no count, heat or time in any policy's state comes near, so a value equal to it is a size.
 SIZE = 987_654_321
@@ -57,7 +58,7 @@ def test_no_policy_keeps_a_size_of_its_own(name: str) -> None:
         ledger.on_lookup(keys[:i + 4:3], [0] * len(keys[:i + 4:3]), None)
     ledger.on_remove(keys[-8:], 0)
     assert 0 < ledger.used(0) == len(ledger.pages(0)) * SIZE <= caps[0]
-    assert policy.residents(0) == set(ledger.pages(0))
+    assert policy_residents(policy, 0) == set(ledger.pages(0))
     skip = {id(ledger)} | {id(ledger.pages(t)) for t in (0, 1)}
     for held in mappings_held_by(policy, skip):
         assert SIZE not in held.values(), f"{name} keeps sizes beside the record: {type(held)}"

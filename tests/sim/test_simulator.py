@@ -20,7 +20,7 @@ from mooncake_sgl.sim.synth import chat_sessions
 from mooncake_sgl.sim.trace import Request, block_key, distinct_blocks, load_trace, read_trace
 from mooncake_sgl.store import TieredStore
 from mooncake_sgl.tiers.host import HostTier
-from tests.store_record import resident_keys
+from tests.store_record import policy_residents, resident_keys
 
 SEG = 512
 PAGE = 2 * SEG
@@ -111,13 +111,13 @@ def test_zero_byte_tiers_replay_as_real_tiers_do(name: str, chat_trace: Path):
     assert sum(store_runs) > 0
     res = sim.result
     assert res.tiers[0].evictions > 0 and res.tiers[0].bytes_promoted > 0
-    for t, tier_stats in enumerate(stats["tiers"].values()):
-        c, st = tier_stats["store"], res.tiers[t]
-        assert c["bytes_written"] == st.bytes_written
-        assert c["promotions"] * PAGE == st.bytes_promoted
-        assert c["demotions"] * PAGE == st.bytes_demoted
-        assert c["evictions"] == st.evictions
-        assert c["lookup_hits"] == st.hit_pages
+    for t, tier_stats in enumerate(stats.tiers.values()):
+        st = res.tiers[t]
+        assert tier_stats.placement.bytes_written == st.bytes_written
+        assert tier_stats.promotion.promotions * PAGE == st.bytes_promoted
+        assert tier_stats.placement.demotions * PAGE == st.bytes_demoted
+        assert tier_stats.placement.evictions == st.evictions
+        assert tier_stats.reads.lookup_hits == st.hit_pages
 
 
 @pytest.mark.parametrize("name", ["heat", "adaptive"])
@@ -127,7 +127,7 @@ def test_the_simulated_store_policy_and_tiers_agree(name: str, chat_trace: Path)
     sim.run(load_trace(chat_trace, limit=300))
     for t, tier in enumerate(sim.store.tiers):
         held = {k for k, _ in tier.scan()}
-        assert resident_keys(sim.store, t) == held == sim.policy.residents(t)
+        assert resident_keys(sim.store, t) == held == policy_residents(sim.policy, t)
     assert isinstance(sim.store.tiers[0], SizeTier)
 
 

@@ -15,7 +15,7 @@ from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.store import TieredStore, build_store
 from mooncake_sgl.tiers.host import HostTier
 from mooncake_sgl.tiers.ssd import LmdbTier
-from tests.store_record import resident_keys
+from tests.store_record import policy_residents, resident_keys
 from tests.tiers.conformance import empty_like, key, make_page, same
 
 SEG = 8 * 1024  # a page is two segments: 16 KiB
@@ -39,7 +39,7 @@ def store(request, tmp_path: Path):
 def count(store: TieredStore, t: int, name: str) -> int:
     """A store-side counter of tier ``t`` once queued placement work has run."""
     assert store.wait_idle()
-    return store.stats()["tiers"][store.names[t]]["store"][name]
+    return store.stats().tiers[store.names[t]].as_dict()["store"][name]
 
 
 def put(store: TieredStore, ids: range | list[int], batch: int = 2) -> dict[int, list[memoryview]]:
@@ -84,7 +84,7 @@ def test_a_page_found_in_lmdb_is_promoted_into_dram_when_read_again_within_reach
     assert read(store, {0: pages[0]}) == [True]
     assert store.wait_idle()
     assert count(store, 0, "promotions") == 0 and not store.tiers[0].contains([key(0)])[0]
-    assert store.stats()["store"]["promotions_beyond_reach"] == 1
+    assert store.stats().residency.promotions_beyond_reach == 1
     assert read(store, {0: pages[0]}) == [True]
     assert store.wait_idle()
     assert count(store, 0, "promotions") == 1
@@ -147,7 +147,7 @@ def test_pages_survive_a_restart_and_seed_the_policy(tmp_path: Path) -> None:
     try:
         assert second.exists_prefix([key(i) for i in range(5)]) == 5
         assert len(resident_keys(second, 1)) == 5
-        assert second.policy.residents(1) == resident_keys(second, 1)
+        assert policy_residents(second.policy, 1) == resident_keys(second, 1)
         assert read(second, pages) == [True] * 5
     finally:
         second.close()
@@ -183,7 +183,7 @@ def test_build_store_from_config(tmp_path: Path) -> None:
     try:
         pages = put(s, range(2))
         assert read(s, pages) == [True, True]
-        stats = s.stats()
+        stats = s.stats().as_dict()
         assert tuple(stats) == STATS_SHAPE
         assert set(stats["tiers"]) == {"host", "lmdb"}
         # One namespace per source: the store's and the tier's own ``bytes_written`` both survive.

@@ -19,7 +19,7 @@ from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.store import TieredStore
 from mooncake_sgl.tiers.host import HostTier
 from mooncake_sgl.tiers.ssd import LmdbTier
-from tests.store_record import resident_keys
+from tests.store_record import policy_residents, resident_keys
 from tests.tiers.conformance import empty_like, key, make_page, same
 from tests.wrapped_tier import WrappedTier
 
@@ -95,7 +95,7 @@ def agree(store: TieredStore) -> None:
     for t, tier in enumerate(store.tiers):
         held = {k for k, _ in tier.scan()}
         assert resident_keys(store, t) == held, f"store vs tier {tier.name}"
-        assert store.policy.residents(t) == held, f"policy vs tier {tier.name}"
+        assert policy_residents(store.policy, t) == held, f"policy vs tier {tier.name}"
 
 
 def usable(store: TieredStore, base: int) -> None:
@@ -130,7 +130,7 @@ def test_a_full_tier_whose_removes_failed_takes_fresh_pages_once_they_work(mover
         fresh = [store.put_from([key(j)], [make_page(j, SEG)]) for j in range(1000, 1008)]
         assert fresh == [[True]] * 8
         agree(store)
-        assert store.stats()["tiers"]["host"]["store"]["eviction_aborts"] >= 10
+        assert store.stats().tiers["host"].placement.eviction_aborts >= 10
     finally:
         store.close()
 

@@ -20,6 +20,7 @@ from mooncake_sgl.store.stats import MoverStats
 from mooncake_sgl.tally import Tally
 from mooncake_sgl.tiers.host import HostTier
 from mooncake_sgl.tiers.ssd import LmdbTier
+from tests.store_record import policy_residents, resident_keys
 from tests.tiers.conformance import empty_like, key, make_page, same
 from tests.wrapped_tier import WrappedTier
 
@@ -239,7 +240,28 @@ def test_a_write_needing_room_does_not_wait_for_a_mover_stuck_on_a_lost_peer() -
             assert time.monotonic() - t0 < 1.0, f"a write waited {time.monotonic() - t0:.2f}s"
         out = empty_like(pages[12])
         assert store.get_into([key(12)], [out]) == [True] and same(out, pages[12])
-        assert store.stats()["tiers"][dram.name]["store"]["demotion_failures"] >= 3  # dropped, counted
+        assert store.stats().tiers[dram.name].placement.demotion_failures >= 3  # dropped, counted
     finally:
         peer.release.set()
+        store.close()
+
+
+def test_victims_whose_copy_the_mover_never_runs_go_back_to_the_policy(tmp_path: Path) -> None:
+    # A write racing the store's close: the victims it chose need a copy into LMDB, and the closed
+    # mover answers at once without running it. They were left leaving for good, out of the
+    # policy's view with their bytes still in DRAM; now the write gives them back.
+    dram, disk = host(4), LmdbTier(LmdbTierConfig(path=str(tmp_path / "db")))
+    store = TieredStore([dram, disk], WriteBackLru(2))
+    try:
+        for i in range(5):
+            assert store.put_from([key(i)], [make_page(i, SEG)]) == [True]
+            assert store.wait_idle()
+        store._mover.close()
+        for i in range(5, 7):  # DRAM is full now: the second needs a victim copied down
+            store.put_from([key(i)], [make_page(i, SEG)])
+        held = {k for k, _ in dram.scan()}
+        assert len(held) == 4
+        assert policy_residents(store.policy, 0) == resident_keys(store, 0) == held
+        assert store.stats().tiers[dram.name].placement.eviction_aborts >= 1
+    finally:
         store.close()

@@ -93,7 +93,7 @@ def test_pages_round_trip_through_the_store_as_tier_zero() -> None:
     out = [empty_like(p) for p in pages]
     assert store.get_into([key(i) for i in range(12)], out) == [True] * 12
     assert all(same(a, b) for a, b in zip(pages, out))
-    assert store.stats()["tiers"]["hbm"]["usage"]["pages"] <= 8
+    assert store.stats().tiers["hbm"].usage.pages <= 8
     store.close()
 
 

@@ -53,11 +53,11 @@ def test_auto_slot_size_is_the_first_page_and_larger_pages_are_refused() -> None
     assert t.slot_size == 0
     assert t.put_from([key(1)], [make_page(1, 4096)]).ok == (True,)  # 8 KiB page fixes the slot size
     assert t.slot_size == 8192
-    assert t.stats()["slots"] == (1 << 20) // 8192
+    assert t.stats().slots == (1 << 20) // 8192
     # Too large for a slot: refused per key, the others in the batch still land.
     big, small = make_page(2, 8192), make_page(3, 1024)
     assert t.put_from([key(2), key(3)], [big, small]).ok == (False, True)
-    assert t.stats()["put_too_large"] == 1
+    assert t.stats().counts.put_too_large == 1
     out = empty_like(small)
     assert t.get_into([key(3)], [out]) == [True] and same(small, out)
     t.close()
@@ -68,7 +68,7 @@ def test_configured_slot_size_and_capacity_round_down_to_whole_slots() -> None:
     assert t.usage().capacity_bytes == 2 * 4096
     page = make_page(1, 2048)
     assert t.put_from([key(i) for i in range(3)], [page, page, page]).ok == (True, True, False)
-    assert t.stats()["put_full"] == 1
+    assert t.stats().counts.put_full == 1
     t.close()
 
 
@@ -87,7 +87,7 @@ def test_freed_slots_are_reused_and_usage_counts_slots() -> None:
     for i, page in ((0, pages[0]), (3, pages[3]), (10, new[0]), (11, new[1])):
         out = empty_like(page)
         assert t.get_into([key(i)], [out]) == [True] and same(page, out)
-    assert t.stats()["slots_free"] == 0
+    assert t.stats().slots_free == 0
     t.close()
 
 
@@ -133,9 +133,9 @@ def test_counters_track_hits_misses_and_bytes() -> None:
     t.put_from([key(1)], [page])
     t.get_into([key(1), key(2)], [empty_like(page), empty_like(page)])
     t.get_into([key(1)], [[memoryview(bytearray(100))]])
-    s = t.stats()
-    assert (s["get_hits"], s["get_misses"], s["get_size_mismatch"]) == (1, 1, 1)
-    assert s["bytes_written"] == s["bytes_read"] == 8192
+    s = t.stats().counts
+    assert (s.get_hits, s.get_misses, s.get_size_mismatch) == (1, 1, 1)
+    assert s.bytes_written == s.bytes_read == 8192
     t.close()
 
 

@@ -29,7 +29,7 @@ def test_a_put_at_a_new_size_is_readable_at_that_size(tmp_path: Path) -> None:
     out = memoryview(bytearray(len(large)))
     assert tier.get_into([b"k"], [[out]]) == [True] and bytes(out) == large
     assert tier.get_into([b"k"], [[memoryview(bytearray(4096))]]) == [False]
-    assert tier.page_size_of(b"k") == len(large) and tier.stats()["put_replaced"] == 1
+    assert tier.page_size_of(b"k") == len(large) and tier.stats().counts.put_replaced == 1
     assert tier.usage().used_bytes == tier.footprint(len(large))
     tier.close()
     tier = tier_at(tmp_path)
@@ -79,7 +79,7 @@ def test_pages_written_by_another_process_are_never_overwritten(tmp_path: Path) 
     subprocess.run([sys.executable, "-c", FOREIGN, str(tmp_path)], cwd=REPO, env=env, check=True, timeout=60)
     more = [b"parent-more-%d" % i for i in range(8)]
     assert tier.put_from(more, [[memoryview(page_bytes(k, 65536))] for k in more]).ok == (True,) * 8
-    assert tier.stats()["foreign_writes"] == 1
+    assert tier.stats().counts.foreign_writes == 1
     live = mine[1:] + more + [b"child-%d" % i for i in range(8)]
     out = [[memoryview(bytearray(65536))] for _ in live]
     assert tier.get_into(live, out) == [True] * len(live)
@@ -128,7 +128,7 @@ def test_records_naming_overlapping_bytes_keep_only_the_first(tmp_path: Path) ->
         txn.put(b"b", records.pack_record(off_a + 4096, length, b_digest))
     tier.close()
     tier = tier_at(tmp_path)
-    assert tier.stats()["dropped_at_open"] == 1 and tier.contains(names) == [True, False, True]
+    assert tier.stats().counts.dropped_at_open == 1 and tier.contains(names) == [True, False, True]
     more = [b"d", b"e", b"f"]  # reuse must not land on a's bytes
     assert tier.put_from(more, [[memoryview(page_bytes(k, 8192))] for k in more]).ok == (True,) * 3
     live = [b"a", b"c"] + more

@@ -15,6 +15,7 @@ import pytest
 
 from mooncake_sgl.config import LmdbTierConfig
 from mooncake_sgl.metrics.source import tier_sample
+from mooncake_sgl.store.stats import StoreTierReport
 from mooncake_sgl.tiers.ssd import LmdbTier, direct, page_io, readers, write_route
 
 PAGE = 256 << 10
@@ -47,7 +48,7 @@ def test_aligned_pages_go_to_disk_with_o_direct_and_read_back_exact(tmp_path: Pa
     buf, pages = aligned_pages(12, seed=1)
     names = [b"direct-%02d" % i for i in range(12)]
     assert tier.put_from(names, pages).ok == (True,) * 12
-    assert tier.stats()["direct_pages"] == 12 and tier.stats()["write_busy_s"] > 0
+    assert tier.stats().direct_pages == 12 and tier.stats().write_busy_s > 0
     ok, out = read_all(tier, names, 12)
     assert ok == [True] * 12 and np.array_equal(out, buf)
     tier.close()
@@ -78,7 +79,7 @@ def test_unaligned_pages_go_o_direct_through_a_bounce_buffer_beside_aligned_ones
 
     monkeypatch.setattr(direct, "pwritev_all", noted)
     assert tier.put_from(names, batch).ok == (True,) * len(batch)
-    assert tier.stats()["direct_pages"] == len(batch) and written == [1]  # one request, bounced
+    assert tier.stats().direct_pages == len(batch) and written == [1]  # one request, bounced
     for name, page in zip(names, batch):
         want = b"".join(bytes(s) for s in page)
         out = memoryview(bytearray(len(want)))
@@ -92,10 +93,10 @@ def test_auto_writes_through_the_page_cache_until_it_would_throttle(tmp_path: Pa
     buf, pages = aligned_pages(8, seed=3)
     monkeypatch.setattr(write_route.DirtyRoom, "takes", lambda self, nbytes: True)
     assert tier.put_from([b"free-%d" % i for i in range(4)], pages[:4]).ok == (True,) * 4
-    assert tier.stats()["direct_pages"] == 0
+    assert tier.stats().direct_pages == 0
     monkeypatch.setattr(write_route.DirtyRoom, "takes", lambda self, nbytes: False)
     assert tier.put_from([b"full-%d" % i for i in range(4)], pages[4:]).ok == (True,) * 4
-    assert tier.stats()["direct_pages"] == 4
+    assert tier.stats().direct_pages == 4
     ok, out = read_all(tier, [b"free-%d" % i for i in range(4)] + [b"full-%d" % i for i in range(4)], 8)
     assert ok == [True] * 8 and np.array_equal(out, buf)
     tier.close()
@@ -105,7 +106,7 @@ def test_buffered_mode_never_uses_o_direct(tmp_path: Path) -> None:
     tier = tier_at(tmp_path, "buffered")
     _, pages = aligned_pages(4, seed=4)
     assert tier.put_from([b"b-%d" % i for i in range(4)], pages).ok == (True,) * 4
-    assert tier.stats()["direct_pages"] == 0 and not tier._io.direct
+    assert tier.stats().direct_pages == 0 and not tier._io.direct
     tier.close()
 
 
@@ -136,12 +137,13 @@ def test_a_flipped_byte_written_either_way_is_a_counted_miss(tmp_path: Path, mod
         f.write(bytes([byte[0] ^ 0x40]))
     ok, _ = read_all(tier, names, 3)
     assert ok == [True, False, True]
-    assert tier.stats()["corrupt_pages"] == 1 and tier.contains(names) == [True, False, True]
+    assert tier.stats().counts.corrupt_pages == 1 and tier.contains(names) == [True, False, True]
     tier.close()
 
 
 def test_seconds_at_the_disks_speed_reach_the_tier_sample() -> None:
-    entry = {"store": {}, "usage": {}, "tier": {"write_busy_s": 2.5, "corrupt_pages": 1}}
+    entry = StoreTierReport.from_plain({"store": {}, "usage": {},
+                                        "tier": {"write_busy_s": 2.5, "corrupt_pages": 1}})
     assert tier_sample(entry, 3).write_busy_seconds == 2.5
 
 
@@ -310,7 +312,7 @@ def test_a_flipped_byte_anywhere_in_a_large_page_is_a_miss(tmp_path: Path, where
     dst = memoryview(out)
     assert tier.get_into(names, [[dst[:size]], [dst[size:]]]) == [False, True]
     assert np.array_equal(out[size:], data[size:])
-    assert tier.stats()["corrupt_pages"] == 1
+    assert tier.stats().counts.corrupt_pages == 1
     tier.close()
 
 
@@ -402,7 +404,7 @@ def test_a_device_refusing_o_direct_reads_gets_them_buffered(tmp_path: Path, mon
     monkeypatch.setattr(direct, "preadv_all", refuse_direct)
     out, dst = aligned_pages(n, seed=0)
     assert tier.get_into(names, dst) == [True] * n and np.array_equal(out, buf)
-    assert refused and tier.stats()["disk_errors"] == 0
+    assert refused and tier.stats().disk_errors == 0
     tier.close()
 
 

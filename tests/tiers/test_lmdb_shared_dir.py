@@ -77,7 +77,7 @@ AGENT = textwrap.dedent("""
             with open("/proc/locks") as f:  # "1: POSIX ADVISORY WRITE <pid> <maj:min:inode> ..."
                 held = [l.split() for l in f if "->" not in l]  # "->": a waiter, not a lock
             locks = sum(1 for p in held if p[4] == str(os.getpid()) and int(p[5].split(":")[2]) == lock_ino)
-            say(stats=tier.stats(), used=u.used_bytes, pages=u.pages, reader_pids=pids,
+            say(stats=tier.stats().as_dict(), used=u.used_bytes, pages=u.pages, reader_pids=pids,
                 oldest=oldest_reader(tier._index.env), locks=locks)
         elif op == "close":
             tier.close()

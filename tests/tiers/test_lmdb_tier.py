@@ -118,7 +118,7 @@ def test_pages_survive_sigkill_of_the_writer_and_are_found_by_a_new_process(
     out = [[memoryview(bytearray(nbytes))] for _ in keys]
     assert tier.get_into(keys, out) == [True] * len(keys)
     assert all(bytes(o[0]) == page_bytes(k, nbytes) for k, o in zip(keys, out))
-    assert tier.stats()["corrupt_pages"] == 0
+    assert tier.stats().counts.corrupt_pages == 0
     # The writer may have died holding LMDB's write lock: a new writer must still get it.
     fresh = [b"after-restart-%d" % i for i in range(4)]
     assert tier.put_from(fresh, [[memoryview(page_bytes(k, 4096))] for k in fresh]).ok == (True,) * 4
@@ -157,12 +157,12 @@ def test_flipped_bytes_in_the_file_are_a_counted_miss_and_the_page_is_removed(tm
 
     tier = lmdb_tier(tmp_path)
     # A record that is not ours is dropped at open; existence alone does not read page bytes.
-    assert tier.stats()["dropped_at_open"] == 1
+    assert tier.stats().counts.dropped_at_open == 1
     assert tier.contains(names) == [True, True, False, True]
     out = [[memoryview(bytearray(nbytes))] for _ in names]
     assert tier.get_into(names, out) == [False, False, False, True]
     assert bytes(out[3][0]) == page_bytes(b"intact", nbytes)
-    assert tier.stats()["corrupt_pages"] == 2
+    assert tier.stats().counts.corrupt_pages == 2
     assert tier.contains(names) == [False, False, False, True]
     tier.close()
     # The removal was committed: a restart does not find the corrupt pages again.
@@ -178,7 +178,7 @@ def test_a_full_tier_refuses_the_pages_that_do_not_fit_without_raising(tmp_path:
     res = tier.put_from(names, pages).ok
     fitted = res.count(True)
     assert 0 < fitted < 40 and res == (True,) * fitted + (False,) * (40 - fitted)
-    assert tier.stats()["put_full"] == 40 - fitted
+    assert tier.stats().counts.put_full == 40 - fitted
     usage = tier.usage()
     assert usage.capacity_bytes == 4 << 20 and usage.pages == fitted
     # What the store sizes evictions with matches what the pages take.
@@ -231,7 +231,7 @@ def test_space_an_old_reader_may_still_read_is_not_reused_and_puts_are_per_key_f
         res = tier.put_from(names, [[memoryview(page_bytes(k, nbytes))] for k in names]).ok
         refused += res.count(False)
         live = [k for k, ok in zip(names, res) if ok]
-    assert refused and tier.stats()["put_full"] == refused
+    assert refused and tier.stats().counts.put_full == refused
     # The old snapshot still reads the first pages' bytes, intact.
     for k in first:
         rec = lmdb_mod.parse_record(old_reader.get(k))
@@ -276,8 +276,8 @@ def test_wrong_size_destination_is_a_miss_but_the_page_is_kept(tmp_path: Path) -
     tier = lmdb_tier(tmp_path, sync=False)
     tier.put_from([key(1)], [make_page(1, 4096)])
     assert tier.get_into([key(1)], [[memoryview(bytearray(4096))]]) == [False]
-    s = tier.stats()
-    assert s["get_size_mismatch"] == 1 and s["corrupt_pages"] == 0
+    s = tier.stats().counts
+    assert s.get_size_mismatch == 1 and s.corrupt_pages == 0
     assert tier.contains([key(1)]) == [True]
     tier.close()
 

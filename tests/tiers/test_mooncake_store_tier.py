@@ -37,7 +37,7 @@ from mooncake_sgl.policy import build_policy  # noqa: E402
 from mooncake_sgl.policy.lru import LruPolicy  # noqa: E402
 from mooncake_sgl.store import TieredStore  # noqa: E402
 from mooncake_sgl.tiers.host import HostTier  # noqa: E402
-from mooncake_sgl.tiers.mooncake_store import MooncakeStoreTier, object_name  # noqa: E402
+from mooncake_sgl.tiers.mooncake_store import MooncakeStoreTier, MooncakeStoreTierStats, object_name  # noqa: E402
 from mooncake_sgl.tiers.ssd import LmdbTier  # noqa: E402
 
 from .conformance import TierConformance, empty_like, key, make_page, same  # noqa: E402
@@ -88,23 +88,23 @@ def test_zero_copy_over_registered_memory_and_staging_elsewhere(master: Mooncake
         src, pages = registered_pages(tier, 8, 4096)
         keys = [key(i) for i in range(8)]
         assert tier.put_from(keys, pages).ok == (True,) * 8
-        assert tier.stats()["zero_copy_pages"] == 8 and tier.stats()["staged_pages"] == 0
+        assert tier.stats().counts.zero_copy_pages == 8 and tier.stats().counts.staged_pages == 0
         # Read into plain (unregistered) memory: copied through the registered staging buffer.
         out = [empty_like(p) for p in pages]
         assert tier.get_into(keys, out) == [True] * 8
         assert all(same(a, b) for a, b in zip(pages, out))
-        assert tier.stats()["staged_pages"] == 8
+        assert tier.stats().counts.staged_pages == 8
         # The object Mooncake holds is the page's segments concatenated.
         assert tier.page_size_of(keys[3]) == 2 * 4096
         # A page larger than the staging buffer cannot be staged: refused, the batch goes on.
         big = [memoryview(bytearray(5 * MiB))]
         assert tier.put_from([key(100), key(101)], [big, make_page(101, 1024)]).ok == (False, True)
-        assert tier.stats()["too_large"] == 1
+        assert tier.stats().counts.too_large == 1
     finally:
         tier.close()
 
 
-def _fill_past_capacity(m: MooncakeMaster) -> tuple[list[int], list[int], dict[str, float]]:
+def _fill_past_capacity(m: MooncakeMaster) -> tuple[list[int], list[int], MooncakeStoreTierStats]:
     """160 pages of 1 MiB put in batches of 8 into one 64 MiB segment (of its own master, so the
     eviction counts are this tier's): every put must be acknowledged, every acknowledged page read
     back intact or counted as evicted by the master. Returns the pages kept, the pages evicted and
@@ -130,7 +130,7 @@ def _fill_past_capacity(m: MooncakeMaster) -> tuple[list[int], list[int], dict[s
         # Every acknowledged page is readable or was evicted by the master: none vanished.
         assert n - len(hits) == metrics["master_evicted_key_count"]
         assert len(hits) == metrics["master_key_count"]
-        return hits, sorted(set(range(n)) - set(hits)), tier.stats()
+        return hits, sorted(set(range(n)) - set(hits)), tier.stats().counts
     finally:
         tier.close()
 
@@ -153,7 +153,7 @@ def test_puts_that_find_the_segment_full_wait_for_the_masters_eviction_and_land(
     # has made room. (With the defaults, that path depends on timing: a fresh clone saw none.)
     with MooncakeMaster(extra_args=["--eviction_high_watermark_ratio=1.0"]) as m:
         _, _, stats = _fill_past_capacity(m)
-    assert stats["put_no_space_retries"] > 0 and stats["put_failed_no_space"] == 0
+    assert stats.put_no_space_retries > 0 and stats.put_failed_no_space == 0
 
 
 def test_no_space_without_retry_window_is_refused_not_lost() -> None:
@@ -167,7 +167,7 @@ def test_no_space_without_retry_window_is_refused_not_lost() -> None:
                 results += tier.put_from([key(j) for j in range(i, i + 16)], pages[i:i + 16]).ok
             refused = [i for i, ok in enumerate(results) if not ok]
             assert refused, "16 MiB cannot take 64 MiB in 16-page batches without waiting on eviction"
-            assert tier.stats()["put_failed_no_space"] == len(refused)
+            assert tier.stats().counts.put_failed_no_space == len(refused)
             assert not any(tier.contains([key(i) for i in refused]))
         finally:
             tier.close()
@@ -191,14 +191,14 @@ def test_two_nodes_share_pages_through_their_tiered_stores(master: MooncakeMaste
         out = [empty_like(p) for p in pages]
         assert a.get_into(keys, out) == [True] * 32  # most pages left A's 8-page DRAM tier
         assert all(same(x, y) for x, y in zip(pages, out))
-        assert a.stats()["tiers"][a.names[1]]["store"]["hits"] > 0
+        assert a.stats().tiers[a.names[1]].reads.hits > 0
 
         assert b.exists_prefix(keys) == 32
         out = [empty_like(p) for p in pages]
         assert b.get_into(keys, out) == [True] * 32
         assert all(same(x, y) for x, y in zip(pages, out))
         # B never wrote them: every page came over Mooncake.
-        assert b.stats()["tiers"][b.names[1]]["store"]["hits"] == 32
+        assert b.stats().tiers[b.names[1]].reads.hits == 32
     finally:
         a.close()
         b.close()
@@ -232,7 +232,7 @@ def test_pure_client_moves_pages_to_and_from_another_process(master: MooncakeMas
         out = [empty_like(p) for p in direct + staged]
         assert tier.get_into(keys, out) == [True] * 32
         assert all(same(a, b) for a, b in zip(direct + staged, out))
-        assert tier.stats()["zero_copy_pages"] == 16
+        assert tier.stats().counts.zero_copy_pages == 16
     finally:
         if tier is not None:
             tier.close()
@@ -300,7 +300,7 @@ def test_unreachable_master_at_start_answers_misses_then_connects() -> None:
     m = MooncakeMaster()  # ports chosen, not started
     tier = mooncake_tier(m)
     try:
-        assert tier.stats()["connected"] == 0
+        assert tier.stats().link.connected == 0
         page = make_page(1, 2048)
         started = time.monotonic()
         assert tier.put_from([key(1)], [page]).ok == (False,)
@@ -308,7 +308,7 @@ def test_unreachable_master_at_start_answers_misses_then_connects() -> None:
         assert tier.get_into([key(1)], [empty_like(page)]) == [False]
         assert time.monotonic() - started < 0.5, "a down master must not block callers"
         m.start()
-        assert _wait(lambda: tier.stats()["connected"] == 1, 20)
+        assert _wait(lambda: tier.stats().link.connected == 1, 20)
         assert tier.put_from([key(1)], [page]).ok == (True,)
     finally:
         tier.close()
@@ -335,7 +335,7 @@ def test_master_killed_and_restarted_under_sglang_calls(caplog, tmp_path) -> Non
         backend = MooncakeSglStorage(pools.storage_config("mha", "page_first", tmp_path, extra=extra), pool)
         backend.register_mem_pool_host(pool)
         remote = backend._store.tiers[1]
-        assert isinstance(remote, MooncakeStoreTier) and remote.stats()["registered_bytes"] > 0
+        assert isinstance(remote, MooncakeStoreTier) and remote.stats().registered_bytes > 0
 
         def io(first: int, n: int, slot: int) -> tuple[list[str], torch.Tensor]:
             """Page hashes ``first..first+n`` and host slots from page ``slot`` (pool: 128 pages)."""
@@ -347,7 +347,7 @@ def test_master_killed_and_restarted_under_sglang_calls(caplog, tmp_path) -> Non
             pools.fill_random(pool, idx, seed=1)
             want = pools.page_bytes(pool, idx)
             assert backend.batch_set_v1(before, idx) == [True] * 32
-            assert remote.stats()["zero_copy_pages"] >= 32
+            assert remote.stats().counts.zero_copy_pages >= 32
             pools.zero_pages(pool, idx)
             assert backend.batch_get_v1(before, idx) == [True] * 32
             assert pools.page_bytes(pool, idx) == want
@@ -364,30 +364,30 @@ def test_master_killed_and_restarted_under_sglang_calls(caplog, tmp_path) -> Non
                                  (backend.batch_get_v1, (before, io(0, 32, slot=64)[1])),
                                  (backend.batch_set_v1, (hashes, idx)),
                                  (backend.batch_exists, (hashes,))):
-                    was_up = remote.stats()["connected"] == 1
+                    was_up = remote.stats().link.connected == 1
                     t0 = time.monotonic()
                     res = fn(*args)
                     (detecting if was_up else known_down).append(time.monotonic() - t0)
                     assert isinstance(res, (int, list))
                 time.sleep(0.1)
-            assert remote.stats()["connected"] == 0 and remote.stats()["master_lost"] >= 1
+            assert remote.stats().link.connected == 0 and remote.stats().link.counts.master_lost >= 1
             assert not remote.reachable()
             assert known_down and max(known_down) < 1.0, \
                 f"a call took {max(known_down):.2f}s while the master was known to be down"
             assert max(detecting, default=0.0) < 10.0, f"detecting the loss took {max(detecting):.2f}s"
 
             m.start()
-            assert _wait(lambda: remote.stats()["connected"] == 1, 20), "no reconnect"
+            assert _wait(lambda: remote.stats().link.connected == 1, 20), "no reconnect"
             assert remote.reachable()
             after, idx = io(500, 32, slot=64)
             pools.fill_random(pool, idx, seed=2)
             want = pools.page_bytes(pool, idx)
             assert _wait(lambda: backend.batch_set_v1(after, idx) == [True] * 32, 10)
             pools.zero_pages(pool, idx)
-            hits_before = remote.stats()["get_hits"]
+            hits_before = remote.stats().counts.get_hits
             assert backend.batch_get_v1(after, idx) == [True] * 32
             assert pools.page_bytes(pool, idx) == want
-            assert remote.stats()["get_hits"] - hits_before >= 16  # the DRAM tier holds only 16
+            assert remote.stats().counts.get_hits - hits_before >= 16  # the DRAM tier holds only 16
         finally:
             backend.close()
     errors = [r.getMessage() for r in caplog.records
@@ -453,9 +453,9 @@ def test_a_re_put_is_acknowledged_without_a_put_and_not_counted_as_written() -> 
             assert master["master_key_count"] == 8
             assert master["master_batch_put_start_items_total"] == 8  # no re-put reached the master
             assert tier.usage().pages == 8 and tier.usage().used_bytes == 8 * 8192
-            stats = tier.stats()
-            assert stats["puts"] == 8 and stats["put_bytes"] == 8 * 8192
-            assert stats["put_already_present"] == 4
+            stats = tier.stats().counts
+            assert stats.puts == 8 and stats.put_bytes == 8 * 8192
+            assert stats.put_already_present == 4
         finally:
             tier.close()
 
@@ -470,10 +470,10 @@ def test_the_store_counts_only_pages_new_to_mooncake_as_written() -> None:
             keys = [key(3000 + i) for i in range(16)]
             for _ in range(3):  # the same pages handed to the store three times
                 assert store.put_from(keys, pages) == [True] * 16
-            counted = store.stats()["tiers"][store.names[1]]["store"]
+            counted = store.stats().tiers[store.names[1]].placement
             assert m.metrics()["master_key_count"] == 16
             nbytes = sum(map(page_nbytes, pages))
-            assert counted["writes"] == 16 and counted["bytes_written"] == nbytes
+            assert counted.writes == 16 and counted.bytes_written == nbytes
             assert remote.usage().pages == 16 and remote.usage().used_bytes == nbytes
         finally:
             store.close()
@@ -526,7 +526,7 @@ def test_a_stopped_master_costs_one_bounded_call_and_never_freezes_the_process()
                 assert tier.put_from([key(9)], [make_page(9, 4096)]).ok == (False,)
                 took = time.monotonic() - t
                 slowest = max(slowest, took)
-                later = max(later, took) if tier.stats()["connected"] == 0 and t - t0 > 4 else later
+                later = max(later, took) if tier.stats().link.connected == 0 and t - t0 > 4 else later
                 time.sleep(0.05)
             assert slowest < 4.0, f"a call took {slowest:.1f} s against a stopped master"
             assert later < 0.5, f"a call took {later:.2f} s once the master was known stopped"

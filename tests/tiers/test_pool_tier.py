@@ -65,7 +65,7 @@ def test_build_tier_makes_a_pool_tier_with_declared_capabilities() -> None:
         assert isinstance(t, PoolTier)
         assert t.capabilities.shared and t.capabilities.self_evicting
         assert t.put_from([key(1)], [make_page(1, 4096)]).ok == (True,)
-        assert t.stats()["shm_endpoints"] == 1.0  # same host: auto picked shared memory
+        assert t.stats().shm_endpoints == 1.0  # same host: auto picked shared memory
         t.close()
         with pytest.raises(TierClosed):
             t.get_into([key(1)], [empty_like(make_page(1, 4096))])
@@ -108,13 +108,13 @@ def test_dead_endpoint_turns_into_misses_and_is_used_again_when_it_returns() -> 
         a.kill()
         hits = tier.get_into(keys, [empty_like(p) for p in pages])
         assert 0 < sum(hits) < 40  # b's share still hits, a's share misses
-        assert tier.stats()["endpoints_live"] == 1.0 and tier.reachable()  # b still answers
+        assert tier.stats().endpoints_live == 1.0 and tier.reachable()  # b still answers
         assert tier.contains(keys) == hits  # a's keys now route to b, which lacks them
         assert tier.put_from([key(100)], [make_page(100, 4096)]).ok == (True,)  # lands on b
         a.start()
         time.sleep(0.4)
         assert tier.put_from(keys, pages).ok == (True,) * 40  # a is back: its share is stored again
-        assert tier.stats()["endpoints_live"] == 2.0
+        assert tier.stats().endpoints_live == 2.0
         out = [empty_like(p) for p in pages]
         assert tier.get_into(keys, out) == [True] * 40
         assert all(same(x, y) for x, y in zip(pages, out))
@@ -151,7 +151,7 @@ def test_a_stopped_server_costs_a_read_the_short_deadlines_once_not_the_full_tim
                 assert tier.get_into([key(1)], [empty_like(page)]) == [False]
                 assert tier.contains([key(1)]) == [False]  # skipped: no second wait
                 assert time.monotonic() - t0 < 3.0  # a tenth of the 10 s timeout, with slack
-                assert tier.stats()["endpoints_live"] == 0.0
+                assert tier.stats().endpoints_live == 0.0
         finally:
             pool.thaw()
         time.sleep(0.6)
@@ -210,9 +210,9 @@ def test_the_store_counts_only_pages_new_to_the_pool_as_written(transport: str) 
         keys = [key(4000 + i) for i in range(16)]
         for _ in range(3):  # SGLang hands the backend pages it has already backed up
             assert store.put_from(keys, pages) == [True] * 16
-        counted = store.stats()["tiers"][store.names[1]]["store"]
-        assert counted["writes"] == 16 and counted["bytes_written"] == sum(map(page_nbytes, pages))
-        assert pool.stats()["put_already_present"] == 32
+        counted = store.stats().tiers[store.names[1]].placement
+        assert counted.writes == 16 and counted.bytes_written == sum(map(page_nbytes, pages))
+        assert pool.stats().counts.put_already_present == 32
         assert server.stats()["put_present"] == 32
     finally:
         store.close()

@@ -219,8 +219,8 @@ def test_a_fresh_tiers_first_large_batch_times_both_ways_then_writes_the_rest_th
         _slowed(monkeypatch, tier, {"buffered": 0.0, "direct": 0.0, slow: 0.05})
         names = [b"fresh-%03d" % i for i in range(n)]
         assert tier.put_from(names, pages).ok == (True,) * n
-        assert tier.stats()["direct_pages"] == direct_pages, slow
-        assert tier.stats()["buffered_throttled"] == 0
+        assert tier.stats().direct_pages == direct_pages, slow
+        assert tier.stats().buffered_throttled == 0
         _read_back(tier, buf, names)
         tier.close()
 
@@ -239,12 +239,12 @@ def test_a_tier_whose_buffered_writes_are_throttled_moves_to_o_direct_and_reads_
     names = [b"route-%02d" % i for i in range(3 * n)]
     assert tier.put_from(names[:n], pages[:n]).ok == (True,) * n
     probe = write_route.PROBE_BYTES // MIB
-    assert tier.stats()["direct_pages"] == probe and tier.stats()["buffered_throttled"] == 0
+    assert tier.stats().direct_pages == probe and tier.stats().buffered_throttled == 0
     dirty["bytes"] = 2 << 30
     delays["buffered"] = 0.03  # balance_dirty_pages holding the writer: 4 MiB per 30 ms
     assert tier.put_from(names[n:2 * n], pages[n:2 * n]).ok == (True,) * n  # through the page cache
-    assert tier.stats()["direct_pages"] == probe and tier.stats()["buffered_throttled"] == 1
+    assert tier.stats().direct_pages == probe and tier.stats().buffered_throttled == 1
     assert tier.put_from(names[2 * n:], pages[2 * n:]).ok == (True,) * n  # O_DIRECT alone
-    assert tier.stats()["direct_pages"] == probe + n
+    assert tier.stats().direct_pages == probe + n
     _read_back(tier, buf, names)
     tier.close()

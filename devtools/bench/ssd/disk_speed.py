@@ -88,7 +88,7 @@ def child(argv: list[str]) -> None:
         if not all(ok):
             raise SystemExit("bench: the tier refused pages in the disk-speed put")
         print(json.dumps({"put_s": put, "put_synced_s": synced, "put_cpu_s": cpu,
-                          "direct_pages": stats["direct_pages"]}))
+                          "direct_pages": stats.direct_pages}))
         return
     dst = _buffer(size * n, memory)
     tier = _tier(directory)

@@ -234,8 +234,8 @@ def backlog_child(consumer: str, directory: str, page: int, batch: int, rate: fl
         cv.notify()
     worker.join()
     elapsed = time.perf_counter() - t0
-    stats = tier.stats() if tier is not None else {}
-    busy = stats["write_busy_s"] / elapsed if tier is not None else None
+    stats = tier.stats() if tier is not None else None
+    busy = stats.write_busy_s / elapsed if stats is not None else None
     raw_writers.shutdown()
     if tier is not None:
         tier.close()
@@ -246,8 +246,9 @@ def backlog_child(consumer: str, directory: str, page: int, batch: int, rate: fl
                       "lag_p50_s": lags[len(lags) // 2] if lags else 0.0,
                       "lag_p99_s": lags[min(len(lags) - 1, int(len(lags) * 0.99))] if lags else 0.0,
                       "lag_max_s": lags[-1] if lags else 0.0, "writer_busy": busy,
-                      "direct_pages": stats.get("direct_pages"),
-                      "buffered_throttled": stats.get("buffered_throttled")}), flush=True)
+                      "direct_pages": stats.direct_pages if stats is not None else None,
+                      "buffered_throttled": stats.buffered_throttled if stats is not None else None}),
+          flush=True)
 
 
 def backlog(script: str, page: int, batch: int, rates: list[float], seconds: float, queue_bytes: int,

@@ -18,7 +18,17 @@ from dataclasses import dataclass
 
 import lmdb
 
-from ...api import PageKey, PageView, PutResult, Tier, TierCapabilities, TierKind, TierUsage, page_nbytes
+from ...api import (
+    PageKey,
+    PageView,
+    PutResult,
+    Tier,
+    TierCapabilities,
+    TierKind,
+    TierReport,
+    TierUsage,
+    page_nbytes,
+)
 from ...config import LmdbTierConfig, default_cache_dir
 from ...errors import TierClosed, TierError, TierFull
 from ...tally import Tally
@@ -53,6 +63,25 @@ class SsdTierStats:
     foreign_writes: int = 0  # write transactions that found another process's commits first
     dropped_at_open: int = 0  # records whose bytes were gone or named twice at open
     disk_full: int = 0  # write transactions refused because the file system had no room
+
+
+@dataclass(frozen=True)
+class SsdTierReport(TierReport):
+    """The SSD tier's ``stats()``: its counts and its gauges now."""
+
+    counts: SsdTierStats
+    free_extents: int  # free runs of the extent file (fragmentation)
+    direct_pages: int  # pages written with O_DIRECT
+    buffered_throttled: int  # buffered batches found throttled by the kernel (``direct_io: auto``)
+    disk_errors: int  # reads and writes of page bytes that failed
+    write_busy_s: float  # seconds the write lock was held for puts and removals
+    index_locked_bytes: int  # bytes of the LMDB index locked in memory
+
+    def corrupt_pages(self) -> int:
+        return self.counts.corrupt_pages
+
+    def write_busy_seconds(self) -> float:
+        return self.write_busy_s
 
 
 # Keys per read transaction while scanning: short transactions let writers reuse freed space.
@@ -435,15 +464,10 @@ class LmdbTier(Tier):
             if not more:
                 return
 
-    def stats(self) -> dict[str, float]:
-        out: dict[str, float] = self._counters.as_dict()
-        out["free_extents"] = self._alloc.free_extents()
-        out["direct_pages"] = self._io.direct_pages
-        out["buffered_throttled"] = self._io.throttled
-        out["disk_errors"] = self._io.disk_errors
-        out["write_busy_s"] = self._write_busy_s
-        out["index_locked_bytes"] = self._index.resident.locked_bytes
-        return out
+    def stats(self) -> SsdTierReport:
+        return SsdTierReport(self._counters.snapshot(), self._alloc.free_extents(), self._io.direct_pages,
+                             self._io.throttled, self._io.disk_errors, self._write_busy_s,
+                             self._index.resident.locked_bytes)
 
     def clear(self) -> None:
         def body(txn: lmdb.Transaction) -> list[tuple[int, int] | None]:
