@@ -17,7 +17,10 @@ The policy sizes what it keeps from its capacity (heat's count-min sketch ages e
 per page and is 8 counters wide per page; its ghosts and reuse watch hold as many pages as the
 tier), so at sample rate ``R`` a miniature of ``R * C`` pages ages and forgets over ``R`` times
 fewer sampled lookups: the same horizon as the full tier. No clock reaches it (the curves are fed
-lookups only), so the ``decay`` sketch and pin TTLs do not advance here.
+lookups only), so the ``decay`` sketch and pin TTLs do not advance here. What does not scale is
+heat's leaves-first victim pass (one page per chain per pass, and a sampled chain is ``R`` times
+shorter): the curves run ``curve.SampledHeatPolicy`` on samples, which holds a sampled page back
+for the chain's pages after it.
 """
 
 from __future__ import annotations
