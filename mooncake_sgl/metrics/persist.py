@@ -121,8 +121,17 @@ def find_counter_files(lmdb_paths: Iterable[str]) -> list[str]:
 
 
 def read_counters(lmdb_paths: Iterable[str]) -> Snapshot:
-    """Every rank's snapshot found under ``lmdb_paths``, side by side."""
-    return merge(read_counter_file(p) for p in find_counter_files(lmdb_paths))
+    """Every rank's snapshot found under ``lmdb_paths``, side by side. A file gone between the
+    listing and its reading was its owner's cleanup (an extra process's file removed by the rank's
+    next owner), not damage: it is left out."""
+    snapshots = []
+    for path in find_counter_files(lmdb_paths):
+        try:
+            snapshots.append(read_counter_file(path))
+        except CounterFileError as e:
+            if not isinstance(e.__cause__, FileNotFoundError):
+                raise
+    return merge(snapshots)
 
 
 def _alive(pid: int) -> bool:

@@ -185,6 +185,19 @@ def test_an_mla_lmdb_shared_by_tp_ranks_is_counted_once(tmp_path: Path) -> None:
     assert snap.by_tier()["lmdb"].resident_pages == 3
 
 
+def test_a_counter_file_gone_while_listed_is_left_out_and_a_damaged_one_named(tmp_path, monkeypatch) -> None:
+    # The next owner of a rank removes an extra process's file: listing and reading race with it.
+    from mooncake_sgl.metrics import persist
+    from mooncake_sgl.metrics.persist import CounterFileError, counter_file_name, read_counters
+
+    gone = str(tmp_path / counter_file_name("tp0_pp0_dp0_cp0"))
+    monkeypatch.setattr(persist, "find_counter_files", lambda paths: [gone])
+    assert read_counters([str(tmp_path)]).tiers == {}
+    (tmp_path / counter_file_name("tp0_pp0_dp0_cp0")).write_text("{")
+    with pytest.raises(CounterFileError, match="cannot read counters"):
+        read_counters([str(tmp_path)])
+
+
 def test_the_table_says_when_a_tier_has_less_room_than_its_capacity() -> None:
     from mooncake_sgl.metrics.cli import tier_table
     from mooncake_sgl.metrics.model import Snapshot, TierSample
