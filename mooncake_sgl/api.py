@@ -444,13 +444,15 @@ class PagesLookedUp:
 class PagesRead:
     """One read call into ``tier`` (any tier, managed or not): ``pages`` found of ``asked``,
     ``nbytes`` copied, in ``seconds`` of wall time. What the tier's reads cost, as SGLang waits
-    for them (``policy/load_gate.py`` learns each tier's read rate from these)."""
+    for them (``policy/load_gate.py`` learns each tier's read rate from these). ``probe``: a read
+    made only to time the tier (``TieredStore.probe_reads``), the freshest evidence of its speed."""
 
     tier: int
     asked: int
     pages: int
     nbytes: int
     seconds: float
+    probe: bool = False
 
 
 StoreEvent = PagesStored | PagesRemoved | PagesLookedUp | PagesRead

@@ -355,17 +355,20 @@ def load_gate(ev: ServerEvidence) -> list[Finding]:
     if ev.last is None:
         return []
     total = ev.last.ours.store_total
-    lookups, declined = total("gate_lookups"), total("gate_declined_lookups")
+    lookups = total("gate_lookups")
+    declined = total("gate_declined_lookups") + total("gate_abandoned_lookups")
     if not declined or declined / max(lookups, 1.0) <= GATE_DECLINES_MANY:
         return []
-    pages = total("gate_declined_pages")
+    pages = total("gate_declined_pages") + total("gate_abandoned_pages")
     return [Finding(ev.name, "hits_slower_than_recompute", WARNING,
                     f"{declined:g} of {lookups:g} storage hits were cut short ({pages:g} page objects "
                     "recomputed): loading them from a tier was expected to take longer than this "
-                    "server recomputing them",
-                    (f"mooncake_sgl_gate_declined_lookups_total={declined:g}",
+                    "server recomputing them, at the lookup or once their first page was read",
+                    (f"mooncake_sgl_gate_declined_lookups_total={total('gate_declined_lookups'):g}",
+                     f"mooncake_sgl_gate_abandoned_lookups_total={total('gate_abandoned_lookups'):g}",
                      f"mooncake_sgl_gate_lookups_total={lookups:g}",
-                     f"mooncake_sgl_gate_declined_pages_total={pages:g}"),
+                     f"mooncake_sgl_gate_declined_pages_total={total('gate_declined_pages'):g}",
+                     f"mooncake_sgl_gate_abandoned_pages_total={total('gate_abandoned_pages'):g}"),
                     "check the slow tier's get latency (mooncake_sgl_tier_get_latency_seconds) and what "
                     "else uses its disk or link; a faster tier, or more room in a fast one, turns these "
                     "back into hits (docs/tiers.md#the-load-gate)")]

@@ -37,7 +37,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     disabled_l3_layout,
 )
 
-from ..api import PageKey
+from ..api import PageKey, TierKind
 from ..builtin_config import wait_for_store_server
 from ..config_sources import resolve_config
 from ..failure_log import FailureLog
@@ -73,6 +73,9 @@ from .sglang_config import StorageRank
 from .sglang_pool import HostPool
 
 logger = logging.getLogger(__name__)
+# Tiers whose reads can turn slow from one call to the next (a disk other processes use, a link to
+# a pool): the load gate reads a hit there one page first and judges the rest with that read.
+VOLATILE_KINDS = frozenset({TierKind.SSD, TierKind.REMOTE})
 
 
 class MooncakeSglStorage(HiCacheStorage):
@@ -165,7 +168,8 @@ class MooncakeSglStorage(HiCacheStorage):
             self._board = namespace_board.BoardCheck(self._store.tiers)
             gate = self._store_config.load_gate
             if gate.enabled:
-                self._gate = LoadGate(self._store.names, gate.margin, prefill_clock.reading)
+                self._gate = LoadGate(self._store.names, gate.margin, prefill_clock.reading,
+                                      volatile=[t.kind in VOLATILE_KINDS for t in self._store.tiers])
                 self._store.observe(self._gate)
         super().register_mem_pool_host(mem_pool_host)
         with self._pools_lock:
@@ -345,10 +349,44 @@ class MooncakeSglStorage(HiCacheStorage):
         self._live()
         start = time.perf_counter()
         kv: page_objects.PoolObjects = self._kv_objects()
-        ok = page_objects.move_pages(self._store, kv, keys, kv.pages(host_indices, len(keys)), None,
-                                     write=False)
+        pages = kv.pages(host_indices, len(keys))
+        where = self._rejudged(kv, keys)
+        first = self._first_read(kv, where, len(keys))
+        ok = page_objects.move_pages(self._store, kv, keys[:first], pages[:first], None, write=False)
+        if first < len(keys):
+            rest = self._still_worth(kv, where[first * kv.parts:], len(keys) - first) if all(ok) else 0
+            ok += page_objects.move_pages(self._store, kv, keys[first:first + rest],
+                                          pages[first:first + rest], None, write=False)
+            ok += [False] * (len(keys) - first - rest)
         self._calls.record("prefetch", 0 if kv.logical else sum(ok), self._geometry.page_nbytes, start)
         return ok
+
+    def _rejudged(self, kv: page_objects.PoolObjects, keys: list[str]) -> list[int]:
+        """The tier of each object of the leading run of ``keys`` found now, where the load gate may
+        judge the hit again as it is read (``LoadGate.rereads``); empty otherwise (read it whole)."""
+        if self._gate is None or kv.logical or not self._gate.rereads():
+            return []
+        where = self._store.where(kv.keys(keys))
+        run = next((i for i, t in enumerate(where) if t is None), len(where))
+        return where[:run]  # type: ignore[return-value]
+
+    def _first_read(self, kv: page_objects.PoolObjects, where: list[int], npages: int) -> int:
+        """Pages to read before the gate judges the rest again: through the first page in a tier
+        whose reads can turn slow (a disk, a link) or not read lately, so such a tier turned slow
+        costs that page, not the hit; all of them otherwise."""
+        if not where:
+            return npages
+        assert self._gate is not None
+        objects = self._gate.first_read(where)
+        return npages if objects >= len(where) else -(-objects // kv.parts)
+
+    def _still_worth(self, kv: page_objects.PoolObjects, where: list[int], npages: int) -> int:
+        """Of the ``npages`` left after ``_first_read`` (their objects' tiers ``where``), how many to
+        go on reading: the gate's judgement with that read's evidence (pages found in no tier are
+        read, and miss, as before)."""
+        assert self._gate is not None and self._geometry is not None
+        kept = self._gate.admit_rest(where, kv.object_nbytes, self._geometry.page_size / kv.parts)
+        return npages if kept >= len(where) else kept // kv.parts
 
     @boundary(all_false)
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
@@ -389,6 +427,8 @@ class MooncakeSglStorage(HiCacheStorage):
         admission = self._gate.admit(where, kv.object_nbytes, self._geometry.page_size / kv.parts)
         for t in admission.probe:
             self._store.probe_reads(t, [k for k, w in zip(objects, where) if w == t])
+        for t in admission.recheck:
+            self._store.probe_reads(t, [next(k for k, w in zip(objects, where) if w == t)])
         return admission.objects // kv.parts
 
     @boundary(lambda *a, **k: False)

@@ -102,14 +102,16 @@ def router_line(snapshot: Snapshot) -> str:
 
 def gate_line(snapshot: Snapshot) -> str:
     """What the load gate declined (``load_gate``); empty when it declined nothing."""
-    n = {f: snapshot.store_total(f"gate_{f}") for f in ("lookups", "declined_lookups",
-                                                        "declined_pages", "probe_lookups")}
-    if not (n["declined_lookups"] or n["probe_lookups"]):
+    n = {f: snapshot.store_total(f"gate_{f}") for f in ("lookups", "declined_lookups", "declined_pages",
+                                                        "probe_lookups", "abandoned_lookups",
+                                                        "abandoned_pages")}
+    if not (n["declined_lookups"] or n["probe_lookups"] or n["abandoned_lookups"]):
         return ""
     return (f"load gate: {n['declined_lookups']:.0f} of {n['lookups']:.0f} hits cut short, "
             f"{n['declined_pages']:.0f} page objects left to recompute (loading them was expected "
-            f"to take longer than recomputing them); {n['probe_lookups']:.0f} probe reads of tiers "
-            f"not read lately")
+            f"to take longer than recomputing them); {n['abandoned_lookups']:.0f} hits given up "
+            f"after their first page read slowly, {n['abandoned_pages']:.0f} page objects left; "
+            f"{n['probe_lookups']:.0f} probe reads of tiers not read lately")
 
 
 def pool_table(stats: dict[str, float]) -> str:

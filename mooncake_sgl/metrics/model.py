@@ -73,11 +73,14 @@ STORE_COUNTERS: dict[str, str] = {
     "router_skipped_not_sglang_hash": "mooncake_sgl_router_skipped_not_sglang_hash",
     # The load gate (``load_gate``; 0 with it off): hits it judged, hits it cut short because
     # loading their rest was expected to be slower than recomputing it, the page objects it left
-    # out of them, and hits that asked for a probe read of a tier not read lately.
+    # out of them, hits that asked for a probe read of a tier not read lately, and hits admitted but
+    # given up once their first page read slower than recomputing the rest (and the objects left).
     "gate_lookups": "mooncake_sgl_gate_lookups",
     "gate_declined_lookups": "mooncake_sgl_gate_declined_lookups",
     "gate_declined_pages": "mooncake_sgl_gate_declined_pages",
     "gate_probe_lookups": "mooncake_sgl_gate_probe_lookups",
+    "gate_abandoned_lookups": "mooncake_sgl_gate_abandoned_lookups",
+    "gate_abandoned_pages": "mooncake_sgl_gate_abandoned_pages",
 }
 GAUGES: dict[str, str] = {
     "resident_pages": "mooncake_sgl_tier_resident_pages",

@@ -93,10 +93,12 @@ def gate_counters(gate: object) -> dict[str, float]:
         gate = LoadGateStats.from_plain(gate)
     if not isinstance(gate, LoadGateStats):
         return {"gate_lookups": 0.0, "gate_declined_lookups": 0.0, "gate_declined_pages": 0.0,
-                "gate_probe_lookups": 0.0}
+                "gate_probe_lookups": 0.0, "gate_abandoned_lookups": 0.0, "gate_abandoned_pages": 0.0}
     return {"gate_lookups": float(gate.lookups), "gate_declined_lookups": float(gate.declined_lookups),
             "gate_declined_pages": float(gate.declined_pages),
-            "gate_probe_lookups": float(gate.probe_lookups)}
+            "gate_probe_lookups": float(gate.probe_lookups),
+            "gate_abandoned_lookups": float(gate.abandoned_lookups),
+            "gate_abandoned_pages": float(gate.abandoned_pages)}
 
 
 def curve_points(stats: StoreReport, rank: str = "") -> dict[CurveKey, dict[str, float]]:

@@ -25,6 +25,13 @@ nothing: without evidence the gate admits, as SGLang would. A tier of the hit wh
 pages in that tier off the request path (``TieredStore.probe_reads``), so a tier declined as slow is
 found fast again, and one that turned slow is found out, without a request paying for the reading.
 
+A hit is judged again while it is read: ``first_read`` names the leading objects to read first,
+through the first object in a tier whose reads can turn slow from one call to the next
+(``volatile``: a disk, a link) or which has not been read for ``STALE_S``, and ``admit_rest``
+judges the rest with that read's evidence. A disk or link that turned slow since the lookup costs
+one object's read, not the whole hit's; the pages given up are reported missing to SGLang, which
+loads the leading run it got and computes the rest.
+
 Policy only: it moves no bytes and reads no tier. Thread context: events arrive on whichever
 thread delivers them, ``admit`` runs on SGLang's storage threads; one lock guards the state.
 """
@@ -46,11 +53,21 @@ logger = logging.getLogger(__name__)
 # probe (``REPROBE_S`` after the newest read) of a tier whose disk changed speed outweighs by about a
 # thousand to one what it did before.
 _READ_HALF_LIFE_S = 3.0
+# Weight left to a tier's earlier reads when a probe read reports: a probe is made to find out
+# what the tier does now (a disk that was slow may be idle again), so it outweighs them ten to one.
+_PROBE_KEEP = 0.1
 # Weight of the newest prefill measurement in the recompute rate.
 _PREFILL_WEIGHT = 0.3
 # Computed tokens between the scheduler readings that make one prefill measurement: fewer are
 # dominated by the fixed cost of a step.
 _MIN_PREFILL_TOKENS = 64
+# Seconds after a tier's newest read past which a hit read from it is read one object first and
+# judged again (``first_read``): by then the fit is mostly older evidence than the half-life.
+STALE_S = _READ_HALF_LIFE_S
+# A tier a hit was declined for is read one object at a time off the request path (``recheck``)
+# at most once per this many times that read's expected duration (and never within ``STALE_S``): a
+# slow disk spends at most about a tenth of its time on these reads.
+RECHECK_SPACING = 10.0
 # Seconds after a tier's newest read when a lookup that finds pages there asks for a probe read (a
 # disk that was busy may be idle now, an idle one busy).
 REPROBE_S = 30.0
@@ -66,11 +83,14 @@ class PrefillReading:
 
 @dataclass(frozen=True)
 class Admission:
-    """``admit``'s answer: the leading page objects to report, and the tiers of the hit to time a
-    probe read of (their newest read is ``REPROBE_S`` old)."""
+    """``admit``'s answer: the leading page objects to report, the tiers of the hit to time a
+    probe read of (their newest read is ``REPROBE_S`` old), and the tiers it was declined for to
+    time a read of one object of (``recheck``: a tier declined as slow is found fast again within
+    seconds, not at the next ``REPROBE_S``)."""
 
     objects: int
     probe: tuple[int, ...]
+    recheck: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,6 +110,8 @@ class LoadGateStats:
     declined_lookups: int  # hits cut short (any page declined)
     declined_pages: int  # page objects declined, over all tiers
     probe_lookups: int  # hits that asked for a probe read of a tier
+    abandoned_lookups: int  # hits admitted, then cut short once their first object read slowly
+    abandoned_pages: int  # page objects of those hits left unread
     prefill_seconds_per_token: float  # 0 before any prefill was measured
     margin: float
     tiers: dict[str, TierGateStats]
@@ -103,6 +125,7 @@ class LoadGateStats:
         tiers = d.get("tiers")
         return cls(int(num(d, "lookups")), int(num(d, "declined_lookups")),
                    int(num(d, "declined_pages")), int(num(d, "probe_lookups")),
+                   int(num(d, "abandoned_lookups")), int(num(d, "abandoned_pages")),
                    num(d, "prefill_seconds_per_token"), num(d, "margin"),
                    {str(name): TierGateStats(int(num(t, "declined_pages")), int(num(t, "read_calls")),
                                              num(t, "bytes_per_second"))
@@ -122,8 +145,10 @@ class _ReadFit:
         self.last_at = -REPROBE_S  # the newest read, or probe asked for
         self.last_bytes = 0
 
-    def add(self, nbytes: int, seconds: float, now: float) -> None:
+    def add(self, nbytes: int, seconds: float, now: float, probe: bool = False) -> None:
         d = 0.5 ** (max(0.0, now - self.read_at) / _READ_HALF_LIFE_S) if self.calls else 0.0
+        if probe:
+            d *= _PROBE_KEEP
         self.n = self.n * d + 1.0
         self.x = self.x * d + nbytes
         self.y = self.y * d + seconds
@@ -147,13 +172,16 @@ class _ReadFit:
 
 
 class LoadGate:
-    """See the module docstring. ``tiers``: the store's tier names, fastest first."""
+    """See the module docstring. ``tiers``: the store's tier names, fastest first; ``volatile``: per
+    tier, whether its reads can turn slow between one call and the next (a disk others use, a
+    link), so a hit there is read one object first and judged again (none without it)."""
 
     section = "load_gate"
 
     def __init__(self, tiers: Sequence[str], margin: float,
                  prefill: Callable[[], PrefillReading | None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 volatile: Sequence[bool] = ()) -> None:
         if margin < 1.0:
             raise ValueError(f"margin {margin}: loading must be judged at least at its expected time")
         self._names = list(tiers)
@@ -162,10 +190,12 @@ class LoadGate:
         self._clock = clock
         self._lock = threading.Lock()
         self._fits = [_ReadFit() for _ in self._names]
+        self._volatile = [bool(v) for v in volatile] + [False] * (len(self._names) - len(volatile))
         self._declined = [0] * len(self._names)
         self._last_reading: PrefillReading | None = None
         self._per_token: float | None = None
         self._lookups = self._declined_lookups = self._probes = 0
+        self._abandoned_lookups = self._abandoned = 0
 
     # ------------------------------------------------------------------ evidence
 
@@ -174,7 +204,7 @@ class LoadGate:
         with self._lock:
             for e in events:
                 if isinstance(e, PagesRead) and e.nbytes > 0 and 0 <= e.tier < len(self._fits):
-                    self._fits[e.tier].add(e.nbytes, e.seconds, now)
+                    self._fits[e.tier].add(e.nbytes, e.seconds, now, e.probe)
 
     def _learn_prefill(self) -> float | None:
         """Seconds per computed token; the caller holds the lock."""
@@ -218,17 +248,77 @@ class LoadGate:
             per_token = self._learn_prefill()
             if not per_token:
                 return Admission(n, probe)
-            count = [0] * len(fits)
-            best_k, best_gain = 0, 0.0
-            for k, t in enumerate(tiers, 1):
-                count[t] += 1
-                load = sum(fits[i].seconds(c * object_nbytes) for i, c in enumerate(count) if c)
-                gain = k * object_tokens * per_token - self._margin * load
-                if gain > best_gain:
-                    best_k, best_gain = k, gain
-            if best_k < n:
-                self._decline(tiers, best_k, per_token)
-            return Admission(best_k, probe)
+            kept = self._worth(tiers, object_nbytes, object_tokens, per_token)
+            if kept == n:
+                return Admission(kept, probe)
+            self._decline(tiers, kept, per_token)
+            recheck = []
+            for t in sorted(set(tiers[kept:]) - set(probe)):
+                fit = fits[t]
+                if now - fit.last_at >= max(STALE_S, RECHECK_SPACING * fit.seconds(object_nbytes)):
+                    fit.last_at = now
+                    recheck.append(t)
+            self._probes += bool(recheck) and not probe
+            return Admission(kept, probe, tuple(recheck))
+
+    def rereads(self) -> bool:
+        """Whether a hit read now may be judged again (``first_read``): a prefill rate is known and
+        some tier is volatile or was not read for ``STALE_S``. Cheap: the reader locates a hit's
+        pages only then."""
+        with self._lock:
+            now = self._clock()
+            return bool(self._learn_prefill()) and any(v or not f.calls or now - f.read_at >= STALE_S
+                                                 for f, v in zip(self._fits, self._volatile))
+
+    def first_read(self, tiers: Sequence[int]) -> int:
+        """Of a hit about to be read (the tier of each leading object now), how many objects to read
+        before ``admit_rest`` judges the rest: through the first object in a volatile tier or one
+        not read for ``STALE_S``; all of them where no such tier holds any, or nothing is judged yet
+        (no prefill rate)."""
+        with self._lock:
+            if not self._learn_prefill():
+                return len(tiers)
+            now = self._clock()
+            for i, t in enumerate(tiers):
+                fit = self._fits[t]
+                if self._volatile[t] or not fit.calls or now - fit.read_at >= STALE_S:
+                    return i + 1
+            return len(tiers)
+
+    def admit_rest(self, tiers: Sequence[int], object_nbytes: int, object_tokens: float) -> int:
+        """How many of the objects left of a hit, after its ``first_read``, to go on reading, judged
+        as ``admit`` judges with that read's evidence; the rest are counted as abandoned."""
+        n = len(tiers)
+        with self._lock:
+            per_token = self._learn_prefill()
+            if not n or not per_token:
+                return n
+            kept = self._worth(tiers, object_nbytes, object_tokens, per_token)
+            if kept < n:
+                if not self._abandoned_lookups:
+                    logger.warning("mooncake_sgl: load gate: a hit's first page read from tier %s was "
+                                   "slower than recomputing the rest; its other pages are left for "
+                                   "SGLang to compute (SGLang logs them as pages it failed to retrieve); "
+                                   "counted in mooncake_sgl_gate_abandoned_lookups",
+                                   self._names[tiers[kept]])
+                self._abandoned_lookups += 1
+                self._abandoned += n - kept
+            return kept
+
+    def _worth(self, tiers: Sequence[int], object_nbytes: int, object_tokens: float,
+               per_token: float) -> int:
+        """The length of the leading run of ``tiers`` whose saving is largest; the caller holds the
+        lock."""
+        fits = self._fits
+        count = [0] * len(fits)
+        best_k, best_gain = 0, 0.0
+        for k, t in enumerate(tiers, 1):
+            count[t] += 1
+            load = sum(fits[i].seconds(c * object_nbytes) for i, c in enumerate(count) if c)
+            gain = k * object_tokens * per_token - self._margin * load
+            if gain > best_gain:
+                best_k, best_gain = k, gain
+        return best_k
 
     def _decline(self, tiers: Sequence[int], kept: int, per_token: float) -> None:
         """Count the objects past ``kept``; the caller holds the lock."""
@@ -253,4 +343,5 @@ class LoadGate:
                 rate = fit.last_bytes / took if took > 0 else 0.0
                 tiers[name] = TierGateStats(declined, fit.calls, rate)
             return LoadGateStats(self._lookups, self._declined_lookups, sum(self._declined),
-                                 self._probes, self._per_token or 0.0, self._margin, tiers)
+                                 self._probes, self._abandoned_lookups, self._abandoned,
+                                 self._per_token or 0.0, self._margin, tiers)

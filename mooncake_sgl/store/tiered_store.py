@@ -158,6 +158,11 @@ class TieredStore:
         """Per key: readable in some tier now."""
         return [t is not None for t in self._calls.locate(keys)]
 
+    def where(self, keys: Sequence[PageKey]) -> list[int | None]:
+        """Per key, the fastest tier holding it now (``None``: no tier); no access event, unlike
+        ``locate_prefix``: for a reader planning how to read what a lookup already found."""
+        return self._calls.locate(keys)
+
     def exists_prefix(self, keys: Sequence[PageKey], parent: PageKey | None = None) -> int:
         """Length of the leading run of ``keys`` readable in some tier. This is the access event
         the policy learns heat from (SGLang asks it once per prefetch); it is buffered, and applied
@@ -267,7 +272,7 @@ class TieredStore:
         ok = self._calls.call(t, "get", self.tiers[t].get_into, [k for k, _ in picked], scratch)
         took = time.perf_counter() - start
         nread = sum(n for (_, n), hit in zip(picked, ok) if hit)
-        self._residency.read(PagesRead(t, len(picked), sum(map(bool, ok)), nread, took))
+        self._residency.read(PagesRead(t, len(picked), sum(map(bool, ok)), nread, took, probe=True))
 
     def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView],
                  parent: PageKey | None = None) -> list[bool]:

@@ -172,3 +172,8 @@ def test_hits_cut_short_by_the_load_gate_name_the_slow_tier_past_a_quarter() -> 
                                         "gate_declined_lookups": 10.0})
     assert "hits_slower_than_recompute" not in codes(server(few))
     assert "hits_slower_than_recompute" not in codes(server(look(series=SGLANG_ON)))  # gate off
+    given_up = look(series=SGLANG_ON, store={"lookup_pages": 10.0, "gate_lookups": 100.0,
+                                             "gate_declined_lookups": 10.0, "gate_abandoned_lookups": 20.0,
+                                             "gate_abandoned_pages": 200.0})
+    [f] = [x for x in diagnose([server(given_up)]) if x.code == "hits_slower_than_recompute"]
+    assert "30 of 100" in f.says and "mooncake_sgl_gate_abandoned_lookups_total=20" in f.evidence

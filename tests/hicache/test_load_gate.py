@@ -7,11 +7,14 @@ prefill clock as the touch point's hook hands the real one.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from devtools.testing.backend_record import store_stats
 from mooncake_sgl.hicache import prefill_clock
 from mooncake_sgl.metrics.source import gate_counters
+from mooncake_sgl.policy import load_gate
 
 from . import pools
 from .pools import PAGE
@@ -44,12 +47,17 @@ def lmdb_only(root) -> dict:
 def stored(make_backend, tmp_path, gate: dict | None = None):
     extra = lmdb_only(tmp_path) | ({"load_gate": gate} if gate is not None else {})
     backend, pool = make_backend("mha", "page_first", extra=extra)
+    return backend, stored_in(backend, pool)
+
+
+def stored_in(backend, pool) -> list[str]:
+    """``PAGES`` pages stored and read once (the tier's read rate); their hashes."""
     keys = pools.page_hashes(PAGES, seed=11)
     src = pool.alloc(PAGES * PAGE)
     pools.fill_random(pool, src, seed=12)
     assert backend.batch_set_v1(keys, src) == [True] * PAGES
-    assert backend.batch_get_v1(keys, pool.alloc(PAGES * PAGE)) == [True] * PAGES  # the tier's rate
-    return backend, keys
+    assert backend.batch_get_v1(keys, pool.alloc(PAGES * PAGE)) == [True] * PAGES
+    return keys
 
 
 def computes(scheduler, tokens: int, seconds_per_token: float, backend, keys) -> None:
@@ -72,6 +80,67 @@ def test_a_hit_faster_to_load_is_reported_whole(make_backend, tmp_path, schedule
     computes(scheduler, 4096, 1.0, backend, keys)  # a second per token
     assert backend.batch_exists(keys) == PAGES
     assert gate_counters(store_stats(backend)["load_gate"])["gate_declined_lookups"] == 0
+
+
+def old_evidence(monkeypatch) -> None:
+    """As if every tier's newest read were long ago: reads are judged again, older ones forgotten."""
+    monkeypatch.setattr(load_gate, "STALE_S", 0.0)
+    monkeypatch.setattr(load_gate, "_READ_HALF_LIFE_S", 1e-3)
+
+
+def slowed(backend, monkeypatch, seconds_per_call: float) -> list[int]:
+    """The LMDB tier's disk turns slow: every read call waits first. Returns the pages per call."""
+    tier = backend._store.tiers[0]
+    inner, calls = tier.get_into, []
+
+    def slow(keys, pages):
+        calls.append(len(keys))
+        time.sleep(seconds_per_call)
+        return inner(keys, pages)
+
+    monkeypatch.setattr(tier, "get_into", slow)
+    return calls
+
+
+def test_a_hit_whose_disk_turned_slow_is_given_up_after_its_first_page(make_backend, tmp_path, scheduler,
+                                                                       monkeypatch) -> None:
+    backend, pool = make_backend("mha", "page_first", extra=lmdb_only(tmp_path))
+    keys = stored_in(backend, pool)
+    computes(scheduler, 4096, 1e-3, backend, keys)  # 16 ms a page: the tier's hits are worth loading
+    assert backend.batch_exists(keys) == PAGES
+    old_evidence(monkeypatch)
+    calls = slowed(backend, monkeypatch, 0.05)  # 50 ms to read a page now
+    assert backend.batch_get_v1(keys, pool.alloc(PAGES * PAGE)) == [True] + [False] * (PAGES - 1)
+    assert calls == [1]  # the rest was never read
+    counters = gate_counters(store_stats(backend)["load_gate"])
+    assert (counters["gate_abandoned_lookups"], counters["gate_abandoned_pages"]) == (1, PAGES - 1)
+    assert backend.batch_exists(keys) == 0  # and the next lookup declines the hit up front
+
+
+def test_a_hit_whose_first_page_read_fast_is_read_whole(make_backend, tmp_path, scheduler,
+                                                        monkeypatch) -> None:
+    backend, pool = make_backend("mha", "page_first", extra=lmdb_only(tmp_path))
+    keys = stored_in(backend, pool)
+    computes(scheduler, 4096, 1e-3, backend, keys)
+    assert backend.batch_exists(keys) == PAGES
+    old_evidence(monkeypatch)
+    calls = slowed(backend, monkeypatch, 0.0)
+    dst = pool.alloc(PAGES * PAGE)
+    assert backend.batch_get_v1(keys, dst) == [True] * PAGES
+    assert calls == [1, PAGES - 1]  # one page first, then the rest in one call
+    assert gate_counters(store_stats(backend)["load_gate"])["gate_abandoned_lookups"] == 0
+
+
+def test_a_hit_in_the_ssd_tier_is_judged_again_after_its_first_page_however_fresh(
+        make_backend, tmp_path, scheduler, monkeypatch) -> None:
+    # A disk others use can turn slow between two reads a moment apart: no staleness needed.
+    backend, pool = make_backend("mha", "page_first", extra=lmdb_only(tmp_path))
+    keys = stored_in(backend, pool)
+    computes(scheduler, 4096, 1e-3, backend, keys)
+    assert backend.batch_exists(keys) == PAGES
+    calls = slowed(backend, monkeypatch, 0.0)
+    assert backend.batch_get_v1(keys, pool.alloc(PAGES * PAGE)) == [True] * PAGES
+    assert calls == [1, PAGES - 1]
 
 
 def test_with_the_gate_off_every_hit_is_reported(make_backend, tmp_path, scheduler) -> None:

@@ -217,7 +217,10 @@ def test_the_load_gate_line_says_what_was_declined_and_stays_silent_otherwise() 
     from mooncake_sgl.metrics.model import Snapshot
 
     declined = {"gate_lookups": 50.0, "gate_declined_lookups": 20.0, "gate_declined_pages": 640.0,
-                "gate_probe_lookups": 2.0}
+                "gate_probe_lookups": 2.0, "gate_abandoned_lookups": 3.0, "gate_abandoned_pages": 90.0}
     line = gate_line(Snapshot({}, 0.0, {"r": declined}))
     assert "20 of 50 hits cut short" in line and "640 page objects" in line and "2 probe reads" in line
+    assert "3 hits given up after their first page read slowly, 90 page objects left" in line
+    abandoned_only = {"gate_lookups": 50.0, "gate_abandoned_lookups": 1.0, "gate_abandoned_pages": 7.0}
+    assert "1 hits given up" in gate_line(Snapshot({}, 0.0, {"r": abandoned_only}))
     assert gate_line(Snapshot({}, 0.0, {"r": {"gate_lookups": 50.0}})) == ""

@@ -10,6 +10,7 @@ import pytest
 from mooncake_sgl.api import PagesRead
 from mooncake_sgl.policy.load_gate import (
     REPROBE_S,
+    STALE_S,
     LoadGate,
     LoadGateStats,
     PrefillReading,
@@ -121,6 +122,95 @@ def test_a_tier_not_read_lately_is_probed_off_the_request_path_once_per_interval
     reads(g, 1, 10e9, sizes=(4 * MIB,))  # the probe's one read: the disk is idle again
     assert g.admit([1] * 4, MIB, PAGE_TOKENS).objects == 4  # it outweighs reads 30 s old
     assert g.stats().probe_lookups == 2  # the helper's first lookup asked for tier 0 too
+
+
+def test_a_hit_is_read_whole_while_every_tier_was_read_lately() -> None:
+    g, _, clock = gate(per_token=1e-4)
+    reads(g, 0, 10e9)
+    reads(g, 1, 1e9)
+    assert g.first_read([0, 0, 1, 1]) == 4
+    clock.now += STALE_S / 2
+    assert g.first_read([0, 1]) == 2
+    assert not g.rereads()  # nothing to judge again: the reader need not locate the hit's pages
+
+
+def test_a_tier_not_read_lately_is_read_one_object_first() -> None:
+    g, _, clock = gate(per_token=1e-4)
+    reads(g, 0, 10e9)
+    assert g.first_read([0, 0, 1, 1]) == 3  # lmdb was never read: its first object, then judge
+    reads(g, 1, 1e9)
+    clock.now += STALE_S
+    assert g.first_read([0, 0, 1, 1]) == 1  # both are stale now: the first object of the hit
+
+
+def test_a_volatile_tier_is_read_one_object_first_however_fresh_its_evidence() -> None:
+    prefill, clock = Prefill(), Clock()
+    g = LoadGate(["host", "lmdb"], 1.25, prefill, clock, volatile=[False, True])
+    prefill.compute(0, 1e-4)
+    g.admit([0], MIB, PAGE_TOKENS)
+    prefill.compute(4096, 1e-4)
+    reads(g, 0, 10e9)
+    reads(g, 1, 1e9)
+    assert g.rereads()
+    assert g.first_read([0, 0, 1, 1]) == 3  # a disk may have turned slow since its last read
+    assert g.first_read([0, 0]) == 2  # memory did not
+
+
+def test_without_a_prefill_rate_a_hit_is_read_whole() -> None:
+    g, _, _ = gate(per_token=None)
+    assert g.first_read([1] * 8) == 8
+    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS) == 7
+
+
+def test_a_hit_whose_first_object_read_slowly_is_abandoned_and_counted() -> None:
+    g, _, clock = gate(per_token=1e-4)  # 6.4 ms a page
+    reads(g, 1, 1e9)
+    assert g.admit([1] * 8, MIB, PAGE_TOKENS).objects == 8  # fast when last read
+    clock.now += 10 * STALE_S  # the disk turned slow since
+    assert g.first_read([1] * 8) == 1
+    reads(g, 1, 20e6, sizes=(MIB,))  # the first object: 52 ms
+    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS) == 0
+    s = g.stats()
+    assert (s.abandoned_lookups, s.abandoned_pages, s.declined_lookups) == (1, 7, 0)
+    assert g.admit([1] * 8, MIB, PAGE_TOKENS).objects == 0  # and the next hit is declined at lookup
+
+
+def test_a_hit_whose_first_object_read_fast_is_read_on() -> None:
+    g, _, clock = gate(per_token=1e-4)
+    reads(g, 1, 50e6)
+    clock.now += 10 * STALE_S  # slow when last read, idle again now
+    assert g.first_read([1] * 8) == 1
+    reads(g, 1, 2e9, sizes=(MIB,))
+    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS) == 7
+    assert g.stats().abandoned_lookups == 0
+
+
+def test_a_tier_declined_as_slow_is_rechecked_one_object_at_a_time_and_found_fast_again() -> None:
+    g, _, clock = gate(per_token=1e-4)  # 6.4 ms a page
+    reads(g, 1, 50e6)  # 21 ms per MiB page: declined
+    assert g.admit([1] * 4, MIB, PAGE_TOKENS).recheck == ()  # just read
+    clock.now += STALE_S
+    declined = g.admit([1] * 4, MIB, PAGE_TOKENS)
+    assert (declined.objects, declined.recheck, declined.probe) == (0, (1,), ())
+    assert g.admit([1] * 4, MIB, PAGE_TOKENS).recheck == ()  # one until it reports back
+    rechecks = 1
+    while True:
+        g.on_events([PagesRead(1, 1, 1, MIB, MIB / 2e9, probe=True)])  # the disk is fast again
+        if g.admit([1] * 4, MIB, PAGE_TOKENS).objects == 4:
+            break
+        clock.now += STALE_S
+        assert g.admit([1] * 4, MIB, PAGE_TOKENS).recheck == (1,)
+        rechecks += 1
+    assert rechecks <= 2  # a probe outweighs the slow past: found fast within 6 s of declining
+
+
+def test_a_tier_that_stays_slow_is_rechecked_at_most_a_tenth_of_the_time() -> None:
+    g, _, clock = gate(per_token=1e-6)
+    reads(g, 1, 1e6)  # about a second to read one MiB object
+    clock.now += STALE_S
+    assert g.admit([1] * 4, MIB, PAGE_TOKENS).recheck == ()  # 10 s after the last read, not 3
+    clock.now += 8
+    assert g.admit([1] * 4, MIB, PAGE_TOKENS).recheck == (1,)
 
 
 def test_the_recompute_rate_follows_the_schedulers_totals() -> None:
