@@ -352,9 +352,12 @@ class MooncakeSglStorage(HiCacheStorage):
         pages = kv.pages(host_indices, len(keys))
         where = self._rejudged(kv, keys)
         first = self._first_read(kv, where, len(keys))
+        read_at = time.perf_counter()
         ok = page_objects.move_pages(self._store, kv, keys[:first], pages[:first], None, write=False)
         if first < len(keys):
-            rest = self._still_worth(kv, where[first * kv.parts:], len(keys) - first) if all(ok) else 0
+            took = time.perf_counter() - read_at
+            rest = self._still_worth(kv, where[first * kv.parts:], len(keys) - first,
+                                     first * self._geometry.page_nbytes, took) if all(ok) else 0
             ok += page_objects.move_pages(self._store, kv, keys[first:first + rest],
                                           pages[first:first + rest], None, write=False)
             ok += [False] * (len(keys) - first - rest)
@@ -380,12 +383,14 @@ class MooncakeSglStorage(HiCacheStorage):
         objects = self._gate.first_read(where)
         return npages if objects >= len(where) else -(-objects // kv.parts)
 
-    def _still_worth(self, kv: page_objects.PoolObjects, where: list[int], npages: int) -> int:
-        """Of the ``npages`` left after ``_first_read`` (their objects' tiers ``where``), how many to
-        go on reading: the gate's judgement with that read's evidence (pages found in no tier are
-        read, and miss, as before)."""
+    def _still_worth(self, kv: page_objects.PoolObjects, where: list[int], npages: int,
+                     first_nbytes: int, first_seconds: float) -> int:
+        """Of the ``npages`` left after ``_first_read`` (their objects' tiers ``where``; the first
+        read moved ``first_nbytes`` in ``first_seconds``), how many to go on reading: the gate's
+        judgement with that read's evidence (pages found in no tier are read, and miss, as before)."""
         assert self._gate is not None and self._geometry is not None
-        kept = self._gate.admit_rest(where, kv.object_nbytes, self._geometry.page_size / kv.parts)
+        kept = self._gate.admit_rest(where, kv.object_nbytes, self._geometry.page_size / kv.parts,
+                                     first_nbytes, first_seconds)
         return npages if kept >= len(where) else kept // kv.parts
 
     @boundary(all_false)

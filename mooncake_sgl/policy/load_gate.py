@@ -64,6 +64,9 @@ _MIN_PREFILL_TOKENS = 64
 # Seconds after a tier's newest read past which a hit read from it is read one object first and
 # judged again (``first_read``): by then the fit is mostly older evidence than the half-life.
 STALE_S = _READ_HALF_LIFE_S
+# A first read (``first_read``) this long is past what a busy host's scheduling adds to a healthy
+# read, so its own rate judges the rest of the hit (``admit_rest``).
+SLOW_FIRST_READ_S = 0.01
 # A tier a hit was declined for is read one object at a time off the request path (``recheck``)
 # at most once per this many times that read's expected duration (and never within ``STALE_S``): a
 # slow disk spends at most about a tenth of its time on these reads.
@@ -285,15 +288,23 @@ class LoadGate:
                     return i + 1
             return len(tiers)
 
-    def admit_rest(self, tiers: Sequence[int], object_nbytes: int, object_tokens: float) -> int:
-        """How many of the objects left of a hit, after its ``first_read``, to go on reading, judged
-        as ``admit`` judges with that read's evidence; the rest are counted as abandoned."""
+    def admit_rest(self, tiers: Sequence[int], object_nbytes: int, object_tokens: float,
+                   first_nbytes: int = 0, first_seconds: float = 0.0) -> int:
+        """How many of the objects left of a hit, after its ``first_read`` (``first_nbytes`` in
+        ``first_seconds``), to go on reading, judged as ``admit`` judges with that read's evidence;
+        the rest are counted as abandoned. A first read of ``SLOW_FIRST_READ_S`` or more also judges
+        the rest at that read's own rate: a fit that still remembers a fast disk would average one
+        slow page away."""
         n = len(tiers)
         with self._lock:
             per_token = self._learn_prefill()
             if not n or not per_token:
                 return n
             kept = self._worth(tiers, object_nbytes, object_tokens, per_token)
+            if first_seconds >= SLOW_FIRST_READ_S and first_nbytes > 0:
+                per_byte = first_seconds / first_nbytes  # its per-call cost included: errs to recompute
+                if object_tokens * per_token <= self._margin * object_nbytes * per_byte:
+                    kept = 0
             if kept < n:
                 if not self._abandoned_lookups:
                     logger.warning("mooncake_sgl: load gate: a hit's first page read from tier %s was "

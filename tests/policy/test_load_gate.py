@@ -175,6 +175,15 @@ def test_a_hit_whose_first_object_read_slowly_is_abandoned_and_counted() -> None
     assert g.admit([1] * 8, MIB, PAGE_TOKENS).objects == 0  # and the next hit is declined at lookup
 
 
+def test_one_slow_first_read_judges_the_rest_where_the_fit_still_remembers_a_fast_disk() -> None:
+    g, _, _ = gate(per_token=1e-4)  # 6.4 ms a page
+    reads(g, 1, 2e9)  # fast a moment ago, in large reads
+    reads(g, 1, 20e6, sizes=(MIB,))  # this hit's first object: 52 ms
+    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS) == 7  # the fit alone averages it away
+    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS, MIB, MIB / 20e6) == 0  # its own rate does not
+    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS, MIB, 0.005) == 7  # a few ms is a busy host, not a disk
+
+
 def test_a_hit_whose_first_object_read_fast_is_read_on() -> None:
     g, _, clock = gate(per_token=1e-4)
     reads(g, 1, 50e6)
