@@ -60,7 +60,8 @@ from devtools.tiny_model import write_tiny_llama  # noqa: E402
 
 VARIANTS = ("gate", "nogate", "recompute")
 SLOWER = 1.1  # a request slower than this times recompute's counts as a hit that cost more than it saved
-GATE_COUNTERS = ("lookups", "declined_lookups", "declined_pages", "probe_lookups")
+GATE_COUNTERS = ("lookups", "declined_lookups", "declined_pages", "probe_lookups", "abandoned_lookups",
+                 "abandoned_pages")
 
 
 def tiers_yaml(path: Path, ssd: Path, gate: bool) -> Path:

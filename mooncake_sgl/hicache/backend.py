@@ -44,7 +44,7 @@ from ..failure_log import FailureLog
 from ..keys import KV_POOL, KeyNamespace
 from ..metrics.attach import StoreWatch, observe_store
 from ..policy.curve_feed import CurveFeed
-from ..policy.load_gate import LoadGate
+from ..policy.load_gate import SLOW_FIRST_READ_S, LoadGate
 from ..store import TieredStore, build_store
 from . import (
     fingerprint,
@@ -351,16 +351,22 @@ class MooncakeSglStorage(HiCacheStorage):
         kv: page_objects.PoolObjects = self._kv_objects()
         pages = kv.pages(host_indices, len(keys))
         where = self._rejudged(kv, keys)
-        first = self._first_read(kv, where, len(keys))
+        done = self._first_read(kv, where, len(keys))
         read_at = time.perf_counter()
-        ok = page_objects.move_pages(self._store, kv, keys[:first], pages[:first], None, write=False)
-        if first < len(keys):
-            took = time.perf_counter() - read_at
-            rest = self._still_worth(kv, where[first * kv.parts:], len(keys) - first,
-                                     first * self._geometry.page_nbytes, took) if all(ok) else 0
-            ok += page_objects.move_pages(self._store, kv, keys[first:first + rest],
-                                          pages[first:first + rest], None, write=False)
-            ok += [False] * (len(keys) - first - rest)
+        ok = page_objects.move_pages(self._store, kv, keys[:done], pages[:done], None, write=False)
+        while done < len(keys) and all(ok):
+            # Judged again after each read, in doubling steps until the reading so far is long
+            # enough to judge the disk by (a throttle's or a cache's burst makes one page look fast).
+            took, left = time.perf_counter() - read_at, len(keys) - done
+            worth = self._still_worth(kv, where[done * kv.parts:], left, done * self._geometry.page_nbytes,
+                                      took)
+            step = worth if worth < left or took >= SLOW_FIRST_READ_S else min(left, done)
+            ok += page_objects.move_pages(self._store, kv, keys[done:done + step], pages[done:done + step],
+                                          None, write=False)
+            done += step
+            if step < left and step == worth:
+                break  # the rest is given up
+        ok += [False] * (len(keys) - len(ok))
         self._calls.record("prefetch", 0 if kv.logical else sum(ok), self._geometry.page_nbytes, start)
         return ok
 

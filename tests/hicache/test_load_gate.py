@@ -127,7 +127,7 @@ def test_a_hit_whose_first_page_read_fast_is_read_whole(make_backend, tmp_path, 
     calls = slowed(backend, monkeypatch, 0.0)
     dst = pool.alloc(PAGES * PAGE)
     assert backend.batch_get_v1(keys, dst) == [True] * PAGES
-    assert calls == [1, PAGES - 1]  # one page first, then the rest in one call
+    assert calls == [1, 1, 2, 4]  # one page first, then doubling: each read too short to judge by
     assert gate_counters(store_stats(backend)["load_gate"])["gate_abandoned_lookups"] == 0
 
 
@@ -139,6 +139,17 @@ def test_a_hit_in_the_ssd_tier_is_judged_again_after_its_first_page_however_fres
     computes(scheduler, 4096, 1e-3, backend, keys)
     assert backend.batch_exists(keys) == PAGES
     calls = slowed(backend, monkeypatch, 0.0)
+    assert backend.batch_get_v1(keys, pool.alloc(PAGES * PAGE)) == [True] * PAGES
+    assert calls == [1, 1, 2, 4]
+
+
+def test_a_read_long_enough_to_judge_by_reads_the_rest_in_one_call(make_backend, tmp_path, scheduler,
+                                                                  monkeypatch) -> None:
+    backend, pool = make_backend("mha", "page_first", extra=lmdb_only(tmp_path))
+    keys = stored_in(backend, pool)
+    computes(scheduler, 4096, 1.0, backend, keys)  # a second a token: loading always wins
+    assert backend.batch_exists(keys) == PAGES
+    calls = slowed(backend, monkeypatch, 0.02)  # 20 ms a call: past a busy host's noise
     assert backend.batch_get_v1(keys, pool.alloc(PAGES * PAGE)) == [True] * PAGES
     assert calls == [1, PAGES - 1]
 
