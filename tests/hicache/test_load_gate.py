@@ -12,6 +12,7 @@ import time
 import pytest
 
 from devtools.testing.backend_record import store_stats
+from mooncake_sgl.hicache import backend as backend_module
 from mooncake_sgl.hicache import prefill_clock
 from mooncake_sgl.metrics.source import gate_counters
 from mooncake_sgl.policy import load_gate
@@ -102,6 +103,12 @@ def slowed(backend, monkeypatch, seconds_per_call: float) -> list[int]:
     return calls
 
 
+def never_long(monkeypatch) -> None:
+    """No read of the test is long enough to judge the disk by: on a loaded host a fast read can
+    take 10 ms, which would end the doubling steps the test counts."""
+    monkeypatch.setattr(backend_module, "SLOW_FIRST_READ_S", 60.0)
+
+
 def test_a_hit_whose_disk_turned_slow_is_given_up_after_its_first_page(make_backend, tmp_path, scheduler,
                                                                        monkeypatch) -> None:
     backend, pool = make_backend("mha", "page_first", extra=lmdb_only(tmp_path))
@@ -121,10 +128,11 @@ def test_a_hit_whose_first_page_read_fast_is_read_whole(make_backend, tmp_path, 
                                                         monkeypatch) -> None:
     backend, pool = make_backend("mha", "page_first", extra=lmdb_only(tmp_path))
     keys = stored_in(backend, pool)
-    computes(scheduler, 4096, 1e-3, backend, keys)
+    computes(scheduler, 4096, 1e-2, backend, keys)  # 160 ms a page: loading wins, however busy the host
     assert backend.batch_exists(keys) == PAGES
     old_evidence(monkeypatch)
     calls = slowed(backend, monkeypatch, 0.0)
+    never_long(monkeypatch)
     dst = pool.alloc(PAGES * PAGE)
     assert backend.batch_get_v1(keys, dst) == [True] * PAGES
     assert calls == [1, 1, 2, 4]  # one page first, then doubling: each read too short to judge by
@@ -136,9 +144,10 @@ def test_a_hit_in_the_ssd_tier_is_judged_again_after_its_first_page_however_fres
     # A disk others use can turn slow between two reads a moment apart: no staleness needed.
     backend, pool = make_backend("mha", "page_first", extra=lmdb_only(tmp_path))
     keys = stored_in(backend, pool)
-    computes(scheduler, 4096, 1e-3, backend, keys)
+    computes(scheduler, 4096, 1e-2, backend, keys)  # 160 ms a page: loading wins, however busy the host
     assert backend.batch_exists(keys) == PAGES
     calls = slowed(backend, monkeypatch, 0.0)
+    never_long(monkeypatch)
     assert backend.batch_get_v1(keys, pool.alloc(PAGES * PAGE)) == [True] * PAGES
     assert calls == [1, 1, 2, 4]
 
