@@ -21,6 +21,7 @@ a second for ``--rate-seconds`` and counts what it dropped.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -36,6 +37,7 @@ from devtools.bench.console import comma_choices, run_script, stamped  # noqa: E
 from devtools.bench.curves_before import CurvesBefore  # noqa: E402
 from mooncake_sgl.config import PolicyConfig  # noqa: E402
 from mooncake_sgl.policy.curve import MULTIPLIERS, TierCurves  # noqa: E402
+from mooncake_sgl.policy.curve_feed import CurvesReport  # noqa: E402
 from mooncake_sgl.policy.curve_process import CurveProcess  # noqa: E402
 from mooncake_sgl.sim.simulator import Simulator  # noqa: E402
 from mooncake_sgl.sim.trace import Request, distinct_blocks  # noqa: E402
@@ -53,8 +55,9 @@ def replay(policy: str, requests: list[Request], blocks: int, curves: bool) -> t
     sim = Simulator(build_policy(policy, caps, PolicyConfig(name="heat")), caps, PAGE_BYTES, policy,
                     curves=curves)
     result = sim.run(requests)
-    points = sim.store.stats().sections["curves"]["points"].get("t0", []) if curves else []
-    return result.hit_ratio, points
+    report = sim.store.stats().sections.get("curves")
+    points = report.points.get("t0", []) if isinstance(report, CurvesReport) else []
+    return result.hit_ratio, [dataclasses.asdict(p) for p in points]
 
 
 def before_points(policy: str, requests: list[Request], blocks: int) -> list[dict]:

@@ -43,6 +43,7 @@ from typing import Any
 from ..api import PagesRemoved, PagesStored, StoreEvent
 from ..keys import event_hash, namespace_of
 from ..tally import Tally
+from .router_report import AnnouncerReport
 from .touch_points import TouchPoint, register_hook
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class Learned:
 
 @dataclass(frozen=True)
 class AnnouncerStats:
-    """What an announcer counts (``stats()["router_events"]``)."""
+    """What an announcer counts."""
 
     stored: int = 0  # pages announced (BlockStored)
     removed: int = 0  # pages whose removal was announced (BlockRemoved)
@@ -284,13 +285,14 @@ class Announcer:
             self._announced.difference_update(gone)
         self._send([*out, *self._removed(gone)])
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> AnnouncerReport:
         with self._lock:
             waiting = len(self._copies) - len(self._announced)
             announced = len(self._announced)
-        return {**{k: float(v) for k, v in self.counters.as_dict().items()},
-                "announced_pages": float(announced), "waiting_pages": float(waiting),
-                "publisher": float(self._hub.publishing)}
+        c = self.counters.snapshot()
+        return AnnouncerReport(float(c.stored), float(c.removed), float(c.unannounced),
+                               float(c.skipped_other_namespace), float(c.skipped_not_sglang_hash),
+                               float(announced), float(waiting), float(self._hub.publishing))
 
     # -------------------------------------------------------------------- from the hub
 

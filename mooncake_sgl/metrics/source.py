@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
+from ..hicache.router_report import AnnouncerReport
+from ..policy.curve import CurvePoint
+from ..policy.curve_feed import CurveCosts, CurvesReport
 from ..policy.load_gate import LoadGateStats
 from ..store.stats import LookupStats, StoreReport, StoreTierReport, UsageReport
-from .model import CURVE_FIELDS, CurveKey, Snapshot, TierSample, size_label
+from .model import CurveKey, Snapshot, TierSample, size_label
 
 # Sample field -> its value in the store's report of one tier (what the store moved through it, and
 # the tier's own report for what only some tiers count).
@@ -46,19 +48,26 @@ LOOKUP_FIELDS: dict[str, Callable[[LookupStats], float]] = {
     "lookup_pages": lambda s: s.lookup_pages,
     "lookup_hit_pages": lambda s: s.lookup_hit_pages,
 }
-# Per-rank counter -> its name in the curves' and the router announcer's sections: JSON-ready dicts
-# of ``policy.curve_feed`` and ``hicache.router_events``, whose names are theirs.
-CURVE_COST_FIELDS = {"curve_busy_seconds": "busy_seconds", "curve_process_seconds": "process_seconds",
-                     "curve_dropped_pages": "dropped_pages"}
-ROUTER_FIELDS = {"router_announced_pages": "stored", "router_removed_pages": "removed",
-                 "router_unannounced_pages": "unannounced",
-                 "router_skipped_other_namespace": "skipped_other_namespace",
-                 "router_skipped_not_sglang_hash": "skipped_not_sglang_hash"}
-
-
-def _section(d: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    sub = d.get(name)
-    return sub if isinstance(sub, Mapping) else {}
+# Per-rank counter -> its value in the curves' costs (``policy.curve_feed``) and in the router
+# announcer's report (``hicache.router_events``); 0 where that observer is off.
+CURVE_COST_FIELDS: dict[str, Callable[[CurveCosts], float]] = {
+    "curve_busy_seconds": lambda c: c.busy_seconds,
+    "curve_process_seconds": lambda c: c.process_seconds,
+    "curve_dropped_pages": lambda c: c.dropped_pages,
+}
+ROUTER_FIELDS: dict[str, Callable[[AnnouncerReport], float]] = {
+    "router_announced_pages": lambda r: r.stored,
+    "router_removed_pages": lambda r: r.removed,
+    "router_unannounced_pages": lambda r: r.unannounced,
+    "router_skipped_other_namespace": lambda r: r.skipped_other_namespace,
+    "router_skipped_not_sglang_hash": lambda r: r.skipped_not_sglang_hash,
+}
+# Curve series (``model.CURVE_FIELDS``) -> its value in one point of a tier's curve.
+CURVE_POINT_FIELDS: dict[str, Callable[[CurvePoint], float]] = {
+    "lookups": lambda p: p.lookups,
+    "hits": lambda p: p.hits,
+    "capacity_bytes": lambda p: p.capacity_bytes,
+}
 
 
 def tier_sample(entry: StoreTierReport, position: int) -> TierSample:
@@ -76,15 +85,30 @@ def snapshot_of(stats: StoreReport, rank: str = "", taken_at: float | None = Non
     """Every tier of one store's ``stats()`` under ``rank``."""
     samples = {(rank, name): tier_sample(entry, i) for i, (name, entry) in enumerate(stats.tiers.items())}
     first = next(iter(samples.values()), TierSample())
-    costs = _section(_section(stats.sections, "curves"), "costs")
-    router = _section(stats.sections, "router_events")
+    curves = curves_of(stats.sections.get("curves"))
+    router = router_events_of(stats.sections.get("router_events"))
     counters = {"read_pages": first.hits + first.misses,
                 **{name: float(value(stats.lookups)) for name, value in LOOKUP_FIELDS.items()},
-                **{name: float(costs.get(field, 0.0)) for name, field in CURVE_COST_FIELDS.items()},
-                **{name: float(router.get(field, 0.0)) for name, field in ROUTER_FIELDS.items()},
+                **{name: float(value(curves.costs)) if curves else 0.0
+                   for name, value in CURVE_COST_FIELDS.items()},
+                **{name: float(value(router)) if router else 0.0 for name, value in ROUTER_FIELDS.items()},
                 **gate_counters(stats.sections.get("load_gate"))}
     return Snapshot(samples, time.time() if taken_at is None else taken_at, {rank: counters},
                     curve_points(stats, rank))
+
+
+def curves_of(section: object) -> CurvesReport | None:
+    """The curves' section (``policy/curve_feed.py``), typed; None with the curves off."""
+    if isinstance(section, Mapping):  # read back from a counter file
+        section = CurvesReport.from_plain(section)
+    return section if isinstance(section, CurvesReport) else None
+
+
+def router_events_of(section: object) -> AnnouncerReport | None:
+    """The router announcer's section (``hicache/router_events.py``), typed; None with it off."""
+    if isinstance(section, Mapping):  # read back from a counter file
+        section = AnnouncerReport.from_plain(section)
+    return section if isinstance(section, AnnouncerReport) else None
 
 
 def gate_counters(gate: object) -> dict[str, float]:
@@ -103,13 +127,13 @@ def gate_counters(gate: object) -> dict[str, float]:
 
 def curve_points(stats: StoreReport, rank: str = "") -> dict[CurveKey, dict[str, float]]:
     """From a store's ``stats()`` section ``curves`` (``policy/curve_feed.py``): per (rank, tier,
-    size label), the point's lookups, hits and capacity in bytes."""
+    size label), the point's ``CURVE_POINT_FIELDS``."""
     out: dict[CurveKey, dict[str, float]] = {}
-    for tier, points in _section(_section(stats.sections, "curves"), "points").items():
-        for point in points if isinstance(points, list) else []:
-            if isinstance(point, Mapping) and "multiplier" in point:
-                out[(rank, tier, size_label(float(point["multiplier"])))] = {
-                    f: float(point.get(f, 0.0)) for f in CURVE_FIELDS}
+    curves = curves_of(stats.sections.get("curves"))
+    for tier, points in curves.points.items() if curves else ():
+        for point in points:
+            out[(rank, tier, size_label(point.multiplier))] = {
+                f: float(value(point)) for f, value in CURVE_POINT_FIELDS.items()}
     return out
 
 

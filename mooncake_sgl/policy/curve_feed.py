@@ -9,17 +9,53 @@ the ``curves`` section of the store's ``stats()``.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..api import PagesLookedUp, PagesStored, PlacementPolicy, StoreEvent, Tier
-from .curve import TierCurves
+from .curve import CurvePoint, TierCurves
 from .curve_process import CurveProcess
 
 CurveMode = Literal["process", "inline"]
 MODES: dict[str, type[TierCurves] | type[CurveProcess]] = {"process": CurveProcess, "inline": TierCurves}
+
+
+@dataclass(frozen=True)
+class CurveCosts:
+    """What keeping the curves cost (floats, as the stats JSON has always had them)."""
+
+    busy_seconds: float  # the feeding threads' time (queueing keys, or running the miniatures inline)
+    process_seconds: float  # the curve process's CPU; 0 inline
+    dropped_pages: float  # pages left out while the curve process was behind; 0 inline
+
+
+@dataclass(frozen=True)
+class CurvesReport:
+    """``stats()["curves"]``: each tier's curve and what keeping them cost. ``dataclasses.asdict``
+    of it is its JSON (the counter file)."""
+
+    points: dict[str, list[CurvePoint]]  # by tier name; a tier without a curve is left out
+    costs: CurveCosts
+
+    @classmethod
+    def from_plain(cls, d: Mapping[str, Any]) -> CurvesReport:
+        """Back from its JSON form (the counter file); a field missing there reads 0, a point
+        without its multiplier is skipped (it names no size)."""
+        def num(m: Mapping[str, Any], name: str) -> float:
+            v = m.get(name, 0)
+            return float(v) if isinstance(v, (int, float)) else 0.0
+        points = d.get("points")
+        costs = d.get("costs")
+        costs = costs if isinstance(costs, Mapping) else {}
+        return cls({str(tier): [CurvePoint(num(p, "multiplier"), int(num(p, "capacity_pages")),
+                                           int(num(p, "capacity_bytes")), num(p, "lookups"), num(p, "hits"))
+                                for p in tier_points if isinstance(p, Mapping) and "multiplier" in p]
+                    for tier, tier_points in (points.items() if isinstance(points, Mapping) else ())
+                    if isinstance(tier_points, list)},
+                   CurveCosts(num(costs, "busy_seconds"), num(costs, "process_seconds"),
+                              num(costs, "dropped_pages")))
 
 
 class CurveFeed:
@@ -47,22 +83,17 @@ class CurveFeed:
                 elif isinstance(e, PagesStored) and e.footprints:
                     curves.start(max(e.footprints))
 
-    def stats(self) -> dict[str, Any]:
-        """``points``: per tier name, its curve (tiers without one left out); ``costs``: seconds the
-        feeding threads spent (``busy_seconds``), the curve process's CPU (``process_seconds``) and
-        pages left out while that process was behind (``dropped_pages``)."""
+    def stats(self) -> CurvesReport:
         curves = self._curves
         if isinstance(curves, CurveProcess):
             points = curves.points()  # what its process last reported: no lock, no wait
-            costs = {"busy_seconds": curves.busy_seconds, "process_seconds": curves.process_seconds,
-                     "dropped_pages": float(curves.dropped_pages)}
+            costs = CurveCosts(curves.busy_seconds, curves.process_seconds, float(curves.dropped_pages))
         else:
             with self._lock:
                 points = curves.points()
-                costs = {"busy_seconds": curves.busy_seconds, "process_seconds": 0.0, "dropped_pages": 0.0}
-        return {"points": {self._names[t]: [dataclasses.asdict(p) for p in tier_points]
-                           for t, tier_points in enumerate(points) if tier_points},
-                "costs": costs}
+                costs = CurveCosts(curves.busy_seconds, 0.0, 0.0)
+        return CurvesReport({self._names[t]: list(tier_points) for t, tier_points in enumerate(points)
+                             if tier_points}, costs)
 
     def sync(self, timeout: float) -> bool:
         """Wait until the curves have counted every lookup handed to them (their process reports

@@ -210,7 +210,8 @@ class StoreReport:
     experts: Mapping[str, TierExpertsReport]  # by tier name; empty without an adaptive policy
     tiers: Mapping[str, StoreTierReport]  # by tier name, fastest first
     # By section, each reporting observer's ``stats()`` as it returned it (``api.ReportingObserver``:
-    # ``LoadGateStats``, or the JSON-ready dicts of the curves and router events).
+    # ``LoadGateStats``, ``CurvesReport``, ``AnnouncerReport``; plain JSON when read back from a
+    # counter file, which ``metrics.source`` reads through their ``from_plain``).
     sections: Mapping[str, object]
 
     def as_dict(self) -> dict[str, Any]:

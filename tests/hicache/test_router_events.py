@@ -58,7 +58,7 @@ def test_our_disk_events_ride_sglangs_stream_with_learned_tokens_and_parents(str
     assert [(e.block_hashes, e.parent_block_hash, e.token_ids, e.block_size) for e in stored] == [
         ([event_hash(page_key(NS, a))], None, list(range(200, 204)), PS),
         ([event_hash(page_key(NS, b))], event_hash(page_key(NS, a)), list(range(204, 208)), PS)]
-    assert announcer.stats()["waiting_pages"] == 1  # C: tokens not yet published by SGLang
+    assert announcer.stats().waiting_pages == 1  # C: tokens not yet published by SGLang
 
     publisher.publish(KVEventBatch(ts=time.time(), events=recorded(nodes[1:])))  # C on GPU
     (seq, batch), = sub.batches(0.5)
@@ -73,7 +73,7 @@ def test_our_disk_events_ride_sglangs_stream_with_learned_tokens_and_parents(str
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
     replayed = sub.replay(0)
     assert [s for s, _ in replayed] == list(range(len(replayed))) and len(replayed) >= 4
-    assert announcer.stats()["stored"] == 3 and announcer.stats()["removed"] == 1
+    assert announcer.stats().stored == 3 and announcer.stats().removed == 1
 
 
 def test_a_namespaced_page_is_counted_waiting_and_never_announced(stream) -> None:
@@ -82,7 +82,7 @@ def test_a_namespaced_page_is_counted_waiting_and_never_announced(stream) -> Non
     publisher.publish(KVEventBatch(ts=time.time(), events=recorded(salted, dynamo=True)))
     put(store, salted[0].hash_value)  # its storage hash, as SGLang hands it to batch_set_v1
     assert ours(sub.batches(0.5)) == []
-    assert announcer.stats()["waiting_pages"] == 1 and announcer.stats()["stored"] == 0
+    assert announcer.stats().waiting_pages == 1 and announcer.stats().stored == 0
 
 
 def test_after_sglang_clears_every_tier_our_pages_are_announced_again(stream) -> None:

@@ -5,25 +5,37 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from pathlib import Path
 from typing import Any, TypeVar
 
 from mooncake_sgl.api import STATS_SHAPE
 from mooncake_sgl.config import HostTierConfig
 from mooncake_sgl.hicache.router_events import AnnouncerStats
-from mooncake_sgl.metrics.model import COUNTERS, GAUGES, POLICY_GAUGES, STORE_COUNTERS, TierSample
-from mooncake_sgl.metrics.persist import read_counter_file, write_counter_file
+from mooncake_sgl.hicache.router_report import AnnouncerReport
+from mooncake_sgl.metrics.model import (
+    COUNTERS,
+    CURVE_FIELDS,
+    GAUGES,
+    POLICY_GAUGES,
+    STORE_COUNTERS,
+    TierSample,
+)
+from mooncake_sgl.metrics.persist import _plain, read_counter_file, write_counter_file
 from mooncake_sgl.metrics.source import (
     CURVE_COST_FIELDS,
+    CURVE_POINT_FIELDS,
     LOOKUP_FIELDS,
     ROUTER_FIELDS,
     TIER_FIELDS,
     USAGE_FIELDS,
+    curve_points,
     policy_series,
     snapshot_of,
     tier_sample,
 )
-from mooncake_sgl.policy.curve_feed import CurveFeed
+from mooncake_sgl.policy.curve import CurvePoint
+from mooncake_sgl.policy.curve_feed import CurveCosts, CurveFeed, CurvesReport
 from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.store.stats import (
     ExpertReport,
@@ -61,12 +73,12 @@ def tier_report() -> StoreTierReport:
 
 
 def store_report(tiers: dict[str, StoreTierReport]) -> StoreReport:
-    costs = {field: float(next(_numbers)) for field in CURVE_COST_FIELDS.values()}
     mover = MoverReport(True, distinct(MoverStats))
     experts = {"host": TierExpertsReport(3, {"lru": ExpertReport(1, 0.25)})}
+    points = [distinct(CurvePoint, multiplier=1.0), distinct(CurvePoint, multiplier=2.0)]
+    curves = CurvesReport({"host": points}, distinct(CurveCosts))
     return StoreReport(distinct(LookupStats), distinct(ResidencyStats), mover, {"decay": 0.5}, experts,
-                       tiers, {"curves": {"points": {}, "costs": costs},
-                               "router_events": dataclasses.asdict(distinct(AnnouncerStats))})
+                       tiers, {"curves": curves, "router_events": distinct(AnnouncerReport)})
 
 
 def test_every_series_of_a_tier_reads_a_field_of_the_report() -> None:
@@ -84,19 +96,48 @@ def test_every_series_of_a_tier_reads_a_field_of_the_report() -> None:
 
 
 def test_every_series_of_a_rank_reads_a_field_of_the_report() -> None:
-    # The curves' and router announcer's sections are their owners' dicts: their names are checked
-    # against what those owners write.
-    assert set(ROUTER_FIELDS.values()) <= {f.name for f in dataclasses.fields(AnnouncerStats)}
+    assert set(LOOKUP_FIELDS) <= {f.name for f in dataclasses.fields(LookupStats)}
+    report = store_report({"host": tier_report()})
+    counters = snapshot_of(report).store[""]
+    assert counters.keys() == STORE_COUNTERS.keys()
+    assert all(counters[name] > 0 for name in STORE_COUNTERS if not name.startswith("gate_"))
+    # Every value comes from its own field (``distinct`` numbers them all differently).
+    curves, router = report.sections["curves"], report.sections["router_events"]
+    assert isinstance(curves, CurvesReport) and isinstance(router, AnnouncerReport)
+    assert all(counters[name] == value(curves.costs) for name, value in CURVE_COST_FIELDS.items())
+    assert all(counters[name] == value(router) for name, value in ROUTER_FIELDS.items())
+    assert (counters["curve_busy_seconds"], counters["router_announced_pages"]) == (
+        curves.costs.busy_seconds, router.stored)
+    assert len(set(counters.values()) - {0.0}) == len(counters) - 6  # all but the gate's, distinct
+
+
+def test_the_router_report_carries_every_count_of_the_announcer() -> None:
+    # The report's counts are the announcer's ``AnnouncerStats``, under the same names (the JSON's).
+    counts = [f.name for f in dataclasses.fields(AnnouncerStats)]
+    assert [f.name for f in dataclasses.fields(AnnouncerReport)][:len(counts)] == counts
+
+
+def test_the_curve_series_read_the_fields_of_a_curve_point() -> None:
+    assert tuple(CURVE_POINT_FIELDS) == CURVE_FIELDS
+    report = store_report({})
+    curves = report.sections["curves"]
+    assert isinstance(curves, CurvesReport)
+    one, two = curves.points["host"]
+    assert curve_points(report, "tp0") == {
+        ("tp0", "host", "1x"): dict(lookups=one.lookups, hits=one.hits, capacity_bytes=one.capacity_bytes),
+        ("tp0", "host", "2x"): dict(lookups=two.lookups, hits=two.hits, capacity_bytes=two.capacity_bytes),
+    }
+
+
+def test_a_curve_feed_reports_a_curves_report() -> None:
     host = HostTier(HostTierConfig(capacity=1 << 20, pin_memory=False))
     try:
         feed = CurveFeed([host], ["host"], LruPolicy(1), "inline")
-        assert set(CURVE_COST_FIELDS.values()) <= feed.stats()["costs"].keys()
+        report = feed.stats()
     finally:
         host.close()
-    assert set(LOOKUP_FIELDS) <= {f.name for f in dataclasses.fields(LookupStats)}
-    counters = snapshot_of(store_report({"host": tier_report()})).store[""]
-    assert counters.keys() == STORE_COUNTERS.keys()
-    assert all(counters[name] > 0 for name in STORE_COUNTERS if not name.startswith("gate_"))
+    assert isinstance(report, CurvesReport) and report.points == {}
+    assert report.costs.process_seconds == report.costs.dropped_pages == 0.0
 
 
 def test_policy_series_read_the_experts_fields() -> None:
@@ -111,7 +152,13 @@ def test_a_report_read_back_from_its_json_gives_the_same_series(tmp_path: Path) 
     assert tuple(report.as_dict())[:len(STATS_SHAPE)] == STATS_SHAPE
     assert StoreReport.from_plain(report.as_dict()).as_dict() == report.as_dict()
     path = write_counter_file(str(tmp_path), report, "tp0")
-    assert read_counter_file(path).tiers == snapshot_of(report, "tp0").tiers
+    back, live = read_counter_file(path), snapshot_of(report, "tp0")
+    assert (back.tiers, back.store, back.curves) == (live.tiers, live.store, live.curves)
+    # The typed sections' JSON is their fields in order, and reads back to the same report.
+    plain = json.loads(json.dumps(report.as_dict(), default=_plain))
+    assert CurvesReport.from_plain(plain["curves"]) == report.sections["curves"]
+    assert AnnouncerReport.from_plain(plain["router_events"]) == report.sections["router_events"]
+    assert list(plain["router_events"]) == [f.name for f in dataclasses.fields(AnnouncerReport)]
 
 
 def test_a_tier_report_read_back_keeps_the_ssd_tiers_exported_fields() -> None:

@@ -22,6 +22,7 @@ from mooncake_sgl.policy.curve import (
     _Owed,
     curve_policy,
 )
+from mooncake_sgl.policy.curve_feed import CurvesReport
 from mooncake_sgl.policy.experts import ArcExpert, LfuDaExpert, LirsExpert
 from mooncake_sgl.policy.heat import HeatPolicy
 from mooncake_sgl.policy.shadow import elect, key_hash
@@ -263,10 +264,11 @@ def test_the_store_keeps_curves_only_where_asked_and_reports_them_in_its_stats()
         with_curves.request(keys, float(i))
         without.request(keys, float(i))
     assert "curves" not in without.store.stats().sections
-    points = with_curves.store.stats().sections["curves"]["points"]["t0"]
-    own = next(p for p in points if p["multiplier"] == 1.0)
+    report = with_curves.store.stats().sections["curves"]
+    assert isinstance(report, CurvesReport)
+    own = next(p for p in report.points["t0"] if p.multiplier == 1.0)
     # At its own size the curve is the tier as it ran (both LRU, both exact at this size).
-    assert own["hits"] / own["lookups"] == pytest.approx(with_curves.result.hit_ratio, abs=0.02)
+    assert own.hits / own.lookups == pytest.approx(with_curves.result.hit_ratio, abs=0.02)
     assert with_curves.result.hit_ratio == without.result.hit_ratio  # the curves change nothing
 
 

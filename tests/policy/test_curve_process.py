@@ -238,7 +238,7 @@ def test_a_broken_stream_stops_the_child_with_an_error_naming_it(data: bytes, er
 
 def test_a_store_with_curves_in_a_process_reports_them_and_their_cost_and_stops_them_on_close() -> None:
     from mooncake_sgl.config import HostTierConfig
-    from mooncake_sgl.policy.curve_feed import CurveFeed
+    from mooncake_sgl.policy.curve_feed import CurveFeed, CurvesReport
     from mooncake_sgl.policy.lru import LruPolicy
     from mooncake_sgl.store.tiered_store import TieredStore
     from mooncake_sgl.tiers.host import HostTier
@@ -259,9 +259,11 @@ def test_a_store_with_curves_in_a_process_reports_them_and_their_cost_and_stops_
     store.close()
     feed.close()
     assert curves._proc is not None and curves._proc.poll() is not None
-    assert stats["curves"]["points"]["host"][3]["lookups"] == 12
-    costs = stats["curves"]["costs"]
-    assert 0 < costs["busy_seconds"] < costs["process_seconds"]
-    assert costs["dropped_pages"] == 0
+    curves_report = stats["curves"]
+    assert isinstance(curves_report, CurvesReport)
+    assert curves_report.points["host"][3].lookups == 12
+    costs = curves_report.costs
+    assert 0 < costs.busy_seconds < costs.process_seconds
+    assert costs.dropped_pages == 0
     with pytest.raises(ValueError, match="capacity curves run 'process' or 'inline'"):
         CurveFeed(store.tiers, store.names, store.policy, "thread")  # type: ignore[arg-type]

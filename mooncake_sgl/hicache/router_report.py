@@ -1,0 +1,34 @@
+"""``AnnouncerReport``: what the router announcer (``router_events.Announcer``) reports as the
+``router_events`` section of the store's ``stats()``. A module of its own, importing nothing of
+SGLang (``router_events`` does), so the exporter and the counter-file readers can read it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class AnnouncerReport:
+    """``stats()["router_events"]``: the announcer's counts (``router_events.AnnouncerStats``, as
+    floats, as the stats JSON has always had them), then its gauges. ``dataclasses.asdict`` of it
+    is its JSON."""
+
+    stored: float
+    removed: float
+    unannounced: float
+    skipped_other_namespace: float
+    skipped_not_sglang_hash: float
+    announced_pages: float  # pages announced and still in a local tier
+    waiting_pages: float  # local pages not announced yet (SGLang has not published their tokens)
+    publisher: float  # 1 once SGLang's publisher is attached, else 0
+
+    @classmethod
+    def from_plain(cls, d: Mapping[str, Any]) -> AnnouncerReport:
+        """Back from its JSON form (the counter file); a field missing there reads 0."""
+        def num(name: str) -> float:
+            v = d.get(name, 0)
+            return float(v) if isinstance(v, (int, float)) else 0.0
+        return cls(*(num(f.name) for f in dataclasses.fields(cls)))
