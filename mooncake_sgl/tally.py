@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
 S = TypeVar("S")
@@ -56,3 +57,10 @@ class Tally(Generic[S]):
         server's wire stats, the router announcer's section)."""
         with self._lock:
             return dict(self._values)
+
+
+def plain_number(d: Mapping[str, Any], name: str) -> float:
+    """``d[name]`` of a report read back from its JSON form (the counter file): 0 where the field is
+    missing or not a number, as a damaged or older file may have it."""
+    v = d.get(name, 0)
+    return float(v) if isinstance(v, (int, float)) else 0.0

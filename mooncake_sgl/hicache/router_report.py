@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..tally import plain_number
+
 
 @dataclass(frozen=True)
 class AnnouncerReport:
@@ -28,7 +30,4 @@ class AnnouncerReport:
     @classmethod
     def from_plain(cls, d: Mapping[str, Any]) -> AnnouncerReport:
         """Back from its JSON form (the counter file); a field missing there reads 0."""
-        def num(name: str) -> float:
-            v = d.get(name, 0)
-            return float(v) if isinstance(v, (int, float)) else 0.0
-        return cls(*(num(f.name) for f in dataclasses.fields(cls)))
+        return cls(*(plain_number(d, f.name) for f in dataclasses.fields(cls)))

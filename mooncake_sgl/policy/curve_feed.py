@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..api import PagesLookedUp, PagesStored, PlacementPolicy, StoreEvent, Tier
+from ..tally import plain_number
 from .curve import CurvePoint, TierCurves
 from .curve_process import CurveProcess
 
@@ -43,9 +44,7 @@ class CurvesReport:
     def from_plain(cls, d: Mapping[str, Any]) -> CurvesReport:
         """Back from its JSON form (the counter file); a field missing there reads 0, a point
         without its multiplier is skipped (it names no size)."""
-        def num(m: Mapping[str, Any], name: str) -> float:
-            v = m.get(name, 0)
-            return float(v) if isinstance(v, (int, float)) else 0.0
+        num = plain_number
         points = d.get("points")
         costs = d.get("costs")
         costs = costs if isinstance(costs, Mapping) else {}

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api import PagesRead, StoreEvent
+from ..tally import plain_number
 
 logger = logging.getLogger(__name__)
 
@@ -122,9 +123,7 @@ class LoadGateStats:
     @classmethod
     def from_plain(cls, d: Mapping[str, Any]) -> LoadGateStats:
         """Back from its JSON form (the counter file); a field missing there reads 0."""
-        def num(m: Mapping[str, Any], name: str) -> float:
-            v = m.get(name, 0)
-            return float(v) if isinstance(v, (int, float)) else 0.0
+        num = plain_number
         tiers = d.get("tiers")
         return cls(int(num(d, "lookups")), int(num(d, "declined_lookups")),
                    int(num(d, "declined_pages")), int(num(d, "probe_lookups")),
