@@ -83,6 +83,8 @@ SLOW: tuple[str, ...] = (
     "metrics/test_stats_url_bounds.py::test_a_trickling_endpoint_is_cut_at_the_timeout",
     "policy/test_adaptive.py::test_adaptive_follows_the_expert_that_fits_the_workload",
     "policy/test_adaptive.py::test_adaptive_is_near_the_best_reference_and_never_below_lru",
+    "policy/test_curve.py::test_a_sampled_heat_holds_its_leaves_back_as_long_as_the_tiers_chains_hold_them",
+    "policy/test_curve.py::test_a_sampled_heat_curve_is_corrected_by_lrus_miniature_beside_it",
     "pool/test_server_processes.py::test_server_killed_mid_batch_and_restarted_clients_recover_without_wrong_data",
     "test_gpu_check.py::test_cpu_self_test_prints_its_table_and_json_and_says_it_was_not_a_gpu_run",
     "test_gpu_check.py::test_the_hbm_step_fails_when_pytest_skipped_the_cuda_class",
