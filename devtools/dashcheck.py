@@ -99,7 +99,7 @@ def check(prometheus: str, dashboard_path: Path, seconds: float) -> int:
         registry = CollectorRegistry()
         exporter = StoreExporter(store.stats, {"tp_rank": 0}, frozenset(), registry,
                                  store.policy.name).start()
-        store.observe_latency = exporter.observe_tier(store)
+        store.time_tier_calls(exporter.observe_tier(store))
         sglang_port = free_port()
         http, _ = start_http_server(sglang_port, addr="127.0.0.1", registry=registry)
         scrape = yaml.safe_load((DOCS / "prometheus-scrape.yml").read_text())

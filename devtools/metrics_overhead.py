@@ -68,7 +68,7 @@ def measure(setup: str, page: int, batch: int, rounds: int, workdir: Path) -> di
     stores = {m: _store(setup, workdir / m, page, batch) for m in ("off", "on")}
     on = stores["on"]
     exporter = StoreExporter(on.stats, {"tp_rank": 0, "pp_rank": 0, "dp_rank": 0}).start()
-    on.observe_latency = exporter.observe_tier(on)
+    on.time_tier_calls(exporter.observe_tier(on))
     src, dst = _pages(batch, page, 7), _pages(batch, page, 0)
     times: dict[str, dict[str, list[float]]] = {m: {"put": [], "get": []} for m in stores}
     try:
@@ -84,7 +84,7 @@ def measure(setup: str, page: int, batch: int, rounds: int, workdir: Path) -> di
         t0 = time.perf_counter()
         exporter.sync()
         sync_s = time.perf_counter() - t0
-        hook = on.observe_latency
+        hook = on.latency_hook
         t0 = time.perf_counter()
         for _ in range(_HOOK_CALLS):
             hook(on.tiers[0], "get", 1e-4)

@@ -36,8 +36,8 @@ def _not_a_name(key: Any, raw: str) -> str:
         return f"a key must be a name like `capacity`, not a {shape} (a `[...]`, `{{...}}` or `? ` key)"
     if key is None:
         return "a key is empty (null); keys are names like `capacity`"
-    kind = "true/false" if isinstance(key, bool) else "number" if isinstance(key, (int, float)) \
-        else type(key).__name__
+    kind = ("true/false" if isinstance(key, bool) else "number" if isinstance(key, (int, float))
+        else type(key).__name__)
     return (f"key {raw!r} reads as a {kind}, not a name; keys are names like `capacity` "
             "(quote it if you mean the word)")
 
@@ -99,8 +99,8 @@ def _yaml_load(text: str, source: str) -> Any:
             where, problem = f" line {mark.line + 1} column {mark.column + 1}", e.problem
         elif isinstance(e, yaml.reader.ReaderError):  # a control character: it knows only an offset
             where = f" line {text.count(chr(10), 0, e.position) + 1}"
-            problem = f"character {ord(e.character) if isinstance(e.character, str) else e.character:#06x} " \
-                      "is not allowed in YAML"
+            problem = (f"character {ord(e.character) if isinstance(e.character, str) else e.character:#06x} "
+                      "is not allowed in YAML")
         else:
             where, problem = "", str(e)
         raise ConfigError(f"malformed YAML{where}: {problem}", source=source) from None

@@ -229,8 +229,8 @@ def record_outputs(outputs: dict[Key, dict[str, list[int]]], run: Run) -> None:
     """Keep each turn's greedy output ids, keyed by its prompt."""
     for t in run.turns:
         if not t.result.error:
-            outputs.setdefault((run.seed, t.conversation, t.turn, t.prompt_digest), {})[run.variant] = \
-                list(t.result.output_ids)
+            outputs.setdefault((run.seed, t.conversation, t.turn, t.prompt_digest), {})[run.variant] = (
+                list(t.result.output_ids))
 
 
 def plot(cells: list[dict[str, Any]], path: str | Path, title: str) -> None:

@@ -105,8 +105,8 @@ def launch_command(model_path: str, port: int, variant_args: tuple[str, ...], *,
                    extra: tuple[str, ...] = (), host: str = "127.0.0.1") -> list[str]:
     """``python -m sglang.launch_server`` for one variant; ``extra`` flags come last and win."""
     hicache = HICACHE in variant_args
-    platform = (CPU_FLAGS + (CPU_HICACHE_FLAGS if hicache else ())) if cpu else \
-        (GPU_FLAGS + (GPU_HICACHE_FLAGS if hicache else ()))
+    platform = ((CPU_FLAGS + (CPU_HICACHE_FLAGS if hicache else ())) if cpu else
+        (GPU_FLAGS + (GPU_HICACHE_FLAGS if hicache else ())))
     return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
             "--host", host, "--port", str(port), *platform, *variant_args, *extra]
 

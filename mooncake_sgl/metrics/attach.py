@@ -71,7 +71,7 @@ def observe_store(store: TieredStore, storage_config: Any, enabled: bool,
         try:
             exporter = StoreExporter(store.stats, labels, elsewhere,
                                      policy=store.policy.name).start()
-            store.observe_latency = exporter.observe_tier(store)
+            store.time_tier_calls(exporter.observe_tier(store))
         except Exception:
             logger.exception("mooncake_sgl: metrics export is off")
             exporter = None

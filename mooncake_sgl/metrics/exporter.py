@@ -203,8 +203,8 @@ class StoreExporter:
         labels = {"tier": tier, **self._labels}
         for f, counter in self._fam.counters.items():
             # Exists at 0 from the first sync, so rate() works from the start.
-            child = counter.labels(**labels, policy=self._policy) if f in _PER_POLICY \
-                else counter.labels(**labels)
+            child = (counter.labels(**labels, policy=self._policy) if f in _PER_POLICY
+                else counter.labels(**labels))
             delta = getattr(now, f) - getattr(before, f)
             if delta > 0:  # a cleared store counts from zero again: nothing to add
                 child.inc(delta)

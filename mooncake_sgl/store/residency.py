@@ -162,8 +162,8 @@ class Residency:
         self._leaving: list[set[PageKey]] = [set() for _ in managed]
         self._used = [0] * len(self.managed)  # per tier, footprints of the pages not leaving
         self._holds: dict[PageKey, int] = {}
-        self._lookups: deque[tuple[float, Sequence[PageKey], list[int | None], PageKey | None]] = \
-            deque(maxlen=LOOKUP_BUFFER)
+        self._lookups: deque[tuple[float, Sequence[PageKey], list[int | None], PageKey | None]] = (
+            deque(maxlen=LOOKUP_BUFFER))
         self.counters = Tally(ResidencyStats)
         self._reach = PromotionReach(reach_bytes) if reach_bytes and self.managed[0] else None
         policy.bind(_View([_Ranked(r, g) for r, g in zip(self._resident, self._leaving)], self._used))

@@ -115,8 +115,8 @@ class TieredStore:
         self._read_counters = [Tally(TierReadStats) for _ in self.tiers]
         shared = [t for t, tier in enumerate(self.tiers) if tier.capabilities.shared]
         self._shared = frozenset(shared if mover == "background" else ())
-        self._shared_writer = ThreadPoolExecutor(len(shared), "mooncake-sgl-shared-put") \
-            if self._shared else None
+        self._shared_writer = (ThreadPoolExecutor(len(shared), "mooncake-sgl-shared-put")
+            if self._shared else None)
         # Coalescing flag: at most one queued maintenance run. A plain bool: a lost race queues one
         # extra harmless run.
         self._maintenance_queued = False
@@ -131,13 +131,13 @@ class TieredStore:
         return self._residency.policy
 
     @property
-    def observe_latency(self) -> Callable[[Tier, str, float], None] | None:
-        """Metrics hook (``metrics.attach``): called as ``(tier, what, seconds)`` after every tier
-        call; ``None`` costs nothing."""
+    def latency_hook(self) -> Callable[[Tier, str, float], None] | None:
+        """The hook ``time_tier_calls`` set, or ``None``."""
         return self._calls.observe_latency
 
-    @observe_latency.setter
-    def observe_latency(self, hook: Callable[[Tier, str, float], None] | None) -> None:
+    def time_tier_calls(self, hook: Callable[[Tier, str, float], None] | None) -> None:
+        """Metrics hook (``metrics.attach``): called as ``(tier, what, seconds)`` after every tier
+        call; ``None`` costs nothing."""
         self._calls.observe_latency = hook
 
     def observe(self, observer: StoreObserver, *, with_current: bool = False) -> None:

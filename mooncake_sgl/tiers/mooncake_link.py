@@ -284,8 +284,8 @@ class MasterLink:
             if self._reachable_since is None:
                 self._reachable_since = now
             client = self._client
-            if client is not None and client.health_check() == 0 \
-                    and all(c >= 0 for c in client.batch_is_exist([self._probe_key])):
+            if (client is not None and client.health_check() == 0
+                    and all(c >= 0 for c in client.batch_is_exist([self._probe_key]))):
                 with self._lock:
                     if not self._closed:
                         self._up = True

@@ -228,8 +228,8 @@ class MooncakeStoreTier(Tier):
             for i, c in enumerate(codes):
                 ok[i] = present[i] = c == 1
             self._counters.add(put_already_present=sum(present))
-            pin = [bool(p) and self.config.soft_pin_ttl > 0 for p in soft_pin] if soft_pin \
-                else [False] * len(keys)
+            pin = ([bool(p) and self.config.soft_pin_ttl > 0 for p in soft_pin] if soft_pin
+                else [False] * len(keys))
             for pinned, cfg in ((False, self._plain_cfg), (True, self._pin_cfg)):
                 idx = [i for i in range(len(keys)) if pin[i] == pinned and not present[i]]
                 if idx:

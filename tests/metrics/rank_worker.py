@@ -32,7 +32,7 @@ def main() -> None:
     ranks = {"tp_rank": tp_rank, "pp_rank": 0, "dp_rank": 0, "attn_cp_rank": 0}
     elsewhere = usage_reported_elsewhere(store, SimpleNamespace(**ranks), reports_local_usage=True)
     exporter = StoreExporter(store.stats, ranks, skip_gauges=elsewhere)
-    store.observe_latency = exporter.observe_tier(store)
+    store.time_tier_calls(exporter.observe_tier(store))
     # Each rank writes its own pages (TP ranks hold different heads of the same tokens).
     ids = range(tp_rank * 1000, tp_rank * 1000 + pages)
     write(store, ids)

@@ -92,14 +92,14 @@ def test_tier_calls_are_timed_only_with_metrics_on(tmp_path: Path) -> None:
     off = host_lmdb_store(tmp_path / "off")
     watch = observe_store(off, storage_config=None, enabled=False, reports_local_usage=True)
     try:
-        assert watch.exporter is None and off.observe_latency is None
+        assert watch.exporter is None and off.latency_hook is None
     finally:
         watch.close()
         off.close()
     on = host_lmdb_store(tmp_path / "on")
     registry = CollectorRegistry()
     exporter = StoreExporter(on.stats, RANK, registry=registry)
-    on.observe_latency = exporter.observe_tier(on)
+    on.time_tier_calls(exporter.observe_tier(on))
     try:
         write(on, range(2))
         read(on, range(2))

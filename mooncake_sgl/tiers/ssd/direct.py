@@ -80,8 +80,8 @@ def looks_aligned(segments: list[memoryview]) -> bool:
     """Whether O_DIRECT can fill ``segments`` as they are, judged by every length and the first
     one's address: the pages of one host pool share their alignment, and one address costs
     microseconds (a batch of small pages has tens of thousands of segments)."""
-    return bool(segments) and all(s.nbytes % ALIGN == 0 for s in segments) and \
-        address(segments[0]) % ALIGN == 0
+    return (bool(segments) and all(s.nbytes % ALIGN == 0 for s in segments) and
+        address(segments[0]) % ALIGN == 0)
 
 
 def consume(pending: list[memoryview], n: int) -> None:

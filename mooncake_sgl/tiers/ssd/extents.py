@@ -151,8 +151,8 @@ class ExtentAllocator:
         need = aligned(nbytes)
         for length in self._sizes[bisect.bisect_left(self._sizes, need):]:
             for start in self._by_size[length]:
-                if (oldest_reader is None or self._free[start][1] <= oldest_reader) and \
-                        start + need <= self.capacity:
+                if ((oldest_reader is None or self._free[start][1] <= oldest_reader) and
+                        start + need <= self.capacity):
                     freed_by = self._pop(start)[1]
                     if length > need:
                         self._put(start + need, length - need, freed_by)

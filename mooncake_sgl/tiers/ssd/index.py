@@ -369,8 +369,8 @@ class LmdbIndex:
         bound = tid - 1 if oldest is None else min(oldest, tid - 1)
         cur = txn.cursor(db=self.meta)
         more = cur.set_range(_FREED)
-        while more and bytes(cur.key()).startswith(_FREED) and \
-                int.from_bytes(bytes(cur.key())[len(_FREED):], "big") <= bound:
+        while (more and bytes(cur.key()).startswith(_FREED) and
+                int.from_bytes(bytes(cur.key())[len(_FREED):], "big") <= bound):
             more = cur.delete()
 
     def _freed_log(self, txn: lmdb.Transaction) -> list[tuple[int, int, int]]:

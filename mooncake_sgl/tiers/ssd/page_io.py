@@ -325,8 +325,8 @@ class PageIO:
         cold = self._cold_direct and sum(sizes) >= _GANG_MIN_BYTES
         runs: list[tuple[int, list[int], bool]] = []  # (start, items, with O_DIRECT), by offset
         for start, end, run in _merged(items, sizes, _DIRECT_READ if cold else _READ_RUN):
-            if cold and self._resident.cached(start, end - start) is False and \
-                    direct.looks_aligned([seg for j in run for seg in items[j][1]]):
+            if (cold and self._resident.cached(start, end - start) is False and
+                    direct.looks_aligned([seg for j in run for seg in items[j][1]])):
                 runs.append((start, run, True))
             elif cold:  # in the page cache, or memory O_DIRECT cannot fill: buffered runs
                 runs.extend((s, r, False) for s, _, r in _merged([items[j] for j in run],

@@ -152,8 +152,8 @@ class WriteRoute:
             return False
         if not self._room.takes(nbytes):
             return False
-        if self._buffered is not None and now - self._buffered_at < _RETRY_S and \
-                self._direct is not None and now - self._direct_at < _RETRY_S:
+        if (self._buffered is not None and now - self._buffered_at < _RETRY_S and
+                self._direct is not None and now - self._direct_at < _RETRY_S):
             return self._buffered >= self._direct
         return True
 
@@ -165,8 +165,8 @@ class WriteRoute:
         out = []
         if self._direct is None or now - self._direct_at >= _RETRY_S:
             out.append(False)
-        if (self._buffered is None or now - self._buffered_at >= _RETRY_S) and \
-                self._resume_below is None and self._room.takes(nbytes):
+        if ((self._buffered is None or now - self._buffered_at >= _RETRY_S) and
+                self._resume_below is None and self._room.takes(nbytes)):
             out.append(True)
         return out
 
