@@ -72,7 +72,7 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
         for d in range(args.docs):
             store.exists_prefix(doc_keys(d))
             store.put_from(doc_keys(d), [src[(d + i) % 64] for i in range(DOC_PAGES)])
-        store.wait_idle(120)
+        store.drain(120)
         before = store.stats().as_dict()
         gets: list[float] = []
         puts: list[float] = []
@@ -109,7 +109,7 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
         for th in threads:
             th.join()
         wall = time.perf_counter() - t0
-        store.wait_idle(120)
+        store.drain(120)
         after = store.stats().as_dict()
     finally:
         store.close()

@@ -76,6 +76,9 @@ logger = logging.getLogger(__name__)
 # Tiers whose reads can turn slow from one call to the next (a disk other processes use, a link to
 # a pool): the load gate reads a hit there one page first and judges the rest with that read.
 VOLATILE_KINDS = frozenset({TierKind.SSD, TierKind.REMOTE})
+# How long ``close`` lets queued placement work run: a detach should not lose the demotions already
+# queued to a persistent tier; bounded so a stuck tier cannot hang SGLang's detach.
+DETACH_DRAIN_S = 5.0
 
 
 class MooncakeSglStorage(HiCacheStorage):
@@ -557,10 +560,13 @@ class MooncakeSglStorage(HiCacheStorage):
 
     @boundary(lambda *a, **k: None)
     def close(self) -> None:
-        """Close the tiers; idempotent. Later calls answer misses."""
+        """Let the queued placement work run (up to ``DETACH_DRAIN_S``), then close the tiers;
+        idempotent. Later calls answer misses."""
         if self._closed:
             return
         self._closed = True
+        if self._store is not None:
+            self._store.drain(DETACH_DRAIN_S)  # before the final counters, so they count it
         if self._watch is not None:
             self._watch.close()  # final counters while the tiers are still open
         if self._store is not None:

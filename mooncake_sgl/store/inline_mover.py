@@ -43,11 +43,12 @@ class InlineMover:
         """Nobody to yield to on the caller's thread, and a yield on a loaded machine costs
         milliseconds."""
 
-    def wait_idle(self, timeout: float = 30.0) -> bool:
+    def drain(self, timeout: float = 30.0) -> bool:
         return True
 
-    def close(self) -> None:
-        """Nothing runs after the caller returns, so nothing to stop."""
+    def close(self) -> int:
+        """Nothing runs after the caller returns, so nothing to stop or drop."""
+        return 0
 
     def _run(self, fn: Callable[..., Any], args: tuple, default: Any = None) -> Any:
         try:

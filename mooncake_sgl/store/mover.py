@@ -10,8 +10,9 @@ prefetch and backup threads:
 - ``call`` runs a task the caller needs done (room in a full tier before a write) and waits for its
   result up to a timeout; when the queue is full the caller waits for a place in it, up to the same
   timeout. That is the back-pressure on writers that outrun eviction.
+- ``drain`` lets the tasks queued so far run (a detach keeps the demotions it queued).
 - ``close`` stops taking tasks, lets the running one finish, cancels the queued ones (a waiting
-  ``call`` gets its ``default``) and joins the thread.
+  ``call`` gets its ``default``), joins the thread and says how many it dropped.
 
 ``inline_mover.InlineMover`` is the same ``Mover`` on the calling thread (simulator, baselines).
 
@@ -40,6 +41,10 @@ T = TypeVar("T")
 QUEUE_TASKS = 256
 
 
+def _barrier() -> None:
+    """``drain``'s marker task: once it has run, so has everything queued before it."""
+
+
 class Mover(Protocol):
     """Where placement work runs: ``BackgroundMover`` (its own thread) or ``InlineMover`` (the
     caller's). ``background`` tells a caller whether a task it hands over runs later."""
@@ -55,9 +60,9 @@ class Mover(Protocol):
 
     def yield_now(self) -> None: ...
 
-    def wait_idle(self, timeout: float = 30.0) -> bool: ...
+    def drain(self, timeout: float = 30.0) -> bool: ...
 
-    def close(self) -> None: ...
+    def close(self) -> int: ...
 
 
 class BackgroundMover:
@@ -128,15 +133,15 @@ class BackgroundMover:
         adds to SGLang's calls."""
         time.sleep(0)
 
-    def wait_idle(self, timeout: float = 30.0) -> bool:
-        """Wait until every task queued before this call has run; ``False`` on timeout."""
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Let every task queued before this call run; ``False`` on timeout."""
         if self.on_mover_thread():
             return True
         done: Future = Future()
         with self._cond:
             if self._closed:
                 return True
-            self._queued.append((lambda: None, (), done))  # a barrier: may exceed the bound by one
+            self._queued.append((_barrier, (), done))  # may exceed the bound by one
             self._cond.notify()
         try:
             done.result(timeout=timeout)
@@ -144,11 +149,12 @@ class BackgroundMover:
             return False
         return True
 
-    def close(self) -> None:
-        """Stop: the running task finishes, queued ones are cancelled, the thread is joined."""
+    def close(self) -> int:
+        """Stop: the running task finishes, queued ones are cancelled, the thread is joined. Returns
+        how many queued tasks were dropped (a timed-out ``drain``'s barrier is no task)."""
         with self._cond:
             if self._closed:
-                return
+                return 0
             self._closed = True
             pending = [*self._urgent, *self._queued]
             self._urgent.clear()
@@ -157,8 +163,10 @@ class BackgroundMover:
         for _fn, _args, done in pending:
             if done is not None:
                 done.cancel()
-        self.counters.add(dropped=len(pending))
+        dropped = sum(fn is not _barrier for fn, _args, _done in pending)
+        self.counters.add(dropped=dropped)
         self._thread.join()
+        return dropped
 
     def _loop(self) -> None:
         while True:

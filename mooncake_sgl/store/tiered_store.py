@@ -345,25 +345,29 @@ class TieredStore:
         for t, tier in enumerate(self.tiers):
             self._calls.call(t, "register_memory", tier.register_memory, ptr, nbytes)
 
-    def wait_idle(self, timeout: float = 30.0) -> bool:
-        """Wait until the placement work and probe reads queued so far have run (tests,
-        benchmarks, shutdown)."""
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Let the placement work and probe reads queued so far run (a detach keeps the demotions
+        it queued into a persistent tier); ``False`` on timeout."""
         start = time.monotonic()
         if self._prober is not None:
             try:  # one worker: a task queued now runs after every probe queued before it
                 self._prober.submit(lambda: None).result(timeout)
             except (TimeoutError, RuntimeError):  # RuntimeError: shut down, nothing left to run
                 return False
-        return self._mover.wait_idle(max(0.0, timeout - (time.monotonic() - start)))
+        return self._mover.drain(max(0.0, timeout - (time.monotonic() - start)))
 
     def close(self) -> None:
-        """Stop the mover (queued placement work is dropped), then close every tier."""
+        """Stop the mover, then close every tier. Placement work still queued (demotions included)
+        is dropped: ``drain`` first to keep it."""
         if self._closed:
             return
         self._closed = True
         if self._prober is not None:
             self._prober.shutdown(wait=True)
-        self._mover.close()
+        dropped = self._mover.close()
+        if dropped:
+            logger.info("mooncake_sgl: store closed with %d placement tasks still queued; dropped "
+                        "(demotions among them never reach their tier)", dropped)
         if self._shared_writer is not None:
             self._shared_writer.shutdown(wait=True)
         self._calls.close()

@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -315,6 +316,35 @@ def test_closed_backend_answers_misses(make_backend) -> None:
     backend.close()
     backend.close()  # idempotent
     _assert_every_call_is_a_miss(backend, pool, keys)
+
+
+def test_a_detach_keeps_the_pages_queued_for_demotion_to_disk(make_backend, tmp_path) -> None:
+    # Pages reach LMDB only by demotion here (the door to the slow tier is shut), and the store's
+    # mover is busy when SGLang detaches the backend: the demotions queued behind it still land.
+    extra = {**pools.extra_config(tmp_path),
+             "policy": {"name": "heat", "admission_min_hits": 15, "admission_min_reuse": 1.0,
+                        "demotion_min_hits": 1}}
+    backend, pool = make_backend("mha", "page_first", extra=extra)
+    keys = pools.page_hashes(16, seed=18)  # what the host tier holds
+    go, running = threading.Event(), threading.Event()
+
+    def park() -> None:
+        running.set()
+        go.wait(10)
+
+    store = backend._store
+    assert store._mover.submit(park) and running.wait(10)
+    try:
+        for b in range(0, len(keys), 4):  # a full host tier: the mover is to demote the coldest
+            backend.batch_exists(keys[b:b + 4])  # a lookup before the write, as SGLang's prefetch
+            assert backend.batch_set_v1(keys[b:b + 4], pool.alloc(4 * PAGE)) == [True] * 4
+        assert not list(store.tiers[1].scan())  # nothing on disk yet
+        threading.Timer(0.3, go.set).start()  # the mover frees up while the detach drains
+        backend.close()
+    finally:
+        go.set()
+    again, _ = make_backend("mha", "page_first", pool=pool, extra=extra)
+    assert sum(again.exists(k) for k in keys) > 0
 
 
 def test_wrong_index_count_is_a_miss_logged_once(make_backend, caplog) -> None:

@@ -38,7 +38,7 @@ def store(request, tmp_path: Path):
 
 def count(store: TieredStore, t: int, name: str) -> int:
     """A store-side counter of tier ``t`` once queued placement work has run."""
-    assert store.wait_idle()
+    assert store.drain()
     return store.stats().tiers[store.names[t]].as_dict()["store"][name]
 
 
@@ -69,7 +69,7 @@ def test_write_through_puts_every_page_in_every_admitting_tier(store: TieredStor
 
 def test_overflowing_dram_evicts_lru_and_pages_stay_readable_from_lmdb(store: TieredStore) -> None:
     pages = put(store, range(10))
-    assert store.wait_idle()
+    assert store.drain()
     assert store.tiers[0].usage().pages <= 4
     assert read(store, pages) == [True] * 10
     assert count(store, 0, "evictions") >= 6
@@ -77,16 +77,16 @@ def test_overflowing_dram_evicts_lru_and_pages_stay_readable_from_lmdb(store: Ti
 
 def test_a_page_found_in_lmdb_is_promoted_into_dram_when_read_again_within_reach(store: TieredStore) -> None:
     pages = put(store, range(6))
-    assert store.wait_idle()
+    assert store.drain()
     assert not store.tiers[0].contains([key(0)])[0]
     # Its first read: DRAM turned over since it was written (that is why it left), so a copy up
     # would likely be evicted unread. Its second read comes with nothing written in between.
     assert read(store, {0: pages[0]}) == [True]
-    assert store.wait_idle()
+    assert store.drain()
     assert count(store, 0, "promotions") == 0 and not store.tiers[0].contains([key(0)])[0]
     assert store.stats().residency.promotions_beyond_reach == 1
     assert read(store, {0: pages[0]}) == [True]
-    assert store.wait_idle()
+    assert store.drain()
     assert count(store, 0, "promotions") == 1
     assert store.tiers[0].contains([key(0)]) == [True]
     assert count(store, 1, "hits") == 2
@@ -111,7 +111,7 @@ def test_victims_not_yet_in_the_slower_tier_are_demoted_not_lost(tmp_path: Path,
     s = TieredStore([host(4), lmdb(tmp_path / "db")], WriteBackLru(2), mover=mover)
     try:
         pages = put(s, range(9))
-        assert s.wait_idle()
+        assert s.drain()
         evicted = 9 - s.tiers[0].usage().pages
         assert evicted >= 5
         assert s.tiers[1].contains([key(i) for i in range(5)]) == [True] * 5
@@ -132,7 +132,7 @@ def test_a_page_dropped_by_a_tier_is_found_in_the_next_and_forgotten(store: Tier
 
 def test_a_broken_tier_means_misses_never_exceptions(store: TieredStore) -> None:
     pages = put(store, range(6))  # pages 0, 1 only in LMDB now
-    assert store.wait_idle()
+    assert store.drain()
     store.tiers[1].close()
     assert read(store, {0: pages[0], 5: pages[5]}) == [False, True]
     assert store.exists_prefix([key(5), key(0)]) == 1
@@ -200,7 +200,7 @@ def test_a_batch_larger_than_dram_is_stored_even_where_the_policy_did_not_admit(
     s = TieredStore([host(4), lmdb(tmp_path / "db")], WriteBackLru(2), mover=mover)
     try:
         pages = put(s, range(6), batch=6)  # asserts every put was acknowledged
-        assert s.wait_idle()
+        assert s.drain()
         assert s.tiers[0].usage().pages <= 4
         assert read(s, pages) == [True] * 6
     finally:

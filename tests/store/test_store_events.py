@@ -86,7 +86,7 @@ def test_an_observer_rebuilds_the_record_of_every_managed_tier_from_the_events(s
             read(store, {i: pages[i]})
         else:
             pages.update(put(store, [i]))
-    assert store.wait_idle()
+    assert store.drain()
     store.maintain()
     for t in range(len(store.tiers)):
         assert replica.held.get(t, set()) == resident_keys(store, t)
@@ -100,7 +100,7 @@ def test_clear_tells_each_page_cleared(store: TieredStore) -> None:
     replica = Replica()
     store.observe(replica)
     put(store, range(3))
-    assert store.wait_idle()
+    assert store.drain()
     store.clear()
     cleared = [e for e in replica.events if isinstance(e, PagesRemoved)]
     assert {e.cause for e in cleared} == {RemovalCause.CLEARED}
@@ -133,7 +133,7 @@ def test_an_observer_that_raises_costs_only_itself(store: TieredStore, caplog) -
     store.observe(replica)
     pages = put(store, range(6))
     assert read(store, pages) == [True] * 6
-    assert store.wait_idle()
+    assert store.drain()
     assert failing.calls > 1  # it goes on receiving
     assert replica.held[0] == resident_keys(store, 0)
     assert "store observer Failing failed" in caplog.text
@@ -154,7 +154,7 @@ def test_threads_writing_at_once_deliver_one_at_a_time_and_lose_nothing(tmp_path
             th.start()
         for th in threads:
             th.join()
-        assert store.wait_idle()
+        assert store.drain()
         store.maintain()
         for t in range(len(store.tiers)):
             assert replica.held.get(t, set()) == resident_keys(store, t)
@@ -179,7 +179,7 @@ def test_a_reporting_observer_adds_its_own_section_to_the_stats(store: TieredSto
     reporting = Reporting()
     store.observe(reporting)
     put(store, range(2))
-    assert store.wait_idle()
+    assert store.drain()
     assert store.stats().sections["counted"] == {"events": reporting.n} and reporting.n > 0
 
 
@@ -206,7 +206,7 @@ def test_every_tier_read_is_told_with_its_bytes_and_time(store: TieredStore) -> 
     store.observe(replica)
     pages = put(store, range(4))
     assert read(store, pages) == [True] * 4
-    assert store.wait_idle()
+    assert store.drain()
     reads = replica.reads
     assert reads and reads[0].tier == 0 and reads[0].asked == 4
     # Each page is read from the fastest tier holding it; misses pass on to the next tier.
@@ -218,11 +218,11 @@ def test_every_tier_read_is_told_with_its_bytes_and_time(store: TieredStore) -> 
 def test_a_probe_read_is_told_like_a_read_and_changes_nothing_else(store: TieredStore) -> None:
     replica = Replica()
     pages = put(store, range(4))
-    assert store.wait_idle()
+    assert store.drain()
     store.observe(replica)
     before = store.stats()
     store.probe_reads(1, [key(i) for i in range(4)] + [b"no-such-page"])
-    assert store.wait_idle()
+    assert store.drain()
     [e] = replica.reads
     assert (e.tier, e.asked, e.pages) == (1, 4, 4)  # the absent key is not read at all
     assert e.nbytes == sum(p.nbytes for page in pages.values() for p in page)

@@ -91,7 +91,7 @@ def lmdb(path: Path) -> LmdbTier:
 
 def agree(store: TieredStore) -> None:
     """Store, policy and tiers name the same pages for every tier."""
-    assert store.wait_idle()
+    assert store.drain()
     for t, tier in enumerate(store.tiers):
         held = {k for k, _ in tier.scan()}
         assert resident_keys(store, t) == held, f"store vs tier {tier.name}"
@@ -118,12 +118,12 @@ def test_a_full_tier_whose_removes_failed_takes_fresh_pages_once_they_work(mover
     try:
         for i in range(8):
             assert store.put_from([key(i)], [make_page(i, SEG)]) == [True]
-        assert store.wait_idle()
+        assert store.drain()
         tier.fail("remove", 10)
         i = 100
         while tier._left["remove"] > 0 and i < 200:
             store.put_from([key(i)], [make_page(i, SEG)])  # refused: no room can be made
-            assert store.wait_idle()
+            assert store.drain()
             i += 1
         assert tier._left["remove"] == 0
         agree(store)
@@ -209,7 +209,7 @@ def test_a_tier_raising_at_any_step_of_a_demotion_or_promotion_leaves_no_page_le
     def put_each(numbers: range) -> None:
         for i in numbers:  # DRAM holds 4: every put past it demotes
             store.put_from([key(i)], [pages[i]])
-            assert store.wait_idle()
+            assert store.drain()
 
     try:
         demoting = dram if side == "source" else disk
@@ -227,13 +227,13 @@ def test_a_tier_raising_at_any_step_of_a_demotion_or_promotion_leaves_no_page_le
         # A first read, so that the next one is within reach of DRAM and promotes.
         assert store.get_into([key(i) for i in found], [empty_like(pages[i]) for i in found]) \
             == [True] * len(found)
-        assert store.wait_idle()
+        assert store.drain()
         promoting.fail(op, 1000, "raise")
         injected = promoting.injected
         outs = [empty_like(pages[i]) for i in found]
         for good, i, out in zip(store.get_into([key(i) for i in found], outs), found, outs):
             assert not good or same(pages[i], out)
-        assert store.wait_idle()
+        assert store.drain()
         promoting.heal()
         if op in ("get", "put") or (op == "size" and mover == "background"):  # inline: no re-read
             assert promoting.injected > injected, "no promotion made that call"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -49,7 +49,7 @@ def test_a_full_queue_refuses_work_instead_of_blocking_the_caller() -> None:
         assert [mover.submit(ran.append, i) for i in range(4)] == [True, True, False, False]
         assert mover.counters["dropped"] == 2
         go.set()
-        assert mover.wait_idle()
+        assert mover.drain()
         assert ran == [0, 1]
     finally:
         go.set()
@@ -69,7 +69,7 @@ def test_a_waited_for_task_runs_before_queued_ones() -> None:
         time.sleep(0.05)  # the waiter's task is queued behind the parked one
         go.set()
         waiter.join(10)
-        assert mover.wait_idle()
+        assert mover.drain()
         assert result == ["done"] and order == ["urgent", "queued-1", "queued-2"]
     finally:
         go.set()
@@ -143,12 +143,12 @@ def test_promotion_and_demotion_io_runs_on_the_mover_not_on_the_callers_thread(t
         pages = {i: make_page(i, SEG) for i in range(8)}
         for i in range(8):  # DRAM holds 4: the first pages are demoted into LMDB on the mover
             assert store.put_from([key(i)], [pages[i]]) == [True]
-            assert store.wait_idle()
+            assert store.drain()
         assert disk.writers and caller not in disk.writers
         dram.writers.clear()
         for _ in range(2):  # found in LMDB; the second read, within reach, is promoted
             assert store.get_into([key(0)], [empty_like(pages[0])]) == [True]
-            assert store.wait_idle()
+            assert store.drain()
         assert dram.writers and caller not in dram.writers  # promoted into DRAM by the mover
     finally:
         store.close()
@@ -255,7 +255,7 @@ def test_victims_whose_copy_the_mover_never_runs_go_back_to_the_policy(tmp_path:
     try:
         for i in range(5):
             assert store.put_from([key(i)], [make_page(i, SEG)]) == [True]
-            assert store.wait_idle()
+            assert store.drain()
         store._mover.close()
         for i in range(5, 7):  # DRAM is full now: the second needs a victim copied down
             store.put_from([key(i)], [make_page(i, SEG)])
@@ -264,4 +264,115 @@ def test_victims_whose_copy_the_mover_never_runs_go_back_to_the_policy(tmp_path:
         assert policy_residents(store.policy, 0) == resident_keys(store, 0) == held
         assert store.stats().tiers[dram.name].placement.eviction_aborts >= 1
     finally:
+        store.close()
+
+
+# ---------------------------------------------------------------------------------- close
+
+def parked(store: TieredStore) -> threading.Event:
+    """Park the store's mover in a task until the returned event is set: placement work queued
+    meanwhile is certainly still queued."""
+    go, running = threading.Event(), threading.Event()
+
+    def park() -> None:
+        running.set()
+        go.wait(10)
+
+    assert store._mover.submit(park)
+    assert running.wait(10)
+    return go
+
+
+def wait_for(done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not done():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def fill_dram_with_a_demotion_queued(store: TieredStore) -> dict[int, list[memoryview]]:
+    """Fill a 4-page DRAM tier: the mover's headroom task, queued behind the parked one, is to
+    demote the oldest pages into LMDB."""
+    pages = {i: make_page(i, SEG) for i in range(4)}
+    for i, p in pages.items():
+        assert store.put_from([key(i)], [p]) == [True]
+    return pages
+
+
+def on_disk(path: Path, pages: dict[int, list[memoryview]]) -> dict[int, bool]:
+    """Which ``pages`` a store opened afresh over the LMDB files in ``path`` reads back byte-exact."""
+    store = TieredStore([host(4), LmdbTier(LmdbTierConfig(path=str(path)))], WriteBackLru(2))
+    try:
+        outs = {i: empty_like(p) for i, p in pages.items()}
+        ok = store.get_into([key(i) for i in outs], list(outs.values()))
+        return {i: good and same(pages[i], outs[i]) for i, good in zip(outs, ok)}
+    finally:
+        store.close()
+
+
+def drain_then_close(store: TieredStore, drain_s: float) -> None:
+    """What a detach does (``MooncakeSglStorage.close``)."""
+    store.drain(drain_s)
+    store.close()
+
+
+def test_close_after_a_drain_keeps_the_queued_demotions_in_the_persistent_tier(tmp_path: Path) -> None:
+    disk = LmdbTier(LmdbTierConfig(path=str(tmp_path / "db")))
+    store = TieredStore([host(4), disk], WriteBackLru(2))
+    go = parked(store)
+    try:
+        pages = fill_dram_with_a_demotion_queued(store)
+        assert disk.contains([key(i) for i in pages]) == [False] * 4
+        queued = len(store._mover._queued)
+        closer = threading.Thread(target=drain_then_close, args=(store, 10.0))
+        closer.start()
+        wait_for(lambda: len(store._mover._queued) > queued)  # the drain's barrier, behind them
+        go.set()
+        closer.join(10)
+        assert not closer.is_alive()
+    finally:
+        go.set()
+        store.close()
+    kept = on_disk(tmp_path / "db", pages)
+    assert kept[0], kept  # the oldest page went down; DRAM's copies are gone
+
+
+def test_close_without_a_drain_drops_the_queued_demotions(tmp_path: Path, caplog) -> None:
+    store = TieredStore([host(4), LmdbTier(LmdbTierConfig(path=str(tmp_path / "db")))], WriteBackLru(2))
+    go = parked(store)
+    try:
+        pages = fill_dram_with_a_demotion_queued(store)
+        caplog.set_level("INFO", logger="mooncake_sgl.store.tiered_store")
+        closer = threading.Thread(target=store.close)
+        closer.start()
+        wait_for(lambda: store._mover.counters["dropped"] > 0)  # then it waits for the parked task
+        go.set()
+        closer.join(10)
+        assert not closer.is_alive()
+    finally:
+        go.set()
+        store.close()
+    assert "closed with 1 placement tasks still queued" in caplog.text
+    assert not any(on_disk(tmp_path / "db", pages).values())
+
+
+def test_a_drain_that_times_out_says_so_and_close_still_completes(tmp_path: Path, caplog) -> None:
+    store = TieredStore([host(4), LmdbTier(LmdbTierConfig(path=str(tmp_path / "db")))], WriteBackLru(2))
+    go = parked(store)
+    try:
+        fill_dram_with_a_demotion_queued(store)
+        t0 = time.monotonic()
+        assert store.drain(0.2) is False
+        assert time.monotonic() - t0 < 5
+        caplog.set_level("INFO", logger="mooncake_sgl.store.tiered_store")
+        closer = threading.Thread(target=drain_then_close, args=(store, 0.2))
+        closer.start()
+        wait_for(lambda: store._mover.counters["dropped"] > 0)
+        go.set()  # the task the drains waited behind ends only now; close waits for a running task
+        closer.join(10)
+        assert not closer.is_alive()
+        # The headroom task was dropped; the drains' barriers are no tasks.
+        assert "closed with 1 placement tasks still queued" in caplog.text
+    finally:
+        go.set()
         store.close()
