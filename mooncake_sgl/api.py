@@ -14,10 +14,13 @@ Primitives, one line each:
                      already held (``present``).
 - ``PlacementPolicy`` pure, event-fed object deciding admission, victims, promotion and demotion;
                      never moves bytes, reads no clock, takes no tier lock.
-- ``ResidencyView``  the record of which page is in which tier, as a policy reads it (sizes and
-                     membership); the policy keeps ordering state only.
+- ``ResidencyView``  the record of which page is in which tier, as a policy reads it (sizes,
+                     membership, and the pages held for a move in flight, which are never victims);
+                     the policy keeps ordering state only.
 - ``ExpertStanding`` one expert of an adaptive policy's tier: leading or not, its shadow's hit ratio.
 - ``TierReport``     a tier's own counters and gauges (``Tier.stats()``), as declared fields.
+- ``PolicyReport``   a policy's own counters and gauges (``PlacementPolicy.stats()``), as declared
+                     fields.
 - ``STATS_SHAPE``    the nesting of ``TieredStore.stats()`` (one namespace per source of counts).
 - ``PagesStored``, ``PagesRemoved``, ``PagesLookedUp``, ``PagesRead`` the store's events: what its
                      record of the managed tiers committed, the lookups its policy learns from,
@@ -58,7 +61,7 @@ def page_nbytes(page: PageView) -> int:
 #               maintenance_runs, evictions_prepared, evictions_committed, evictions_aborted,
 #               promotions_dropped},
 #    "mover":  {background (0/1), submitted, completed, dropped, failed, waits, timeouts},
-#    "policy": {...}  the policy's own ``stats()``,
+#    "policy": {...}  the policy's own ``stats().as_dict()``,
 #    "experts": {<tier name>: {"leader_switches": n, "experts": {<expert>: {"lead": 0/1,
 #                "shadow_hit_ratio": r}}}}  from ``PlacementPolicy.standings()`` (adaptive only),
 #    "tiers":  {<unique tier name, e.g. "host", "lmdb", "host.1" for a second host tier>: {
@@ -310,6 +313,16 @@ class ResidencyView(Protocol):
     def used(self, tier: int) -> int:
         """Sum of the footprints in ``pages(tier)``."""
 
+    def held(self) -> AbstractSet[PageKey]:
+        """Pages held for a move in flight (a write, a demotion or a promotion of them), in any
+        tier: never victims. Live: a page leaves it when its last hold ends, so it is evictable
+        again from the next ``victims`` on, without an event of its own."""
+
+    def held_bytes(self, tier: int) -> int:
+        """Footprints of the pages in both ``pages(tier)`` and ``held()``, kept current as each hold
+        begins and ends: what a policy cannot free in ``tier`` now, known without walking the
+        holds (a write holding a large batch would otherwise cost every eviction that walk)."""
+
 
 class PlacementPolicy(ABC):
     """Where pages should live. Pure: fed events by the store (or by the trace simulator), it never
@@ -326,7 +339,8 @@ class PlacementPolicy(ABC):
     so a policy reads the size of every page it ranks from the record.
     ``victims`` starts an eviction and forgets the victims at once, in every policy: they leave the
     view as the call returns, the store never reports ``on_remove`` for them, and hands back those it
-    could not remove through ``on_evict_aborted``.
+    could not remove through ``on_evict_aborted``. Which pages cannot be victims now (held for a
+    move in flight) is the record's too (``ResidencyView.held``), not an argument.
 
     ``name`` is the policy's name as the config's ``policy.name`` spells it (``lru``, ``heat``,
     ``adaptive``; the simulator's references ``arc``, ``lirs``, ``lfuda``): metrics label by it.
@@ -367,13 +381,12 @@ class PlacementPolicy(ABC):
         """Per key: is it worth writing into ``tier`` now (tier 0 always admits)."""
 
     @abstractmethod
-    def victims(self, tier: int, nbytes: int, protected: AbstractSet[PageKey] = frozenset()
-                ) -> list[PageKey] | None:
-        """Pages of ``tier`` to evict to free at least ``nbytes``, never one in ``protected`` (the
-        pages the store holds for a move in flight) and never one the record lacks there (their
-        sizes are read from it). The returned pages are forgotten at once (a
-        later ``victims`` never names them again). ``None`` if that much cannot be freed; then no
-        state changes."""
+    def victims(self, tier: int, nbytes: int) -> list[PageKey] | None:
+        """Pages of ``tier`` to evict to free at least ``nbytes``, never a held one
+        (``ResidencyView.held``: a move of it is in flight) and never one the record lacks there
+        (their sizes are read from it). The returned pages are forgotten at once (a later
+        ``victims`` never names them again). ``None`` if that much cannot be freed; then no state
+        changes."""
 
     @abstractmethod
     def promotion_target(self, key: PageKey, found_tier: int) -> int | None:
@@ -400,8 +413,41 @@ class PlacementPolicy(ABC):
         """The experts an adaptive policy chooses among, per tier; empty for any other policy."""
         return []
 
-    def stats(self) -> dict[str, float]:
-        return {}
+    def stats(self) -> PolicyReport:
+        """The policy's own counters and gauges; an empty report for a policy that keeps none."""
+        return PolicyReport()
+
+
+@dataclass(frozen=True)
+class PolicyReport:
+    """A policy's own counters and gauges (``PlacementPolicy.stats()``), as declared fields.
+
+    A policy subclasses it with its fields: numbers, a nested shape (the fields ``ChainedPolicy``
+    shares) flattened in place, and a per-tier tuple (fastest first) whose entries' fields flatten to
+    ``tier{i}_<field>``. A field that is ``None`` has no value now (a tier without a capacity has no
+    probation target) and is left out, so the flat names are those the stats JSON always had. Readers
+    read the fields, never look a name up: a renamed field fails where it is read.
+    """
+
+    def as_dict(self) -> dict[str, float]:
+        """The flat ``{name: value}`` of the stats JSON (``["policy"]``), in field order."""
+        out: dict[str, float] = {}
+        _flatten(self, "", out)
+        return out
+
+
+def _flatten(shape: Any, prefix: str, out: dict[str, float]) -> None:
+    for f in dataclasses.fields(shape):
+        value = getattr(shape, f.name)
+        if value is None:
+            continue
+        if isinstance(value, tuple):
+            for i, entry in enumerate(value):
+                _flatten(entry, f"tier{i}_", out)
+        elif dataclasses.is_dataclass(value):
+            _flatten(value, prefix, out)
+        else:
+            out[prefix + f.name] = float(value)
 
 
 # ------------------------------------------------------------------------------------ store events

@@ -5,7 +5,8 @@ only), so only tests read them, through here."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 
 from mooncake_sgl.api import PageKey, PlacementPolicy
 from mooncake_sgl.policy.adaptive import FIRST_LEADER, AdaptivePolicy
@@ -13,6 +14,11 @@ from mooncake_sgl.policy.heat import HeatPolicy
 from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.sim.reference import _ExpertPolicy
 from mooncake_sgl.store.tiered_store import TieredStore
+
+
+def holding(store: TieredStore, keys: Sequence[PageKey]) -> AbstractContextManager[None]:
+    """Hold ``keys`` as a move in flight does: none of them is a victim until the block ends."""
+    return store._residency.held(keys)
 
 
 def resident_keys(store: TieredStore, t: int) -> set[PageKey]:

@@ -45,10 +45,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 
-from ..api import ExpertStanding, PageKey
+from ..api import ExpertStanding, PageKey, PolicyReport
 from ..config import PolicyConfig
-from .chained import ChainedPolicy, TierState
+from .chained import ChainedPolicy, ChainedReport, TierState
 from .chains import ChainLinks
 from .experts import EXPERTS, Expert, LruExpert
 from .rules import WriteThrough
@@ -107,6 +108,28 @@ def _eviction_order(state: _Tier) -> Iterator[PageKey]:
     if state.tournament.switches:
         yield from state.tournament.outcasts()
     yield from state.leader.candidates()
+
+
+@dataclass(frozen=True)
+class TournamentReport:
+    """A tier's experts and shadows, flattened into its ``tier{i}_<field>`` names."""
+
+    leader: int  # index of the leading expert in ``experts.EXPERTS``
+    sample_rate: float
+    expert_entries: int
+    shadow_entries: int
+
+
+@dataclass(frozen=True)
+class AdaptiveTierReport:
+    pages: int
+    tournament: TournamentReport | None  # None before the first write, and in a self-evicting tier
+
+
+@dataclass(frozen=True)
+class AdaptiveReport(PolicyReport):
+    chained: ChainedReport
+    tiers: tuple[AdaptiveTierReport, ...]  # fastest first
 
 
 class AdaptivePolicy(WriteThrough, ChainedPolicy):
@@ -170,35 +193,31 @@ class AdaptivePolicy(WriteThrough, ChainedPolicy):
 
     # ------------------------------------------------------------------ decisions
 
-    def victims(self, tier: int, nbytes: int, protected: AbstractSet[PageKey] = frozenset()
-                ) -> list[PageKey] | None:
+    def victims(self, tier: int, nbytes: int) -> list[PageKey] | None:
         state = self._tiers[tier]
         if nbytes <= 0:
             return []
-        if state.capacity is None or not state.experts or self._evictable(tier, protected) < nbytes:
+        if state.capacity is None or not state.experts or self._evictable(tier) < nbytes:
             return None
-        sizes = self.residency.pages(tier)
+        sizes, held = self.residency.pages(tier), self.residency.held()
         chosen: dict[PageKey, None] = {}
-        freed = self._pick(state, sizes, nbytes, protected, chosen, leaves_only=True)
+        freed = self._pick(state, sizes, nbytes, held, chosen, leaves_only=True)
         if freed < nbytes:  # only parents of resident children are left: take them too
-            self._pick(state, sizes, nbytes - freed, protected, chosen, leaves_only=False)
+            self._pick(state, sizes, nbytes - freed, held, chosen, leaves_only=False)
         for key in chosen:
             self._leave(state, tier, key)
         state.evictions += len(chosen)
         return list(chosen)
 
-    def stats(self) -> dict[str, float]:
-        out = super().stats()
+    def stats(self) -> AdaptiveReport:
+        tiers = []
         for i, t in enumerate(self._tiers):
-            out[f"tier{i}_pages"] = float(len(self.residency.pages(i)))
-            if t.tournament is None:
-                continue
             tour = t.tournament
-            out[f"tier{i}_leader"] = float(tour.leader)
-            out[f"tier{i}_sample_rate"] = tour.rate
-            out[f"tier{i}_expert_entries"] = float(sum(e.entries() for e in t.experts))
-            out[f"tier{i}_shadow_entries"] = float(tour.entries())
-        return out
+            tiers.append(AdaptiveTierReport(len(self.residency.pages(i)), None if tour is None else
+                                            TournamentReport(tour.leader, tour.rate,
+                                                             sum(e.entries() for e in t.experts),
+                                                             tour.entries())))
+        return AdaptiveReport(self._chained_report(), tuple(tiers))
 
     def standings(self) -> list[ExpertStanding]:
         out = []
@@ -228,7 +247,7 @@ class AdaptivePolicy(WriteThrough, ChainedPolicy):
                 tier.tournament.observe(tier.tournament.sampled(keys, hashes))
 
     def _pick(self, state: _Tier, sizes: Mapping[PageKey, int], nbytes: int,
-              protected: AbstractSet[PageKey], chosen: dict[PageKey, None], leaves_only: bool) -> int:
+              held: AbstractSet[PageKey], chosen: dict[PageKey, None], leaves_only: bool) -> int:
         freed = 0
         kids = state.kids
         parent_of, pinned = self._links.parent_of, self._pins.is_pinned  # bound once: per candidate
@@ -239,7 +258,7 @@ class AdaptivePolicy(WriteThrough, ChainedPolicy):
         try:
             for key in it:
                 n = sizes.get(key)
-                if n is None or key in chosen or key in protected or pinned(key):
+                if n is None or key in chosen or key in held or pinned(key):
                     continue  # only the record's pages can be victims
                 if leaves_only and kids.get(key, 0) > gone.get(key, 0):
                     continue

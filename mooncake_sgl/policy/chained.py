@@ -13,12 +13,20 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 
-from ..api import PageKey, PlacementPolicy
+from ..api import PageKey, PlacementPolicy, PolicyReport
 from ..config import PinConfig
 from .chains import ChainLinks
 from .pins import Pins
+
+
+@dataclass(frozen=True)
+class ChainedReport(PolicyReport):
+    """The counts ``ChainedPolicy`` keeps for the heat and adaptive policies, nested in their reports."""
+
+    tracked_pages: int  # ranked in at least one tier
+    pinned_pages: int
 
 
 class TierState:
@@ -94,8 +102,9 @@ class ChainedPolicy(PlacementPolicy, ABC):
             if p is not None:
                 state.kids[p] = state.kids.get(p, 0) + 1
 
-    def stats(self) -> dict[str, float]:
-        return {"tracked_pages": float(self._tracked), "pinned_pages": float(len(self._pins))}
+    def _chained_report(self) -> ChainedReport:
+        """What every chained policy's report holds (its own ``stats()`` places it)."""
+        return ChainedReport(self._tracked, len(self._pins))
 
     # ------------------------------------------------------------------ shared internals
 
@@ -121,12 +130,15 @@ class ChainedPolicy(PlacementPolicy, ABC):
         self._links.link_children(keys, parent, [view.pages(t) for t in self._bounded],
                                   [self._tiers[t].kids for t in self._bounded])
 
-    def _evictable(self, tier: int, protected: AbstractSet[PageKey]) -> int:
-        """Bytes of the tier that are neither protected nor pinned (O(protected + pinned))."""
-        sizes: Mapping[PageKey, int] = self.residency.pages(tier)
-        held = 0
-        for key in protected | set(self._pins.keys()) if len(self._pins) else protected:
+    def _evictable(self, tier: int) -> int:
+        """Bytes of the tier that are neither held nor pinned (O(pinned): the record keeps the held
+        bytes current)."""
+        view = self.residency
+        sizes: Mapping[PageKey, int] = view.pages(tier)
+        held = view.held()
+        pinned = 0
+        for key in self._pins.keys():
             n = sizes.get(key)
-            if n is not None and (key in protected or self.is_pinned(key)):
-                held += n
-        return self.residency.used(tier) - held
+            if n is not None and key not in held and self.is_pinned(key):
+                pinned += n
+        return view.used(tier) - view.held_bytes(tier) - pinned

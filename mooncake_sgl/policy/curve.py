@@ -130,13 +130,13 @@ class SampledHeatPolicy(HeatPolicy):
         self.owed: dict[PageKey, int] = {}  # sampled page -> passes it is still held back from
 
     def _pick(self, seg: Any, sizes: Mapping[PageKey, int], nbytes: int,
-              protected: AbstractSet[PageKey], chosen: dict[PageKey, bool], leaves_only: bool) -> int:
+              held: AbstractSet[PageKey], chosen: dict[PageKey, bool], leaves_only: bool) -> int:
         if not leaves_only or not self.owed:
-            return super()._pick(seg, sizes, nbytes, protected, chosen, leaves_only)
+            return super()._pick(seg, sizes, nbytes, held, chosen, leaves_only)
         kids = seg.kids  # not changed while victims are picked (pages leave after)
         seg.kids = _Owed(kids, self.owed)
         try:
-            return super()._pick(seg, sizes, nbytes, protected, chosen, leaves_only)
+            return super()._pick(seg, sizes, nbytes, held, chosen, leaves_only)
         finally:
             seg.kids = kids
 

@@ -56,11 +56,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from itertools import filterfalse
 
-from ..api import PageKey
+from ..api import PageKey, PolicyReport
 from ..config import PolicyConfig
-from .chained import ChainedPolicy, TierState
+from .chained import ChainedPolicy, ChainedReport, TierState
 from .chains import ChainLinks
 from .rules import demotion_tier, promotion_tier
 from .sketch import make_sketch
@@ -151,6 +152,29 @@ class _ReuseWatch:
         if self.reused + self.expired > WATCH_WINDOW:
             self.reused /= 2
             self.expired /= 2
+
+
+@dataclass(frozen=True)
+class HeatTierReport:
+    """One tier of ``HeatReport`` (``tier{i}_<field>``)."""
+
+    pages: int
+    probation_pages: int
+    probation_target: float | None  # share of the capacity; None: the tier has no capacity
+    ghost_hits_probation: int
+    ghost_hits_main: int
+    cold_reuse_rate: float | None  # the admission filter's watch; None in tier 0, which admits all
+
+
+@dataclass(frozen=True)
+class HeatReport(PolicyReport):
+    lookups: int
+    hit_pages: int
+    slow_tier_admitted: int
+    slow_tier_refused: int
+    sketch_bytes: int
+    chained: ChainedReport
+    tiers: tuple[HeatTierReport, ...]  # fastest first
 
 
 class HeatPolicy(ChainedPolicy):
@@ -300,18 +324,17 @@ class HeatPolicy(ChainedPolicy):
             return below
         return None
 
-    def victims(self, tier: int, nbytes: int, protected: AbstractSet[PageKey] = frozenset()
-                ) -> list[PageKey] | None:
+    def victims(self, tier: int, nbytes: int) -> list[PageKey] | None:
         seg = self._tiers[tier]
         if nbytes <= 0:
             return []
-        if self._evictable(tier, protected) < nbytes:
+        if self._evictable(tier) < nbytes:
             return None
-        sizes = self.residency.pages(tier)
+        sizes, held = self.residency.pages(tier), self.residency.held()
         chosen: dict[PageKey, bool] = {}  # victim -> it came from probation
-        freed = self._pick(seg, sizes, nbytes, protected, chosen, leaves_only=True)
+        freed = self._pick(seg, sizes, nbytes, held, chosen, leaves_only=True)
         if freed < nbytes:  # only parents of resident children are left: take them too
-            freed += self._pick(seg, sizes, nbytes - freed, protected, chosen, leaves_only=False)
+            freed += self._pick(seg, sizes, nbytes - freed, held, chosen, leaves_only=False)
         for key, from_probation in chosen.items():
             if from_probation:
                 del seg.probation[key]
@@ -324,27 +347,19 @@ class HeatPolicy(ChainedPolicy):
         seg.evictions += len(chosen)
         return list(chosen)
 
-    def stats(self) -> dict[str, float]:
-        out: dict[str, float] = {
-            "lookups": float(self.lookups), "hit_pages": float(self.hit_pages),
-            "slow_tier_admitted": float(self.admitted), "slow_tier_refused": float(self.refused),
-            "sketch_bytes": float(self._sketch.memory_bytes()), **super().stats(),
-        }
-        for i, seg in enumerate(self._tiers):
-            out[f"tier{i}_pages"] = float(seg.pages())
-            out[f"tier{i}_probation_pages"] = float(len(seg.probation))
-            if seg.capacity:
-                out[f"tier{i}_probation_target"] = seg.target / seg.capacity
-            out[f"tier{i}_ghost_hits_probation"] = float(seg.ghost_hits_probation)
-            out[f"tier{i}_ghost_hits_main"] = float(seg.ghost_hits_main)
-            if i:
-                out[f"tier{i}_cold_reuse_rate"] = self._watch[i].reuse_rate()
-        return out
+    def stats(self) -> HeatReport:
+        tiers = tuple(HeatTierReport(seg.pages(), len(seg.probation),
+                                     seg.target / seg.capacity if seg.capacity else None,
+                                     seg.ghost_hits_probation, seg.ghost_hits_main,
+                                     self._watch[i].reuse_rate() if i else None)
+                      for i, seg in enumerate(self._tiers))
+        return HeatReport(self.lookups, self.hit_pages, self.admitted, self.refused,
+                          self._sketch.memory_bytes(), self._chained_report(), tiers)
 
     # ------------------------------------------------------------------ internals
 
     def _pick(self, seg: _Segments, sizes: Mapping[PageKey, int], nbytes: int,
-              protected: AbstractSet[PageKey], chosen: dict[PageKey, bool], leaves_only: bool) -> int:
+              held: AbstractSet[PageKey], chosen: dict[PageKey, bool], leaves_only: bool) -> int:
         """Walk both segments oldest first, taking from probation while it is over its target.
         Skipped pages keep their place (no rotation), so a parent is walked past on every call: a
         tier's old shared prefixes gather at the head of its segments. With ``leaves_only`` they are
@@ -369,7 +384,7 @@ class HeatPolicy(ChainedPolicy):
                     main_left = False
                 continue
             n = sizes.get(key)
-            if n is None or key in chosen or key in protected or pinned(key):
+            if n is None or key in chosen or key in held or pinned(key):
                 continue  # only the record's pages can be victims
             chosen[key] = from_probation
             freed += n

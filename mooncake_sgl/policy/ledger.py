@@ -6,7 +6,9 @@ policy tests, a replay without tiers), a policy needs a record too: the ledger k
 (pages and footprints), hands the policy its view, and feeds each event to the policy in the order
 the store does: an arrival once the record holds the page, a departure while it still does, and
 victims out of the record as soon as the policy names them (there is no eviction in flight here,
-so no page is ever leaving). Every other attribute is the policy's.
+so no page is ever leaving). Holds are the caller's for one ``victims`` call: the pages it names
+``protected`` (a write's own pages, in a miniature) are held while the policy chooses. Every other
+attribute is the policy's.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class Ledger:
         self._pages: list[dict[PageKey, int]] = []
         self._views: list[Mapping[PageKey, int]] = []
         self._used: list[int] = []
+        self._held: frozenset[PageKey] = frozenset()
+        self._held_bytes: list[int] = []
         policy.bind(self)
 
     def __getattr__(self, name: str) -> Any:
@@ -43,6 +47,13 @@ class Ledger:
     def used(self, tier: int) -> int:
         self._grow(tier)
         return self._used[tier]
+
+    def held(self) -> AbstractSet[PageKey]:
+        return self._held
+
+    def held_bytes(self, tier: int) -> int:
+        self._grow(tier)
+        return self._held_bytes[tier]
 
     # ------------------------------------------------------------------ events that change the record
 
@@ -68,7 +79,18 @@ class Ledger:
 
     def victims(self, tier: int, nbytes: int, protected: AbstractSet[PageKey] = frozenset()
                 ) -> list[PageKey] | None:
-        chosen = self.policy.victims(tier, nbytes, protected)
+        """The policy's victims, ``protected`` held meanwhile (as the store holds a move's pages)."""
+        self._grow(tier)
+        if protected:
+            self._held = frozenset(protected)
+            for t, pages in enumerate(self._pages):
+                self._held_bytes[t] = sum(n for k in self._held if (n := pages.get(k)) is not None)
+        try:
+            chosen = self.policy.victims(tier, nbytes)
+        finally:
+            if protected:
+                self._held = frozenset()
+                self._held_bytes[:] = [0] * len(self._held_bytes)
         if chosen:
             self._grow(tier)
             pages = self._pages[tier]
@@ -87,3 +109,4 @@ class Ledger:
             self._pages.append(pages)
             self._views.append(MappingProxyType(pages))
             self._used.append(0)
+            self._held_bytes.append(0)

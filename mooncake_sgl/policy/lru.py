@@ -10,10 +10,20 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 
-from ..api import PageKey
+from ..api import PageKey, PolicyReport
 from .rules import WriteThrough
+
+
+@dataclass(frozen=True)
+class LruTierReport:
+    pages: int
+
+
+@dataclass(frozen=True)
+class LruReport(PolicyReport):
+    tiers: tuple[LruTierReport, ...]  # fastest first: ``tier{i}_pages``
 
 
 class LruPolicy(WriteThrough):
@@ -43,16 +53,18 @@ class LruPolicy(WriteThrough):
         for key in keys:
             order.pop(key, None)
 
-    def victims(self, tier: int, nbytes: int, protected: AbstractSet[PageKey] = frozenset()
-                ) -> list[PageKey] | None:
-        sizes = self.residency.pages(tier)
+    def victims(self, tier: int, nbytes: int) -> list[PageKey] | None:
+        view = self.residency
+        if view.used(tier) - view.held_bytes(tier) < nbytes:
+            return None  # known without walking the order past every held page
+        sizes, held = view.pages(tier), view.held()
         chosen: list[PageKey] = []
         freed = 0
         for key in self._order[tier]:
             if freed >= nbytes:
                 break
             n = sizes.get(key)
-            if n is None or key in protected:  # only the record's pages can be victims
+            if n is None or key in held:  # only the record's pages can be victims
                 continue
             chosen.append(key)
             freed += n
@@ -61,5 +73,5 @@ class LruPolicy(WriteThrough):
         self.on_remove(chosen, tier)  # a victim is forgotten at once, as by every policy
         return chosen
 
-    def stats(self) -> dict[str, float]:
-        return {f"tier{i}_pages": float(len(self.residency.pages(i))) for i in range(self.ntiers)}
+    def stats(self) -> LruReport:
+        return LruReport(tuple(LruTierReport(len(self.residency.pages(i))) for i in range(self.ntiers)))

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator, Sequence
-from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 
-from ..api import PageKey
+from ..api import PageKey, PolicyReport
 from ..policy.experts import ArcExpert, Expert, LfuDaExpert, LirsExpert
 from ..policy.rules import WriteThrough
 from .trace import Request
@@ -72,12 +72,12 @@ class _ExpertPolicy(WriteThrough):
         for key in keys:
             expert.drop(key)
 
-    def victims(self, tier: int, nbytes: int, protected: AbstractSet[PageKey] = frozenset()
-                ) -> list[PageKey] | None:
-        sizes, expert = self.residency.pages(tier), self._experts[tier]
+    def victims(self, tier: int, nbytes: int) -> list[PageKey] | None:
+        view = self.residency
+        sizes, held, expert = view.pages(tier), view.held(), self._experts[tier]
         if nbytes <= 0:
             return []
-        if expert is None or self.residency.used(tier) - sum(sizes.get(k, 0) for k in protected) < nbytes:
+        if expert is None or view.used(tier) - view.held_bytes(tier) < nbytes:
             return None
         chosen: list[PageKey] = []
         freed = 0
@@ -85,7 +85,7 @@ class _ExpertPolicy(WriteThrough):
         try:
             for key in it:
                 n = sizes.get(key)
-                if n is not None and key not in protected:  # only the record's pages can be victims
+                if n is not None and key not in held:  # only the record's pages can be victims
                     chosen.append(key)
                     freed += n
                     if freed >= nbytes:
@@ -96,14 +96,24 @@ class _ExpertPolicy(WriteThrough):
         return chosen
 
 
+@dataclass(frozen=True)
+class ArcTierReport:
+    p: float | None  # ARC's target size of T1, in pages; None before the tier's first page
+
+
+@dataclass(frozen=True)
+class ArcReport(PolicyReport):
+    tiers: tuple[ArcTierReport, ...]  # fastest first: ``tier{i}_p``
+
+
 class ArcPolicy(_ExpertPolicy):
     """ARC per tier."""
 
     name = "arc"
     expert = ArcExpert
 
-    def stats(self) -> dict[str, float]:
-        return {f"tier{i}_p": e.p for i, e in enumerate(self._experts) if e is not None}
+    def stats(self) -> ArcReport:
+        return ArcReport(tuple(ArcTierReport(None if e is None else e.p) for e in self._experts))
 
 
 class LirsPolicy(_ExpertPolicy):

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..api import PageKey, PlacementPolicy
+from ..api import PageKey, PlacementPolicy, PolicyReport
 from ..policy.curve_feed import CurveFeed
 from ..store import TieredStore
 from .size_tier import SizeStaging, SizeTier, sized_page
@@ -42,7 +42,7 @@ class SimResult:
     lookup_pages: int = 0
     hit_pages: int = 0
     tiers: list[TierStats] = field(default_factory=list)
-    policy_stats: dict[str, float] = field(default_factory=dict)
+    policy_stats: PolicyReport = field(default_factory=PolicyReport)
 
     @property
     def hit_ratio(self) -> float:
@@ -55,7 +55,7 @@ class SimResult:
         return {"policy": self.policy, "requests": self.requests, "lookup_pages": self.lookup_pages,
                 "hit_pages": self.hit_pages, "hit_ratio": self.hit_ratio,
                 "tiers": [dict(vars(t), hit_ratio=self.tier_hit_ratio(i)) for i, t in enumerate(self.tiers)],
-                "policy_stats": self.policy_stats}
+                "policy_stats": self.policy_stats.as_dict()}
 
 
 class Simulator:
@@ -116,4 +116,4 @@ class Simulator:
                                    bytes_demoted=placed.demotions * self.page, evictions=placed.evictions,
                                    refused_writes=placed.write_failures))
         return SimResult(self.name, requests=top.lookups, lookup_pages=top.lookup_pages,
-                         hit_pages=top.lookup_hit_pages, tiers=tiers, policy_stats=dict(stats.policy))
+                         hit_pages=top.lookup_hit_pages, tiers=tiers, policy_stats=stats.policy)

@@ -8,9 +8,11 @@ Facts and their owners:
   put there and their footprints, which of them are *leaving* (an eviction under way), and per page
   a hold count: a page held by a write, a demotion or a promotion in flight is never a victim. The
   policy reads this record through a read-only view (``api.ResidencyView``, bound once): per tier,
-  the pages not leaving and their footprints. It keeps ordering state only, no map beside the
-  record, and hears of a change when it is committed here: of an arrival once the record holds the
-  page, of a departure while it still does, so every page it ranks has its size here;
+  the pages not leaving and their footprints, and the held pages with their bytes per tier (kept
+  current as each hold begins and ends, so choosing victims never walks the holds). It keeps
+  ordering state only, no map beside the record, and hears of a change when it is committed here:
+  of an arrival once the record holds the page, of a departure while it still does, so every page
+  it ranks has its size here;
 - the policy owns its decisions (which victims, which tier) and the ordering they need.
 
 Moves out of a tier are two-phase, as the tiers' own writes are:
@@ -45,6 +47,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -56,6 +59,7 @@ from ..api import (
     PagesRemoved,
     PagesStored,
     PlacementPolicy,
+    PolicyReport,
     RemovalCause,
     StoreObserver,
 )
@@ -125,17 +129,27 @@ class _Ranked(Mapping[PageKey, int]):
 class _View:
     """The ``api.ResidencyView`` a policy is bound to: reads of the record, nothing that writes it."""
 
-    __slots__ = ("_ranked", "_used")
+    __slots__ = ("_ranked", "_used", "_held", "_held_bytes")
 
-    def __init__(self, ranked: list[_Ranked], used: list[int]):
+    def __init__(self, ranked: list[_Ranked], used: list[int], holds: dict[PageKey, int],
+                 held_bytes: list[int]):
         self._ranked = ranked
-        self._used = used  # shared with ``Residency``, which keeps it current
+        # The three below are ``Residency``'s own, which keeps them current.
+        self._used = used
+        self._held = holds.keys()
+        self._held_bytes = held_bytes
 
     def pages(self, tier: int) -> Mapping[PageKey, int]:
         return self._ranked[tier]
 
     def used(self, tier: int) -> int:
         return self._used[tier]
+
+    def held(self) -> AbstractSet[PageKey]:
+        return self._held
+
+    def held_bytes(self, tier: int) -> int:
+        return self._held_bytes[tier]
 
 
 class Residency:
@@ -162,11 +176,15 @@ class Residency:
         self._leaving: list[set[PageKey]] = [set() for _ in managed]
         self._used = [0] * len(self.managed)  # per tier, footprints of the pages not leaving
         self._holds: dict[PageKey, int] = {}
+        # Per tier, footprints of the pages both ranked there (resident, not leaving) and held:
+        # changed where a hold begins or ends and where a held page arrives, leaves or comes back.
+        self._held_bytes = [0] * len(self.managed)
         self._lookups: deque[tuple[float, Sequence[PageKey], list[int | None], PageKey | None]] = (
             deque(maxlen=LOOKUP_BUFFER))
         self.counters = Tally(ResidencyStats)
         self._reach = PromotionReach(reach_bytes) if reach_bytes and self.managed[0] else None
-        policy.bind(_View([_Ranked(r, g) for r, g in zip(self._resident, self._leaving)], self._used))
+        policy.bind(_View([_Ranked(r, g) for r, g in zip(self._resident, self._leaving)], self._used,
+                          self._holds, self._held_bytes))
 
     def observe(self, observer: StoreObserver, with_current: bool) -> None:
         """Send ``observer`` every event from now on; with ``with_current``, first the pages each
@@ -228,18 +246,36 @@ class Residency:
         until both are done."""
         holds = self._holds
         with self._lock:
+            first = []
             for k in keys:
-                holds[k] = holds.get(k, 0) + 1
+                n = holds.get(k, 0)
+                holds[k] = n + 1
+                if not n:
+                    first.append(k)
+            self._count_held(first, 1)
         try:
             yield
         finally:
             with self._lock:
+                last = []
                 for k in keys:
                     n = holds[k] - 1
                     if n:
                         holds[k] = n
                     else:
                         del holds[k]
+                        last.append(k)
+                self._count_held(last, -1)
+
+    def _count_held(self, keys: list[PageKey], sign: int) -> None:
+        """``keys`` became held (``sign`` 1) or free (-1): their footprints in every tier that ranks
+        them move in or out of that tier's held bytes."""
+        if not keys:
+            return
+        for t, (resident, leaving) in enumerate(zip(self._resident, self._leaving)):
+            if resident:
+                self._held_bytes[t] += sign * sum(
+                    n for k in keys if (n := resident.get(k)) is not None and k not in leaving)
 
     # ------------------------------------------------------------------ residency
 
@@ -268,6 +304,8 @@ class Residency:
             if fresh:
                 resident.update(fresh)
                 self._used[t] += sum(fresh.values())
+                if self._holds:
+                    self._held_bytes[t] += sum(n for k, n in fresh.items() if k in self._holds)
                 self.policy.on_insert(list(fresh), t, list(fresh.values()), parent)
                 if t == 0 and self._reach is not None:
                     self._reach.arrived(list(fresh), list(fresh.values()))
@@ -285,6 +323,8 @@ class Residency:
             gone = [k for k in dict.fromkeys(keys) if k in resident and k not in leaving]
             if gone:
                 self.policy.on_remove(gone, t)  # first: it reads their sizes here
+                if self._holds:
+                    self._held_bytes[t] -= sum(resident[k] for k in gone if k in self._holds)
                 self._used[t] -= sum(resident.pop(k) for k in gone)
                 self.events.post(PagesRemoved(t, tuple(gone), cause))
         self.events.deliver()
@@ -336,14 +376,14 @@ class Residency:
     def _mark_leaving(self, t: int, nbytes: int) -> list[PageKey]:
         """The policy's victims freeing ``nbytes`` of tier ``t``, marked leaving (none: it cannot)."""
         self._drain()
-        chosen = self.policy.victims(t, nbytes, self._holds.keys())  # a view: read under the lock
+        chosen = self.policy.victims(t, nbytes)
         if not chosen:
             return []
-        resident, leaving = self._resident[t], self._leaving[t]
-        unknown = [k for k in chosen if k not in resident or k in leaving]
+        resident, leaving, holds = self._resident[t], self._leaving[t], self._holds
+        unknown = [k for k in chosen if k not in resident or k in leaving or k in holds]
         if unknown:
             raise RuntimeError(f"{type(self.policy).__name__} named {len(unknown)} victim(s) of "
-                               f"tier {t} that are not resident there (or already leaving)")
+                               f"tier {t} that are not resident there, already leaving, or held")
         leaving.update(chosen)
         self._used[t] -= sum(resident[k] for k in set(chosen))
         return chosen
@@ -374,11 +414,13 @@ class Residency:
     def _give_back(self, t: int, keys: Sequence[PageKey], footprints: Sequence[int]) -> None:
         if not keys:
             return
-        resident, leaving = self._resident[t], self._leaving[t]
+        resident, leaving, holds = self._resident[t], self._leaving[t], self._holds
         for k in keys:
             if k in leaving:
                 leaving.discard(k)
                 self._used[t] += resident[k]
+                if k in holds:  # held while it was leaving (a write of it began meanwhile)
+                    self._held_bytes[t] += resident[k]
         self.policy.on_evict_aborted(keys, t, footprints)
 
     # ------------------------------------------------------------------ decisions
@@ -410,7 +452,7 @@ class Residency:
         self.events.deliver()
         return targets
 
-    def policy_stats(self) -> tuple[dict[str, float], list[ExpertStanding]]:
+    def policy_stats(self) -> tuple[PolicyReport, list[ExpertStanding]]:
         """The policy's own counters and its experts' standings, read together."""
         with self._lock:
             return self.policy.stats(), self.policy.standings()

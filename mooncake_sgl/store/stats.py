@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..api import STATS_SHAPE, TierReport, TierUsage
+from ..api import STATS_SHAPE, PolicyReport, TierReport, TierUsage
 
 C = TypeVar("C")
 
@@ -132,6 +132,17 @@ class PlainTierReport(TierReport):
 
 
 @dataclass(frozen=True)
+class PlainPolicyReport(PolicyReport):
+    """A policy's own report read back from JSON (a counter file), whose reader may not know the
+    policy that wrote it: its flat names and values as written."""
+
+    values: Mapping[str, float]
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.values)
+
+
+@dataclass(frozen=True)
 class StoreTierReport:
     """One tier in ``StoreReport``: its usage, what the store moved through it, its own report."""
 
@@ -206,7 +217,7 @@ class StoreReport:
     lookups: LookupStats
     residency: ResidencyStats
     mover: MoverReport
-    policy: Mapping[str, float]  # the policy's own ``stats()``: names are the policy's
+    policy: PolicyReport  # the policy's own ``stats()``
     experts: Mapping[str, TierExpertsReport]  # by tier name; empty without an adaptive policy
     tiers: Mapping[str, StoreTierReport]  # by tier name, fastest first
     # By section, each reporting observer's ``stats()`` as it returned it (``api.ReportingObserver``:
@@ -217,14 +228,15 @@ class StoreReport:
     def as_dict(self) -> dict[str, Any]:
         """The nested JSON of ``api.STATS_SHAPE`` (observer sections as they are)."""
         return {"store": {**dataclasses.asdict(self.lookups), **dataclasses.asdict(self.residency)},
-                "mover": self.mover.as_dict(), "policy": self.policy,
+                "mover": self.mover.as_dict(), "policy": self.policy.as_dict(),
                 "experts": {name: e.as_dict() for name, e in self.experts.items()},
                 "tiers": {name: t.as_dict() for name, t in self.tiers.items()}, **self.sections}
 
     @classmethod
     def from_plain(cls, d: Mapping[str, Any]) -> StoreReport:
         """The report ``as_dict`` (then JSON) wrote: a count it lacks (a file of an older version)
-        reads as 0, a tier's own report as a ``PlainTierReport``, sections as plain JSON."""
+        reads as 0, a tier's own report as a ``PlainTierReport``, the policy's as a
+        ``PlainPolicyReport``, sections as plain JSON."""
         store = _mapping(d, "store")
         mover = _mapping(d, "mover")
         experts = {name: TierExpertsReport.from_plain(e) for name, e in _mapping(d, "experts").items()
@@ -233,7 +245,7 @@ class StoreReport:
                  if isinstance(e, Mapping)}
         return cls(_counts(LookupStats, store), _counts(ResidencyStats, store),
                    MoverReport(bool(mover.get("background", 0)), _counts(MoverStats, mover)),
-                   dict(_mapping(d, "policy")), experts, tiers,
+                   PlainPolicyReport(dict(_mapping(d, "policy"))), experts, tiers,
                    {k: v for k, v in d.items() if k not in STATS_SHAPE})
 
 

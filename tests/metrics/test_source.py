@@ -36,7 +36,7 @@ from mooncake_sgl.metrics.source import (
 )
 from mooncake_sgl.policy.curve import CurvePoint
 from mooncake_sgl.policy.curve_feed import CurveCosts, CurveFeed, CurvesReport
-from mooncake_sgl.policy.lru import LruPolicy
+from mooncake_sgl.policy.lru import LruPolicy, LruReport, LruTierReport
 from mooncake_sgl.store.stats import (
     ExpertReport,
     LookupStats,
@@ -77,8 +77,9 @@ def store_report(tiers: dict[str, StoreTierReport]) -> StoreReport:
     experts = {"host": TierExpertsReport(3, {"lru": ExpertReport(1, 0.25)})}
     points = [distinct(CurvePoint, multiplier=1.0), distinct(CurvePoint, multiplier=2.0)]
     curves = CurvesReport({"host": points}, distinct(CurveCosts))
-    return StoreReport(distinct(LookupStats), distinct(ResidencyStats), mover, {"decay": 0.5}, experts,
-                       tiers, {"curves": curves, "router_events": distinct(AnnouncerReport)})
+    policy = LruReport((distinct(LruTierReport), distinct(LruTierReport)))
+    return StoreReport(distinct(LookupStats), distinct(ResidencyStats), mover, policy, experts, tiers,
+                       {"curves": curves, "router_events": distinct(AnnouncerReport)})
 
 
 def test_every_series_of_a_tier_reads_a_field_of_the_report() -> None:

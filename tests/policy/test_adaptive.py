@@ -251,7 +251,7 @@ def test_victims_respect_protection_and_pins_and_refuse_what_cannot_be_freed():
     assert policy.victims(0, 3 * PAGE, frozenset(keys[1:2])) is None
     before = policy.stats()
     assert policy.victims(0, 2 * PAGE, frozenset(keys[1:2])) == [k(3), k(2)]
-    assert policy.stats()["tier0_pages"] == before["tier0_pages"] - 2
+    assert policy.stats().tiers[0].pages == before.tiers[0].pages - 2
     policy.tick(1000.0)  # the pin expired
     assert policy.victims(0, PAGE, frozenset(keys[1:2])) == [pinned]
 
@@ -266,13 +266,13 @@ def test_two_tiers_write_through_promote_and_demote():
     assert res.tiers[0].hit_pages > 0 and res.tiers[1].hit_pages > 0
     assert res.tiers[0].bytes_promoted > 0
     stats = policy.stats()
-    assert stats["tier0_pages"] <= 20 and stats["tier1_pages"] <= 200
+    assert stats.tiers[0].pages <= 20 and stats.tiers[1].pages <= 200
 
 
 def test_self_evicting_tier_is_not_tracked():
     policy = Ledger(AdaptivePolicy([4 * PAGE, None]), unmanaged={1})
     policy.on_insert([k(1), k(2)], 1, [PAGE, PAGE])
-    assert policy.stats()["tier1_pages"] == 0 and policy.victims(1, PAGE) is None
+    assert policy.stats().tiers[1].pages == 0 and policy.victims(1, PAGE) is None
 
 
 def test_shadow_memory_is_a_fixed_fraction_of_a_large_tier(monkeypatch):
@@ -284,9 +284,9 @@ def test_shadow_memory_is_a_fixed_fraction_of_a_large_tier(monkeypatch):
     policy = AdaptivePolicy([pages * PAGE])
     trace = [Request(float(i), tuple(k(i * 8 + j) for j in range(8)), ()) for i in range(pages // 4)]
     Simulator(policy, [pages * PAGE], PAGE).run(trace)
-    stats = policy.stats()
-    assert stats["tier0_sample_rate"] == pytest.approx(1 / 16)
-    assert stats["tier0_shadow_entries"] <= 0.25 * stats["tier0_expert_entries"]
+    tour = policy.stats().tiers[0].tournament
+    assert tour is not None and tour.sample_rate == pytest.approx(1 / 16)
+    assert tour.shadow_entries <= 0.25 * tour.expert_entries
 
 
 def test_shadows_replay_the_lookups_made_before_the_first_write():

@@ -154,7 +154,7 @@ def test_admission_of_cold_pages_follows_their_measured_reuse():
     p.on_remove(chain("sizer"), 1)
     assert _stream(p, 0, 50, comeback=False)[-1]  # no evidence yet: open (prior 1 in 2)
     assert not any(_stream(p, 50, 3000, comeback=False)[-100:])
-    assert p.stats()["tier1_cold_reuse_rate"] < 0.1
+    assert p.stats().tiers[1].cold_reuse_rate < 0.1
     assert all(_stream(p, 10_000, 3000, comeback=True)[-100:])
     assert len(p._watch[1].ghost) <= 100  # the watch is bounded by the tier's pages
 
@@ -210,10 +210,10 @@ def test_memory_is_bounded_by_resident_pages():
         insert(p, keys)
         resident |= set(keys)
     seg = p._tiers[0]
-    assert p.stats()["tracked_pages"] == len(resident) == 100
+    assert p.stats().chained.tracked_pages == len(resident) == 100
     assert len(p._links) <= 100 and len(seg.kids) <= 100
     assert len(seg.ghost_probation) <= 100 and len(seg.ghost_main) <= 100
-    assert p.stats()["sketch_bytes"] == p._sketch.memory_bytes()
+    assert p.stats().sketch_bytes == p._sketch.memory_bytes()
 
 
 def test_self_evicting_tiers_keep_no_per_page_state():
@@ -222,7 +222,7 @@ def test_self_evicting_tiers_keep_no_per_page_state():
     keys = chain(*range(1000))
     lookup(p, keys)
     insert(p, keys, tier=1)
-    assert p.stats()["tracked_pages"] == 0
+    assert p.stats().chained.tracked_pages == 0
     lookup(p, keys)
     assert p.demotion_target(keys[0], 0) == 1
 

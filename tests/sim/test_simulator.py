@@ -20,7 +20,7 @@ from mooncake_sgl.sim.synth import chat_sessions
 from mooncake_sgl.sim.trace import Request, block_key, distinct_blocks, load_trace, read_trace
 from mooncake_sgl.store import TieredStore
 from mooncake_sgl.tiers.host import HostTier
-from tests.store_record import policy_residents, resident_keys
+from tests.store_record import holding, policy_residents, resident_keys
 
 SEG = 512
 PAGE = 2 * SEG
@@ -156,7 +156,8 @@ def test_arc_adapts_and_respects_protection():
     for ks in ([keys[0]], [keys[0]], [keys[1]], [keys[2]], [keys[3]], [keys[1]]):
         sim.request(ks, 0.0)
     assert p.victims(0, 4 * PAGE) is None
-    assert keys[0] not in p.victims(0, PAGE, frozenset(keys[:1]))
+    with holding(sim.store, keys[:1]):
+        assert keys[0] not in p.victims(0, PAGE)
 
 
 @pytest.mark.parametrize("cls", [LirsPolicy, LfuDaPolicy])
@@ -167,8 +168,9 @@ def test_reference_policies_respect_protection_and_refuse_what_cannot_be_freed(c
     for k in keys:
         sim.request([k], 0.0)
     assert p.victims(0, 4 * PAGE) is None
-    assert p.victims(0, 2 * PAGE, frozenset(keys[:2])) is None
-    assert p.victims(0, PAGE, frozenset(keys[:2])) == [keys[2]]
+    with holding(sim.store, keys[:2]):
+        assert p.victims(0, 2 * PAGE) is None
+        assert p.victims(0, PAGE) == [keys[2]]
 
 
 def test_lirs_keeps_a_loop_that_lru_thrashes():

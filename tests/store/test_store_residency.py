@@ -71,6 +71,53 @@ def test_holds_from_several_threads_add_up() -> None:
     assert evict(residency, 0, PAGE) == (Victim(b"k0", PAGE, None),)
 
 
+def held_bytes_by_hand(residency: Residency, t: int) -> int:
+    view = residency.policy.residency
+    return sum(n for k, n in view.pages(t).items() if k in view.held())
+
+
+@pytest.mark.parametrize("name", ["lru", "heat"])
+def test_held_bytes_stay_current_through_every_change_of_holds_and_residency(name: str) -> None:
+    # The policies learn what they cannot free from ``held_bytes`` instead of walking the holds,
+    # so every path that changes a hold, a page's residency or its leaving must keep it exact.
+    rng = random.Random(7)
+    policy = policy_for_capacities(PolicyConfig(name=name), [8 * PAGE, 16 * PAGE])
+    residency = Residency(policy, [True, True], clock=lambda: 0.0)
+    keys = [b"p%d" % i for i in range(24)]
+    holds: list = []  # open ``held`` blocks, closed in random order
+    leaving: list[tuple[int, tuple[Victim, ...]]] = []
+    for _ in range(600):
+        op = rng.randrange(6)
+        t = rng.randrange(2)
+        if op == 0:
+            block = residency.held(rng.sample(keys, rng.randrange(1, 6)))
+            block.__enter__()
+            holds.append(block)
+        elif op == 1 and holds:
+            holds.pop(rng.randrange(len(holds))).__exit__(None, None, None)
+        elif op == 2:
+            batch = rng.sample(keys, rng.randrange(1, 4))
+            residency.inserted(t, batch, [PAGE * rng.choice((1, 2))] * len(batch), None)
+        elif op == 3:
+            residency.lost(t, rng.sample(keys, 2))
+        elif op == 4:
+            victims = residency.plan_room(t, 0, [b"incoming"], [rng.randrange(1, 4) * PAGE]).victims
+            assert not {v.key for v in victims} & set(residency.policy.residency.held())
+            if victims:
+                leaving.append((t, victims))
+        elif op == 5 and leaving:
+            lt, victims = leaving.pop(rng.randrange(len(leaving)))
+            if rng.random() < 0.5:
+                residency.commit_evict(lt, [v.key for v in victims])
+            else:
+                residency.abort_evict(lt, victims)
+        for tier in (0, 1):
+            assert residency.policy.residency.held_bytes(tier) == held_bytes_by_hand(residency, tier)
+    for block in holds:
+        block.__exit__(None, None, None)
+    assert [residency.policy.residency.held_bytes(t) for t in (0, 1)] == [0, 0]
+
+
 def test_an_aborted_eviction_makes_its_victims_evictable_again() -> None:
     residency = record(2)
     victims = evict(residency, 0, 2 * PAGE)
@@ -153,7 +200,7 @@ def test_an_evicting_write_takes_the_record_lock_once_to_plan() -> None:
 class Forgetful(LruPolicy):
     """A broken policy: names a page it was never told of."""
 
-    def victims(self, tier, nbytes, protected=frozenset()):
+    def victims(self, tier, nbytes):
         return [b"never-inserted"]
 
 
