@@ -42,8 +42,8 @@ from typing import Any
 
 from ..api import PagesRemoved, PagesStored, StoreEvent
 from ..keys import event_hash, namespace_of
+from ..metrics.router_report import AnnouncerReport
 from ..tally import Tally
-from .router_report import AnnouncerReport
 from .touch_points import TouchPoint, register_hook
 
 logger = logging.getLogger(__name__)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from ..hicache.router_report import AnnouncerReport
 from ..policy.curve import CurvePoint
 from ..policy.curve_feed import CurveCosts, CurvesReport
 from ..policy.load_gate import LoadGateStats
 from ..store.stats import LookupStats, StoreReport, StoreTierReport, UsageReport
 from .model import CurveKey, Snapshot, TierSample, size_label
+from .router_report import AnnouncerReport
 
 # Sample field -> its value in the store's report of one tier (what the store moved through it, and
 # the tier's own report for what only some tiers count).

@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 from mooncake_sgl.api import STATS_SHAPE
 from mooncake_sgl.config import HostTierConfig
 from mooncake_sgl.hicache.router_events import AnnouncerStats
-from mooncake_sgl.hicache.router_report import AnnouncerReport
 from mooncake_sgl.metrics.model import (
     COUNTERS,
     CURVE_FIELDS,
@@ -22,6 +21,7 @@ from mooncake_sgl.metrics.model import (
     TierSample,
 )
 from mooncake_sgl.metrics.persist import _plain, read_counter_file, write_counter_file
+from mooncake_sgl.metrics.router_report import AnnouncerReport
 from mooncake_sgl.metrics.source import (
     CURVE_COST_FIELDS,
     CURVE_POINT_FIELDS,

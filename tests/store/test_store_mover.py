@@ -316,6 +316,17 @@ def drain_then_close(store: TieredStore, drain_s: float) -> None:
     store.close()
 
 
+def close_once(close: Callable[[], None], ready: Callable[[], bool], go: threading.Event) -> None:
+    """Run ``close`` on a thread until ``ready``, then release the mover's parked task (a close
+    waits for a running task) and see the close end."""
+    closer = threading.Thread(target=close)
+    closer.start()
+    wait_for(ready)
+    go.set()
+    closer.join(10)
+    assert not closer.is_alive()
+
+
 def test_close_after_a_drain_keeps_the_queued_demotions_in_the_persistent_tier(tmp_path: Path) -> None:
     disk = LmdbTier(LmdbTierConfig(path=str(tmp_path / "db")))
     store = TieredStore([host(4), disk], WriteBackLru(2))
@@ -324,12 +335,8 @@ def test_close_after_a_drain_keeps_the_queued_demotions_in_the_persistent_tier(t
         pages = fill_dram_with_a_demotion_queued(store)
         assert disk.contains([key(i) for i in pages]) == [False] * 4
         queued = len(store._mover._queued)
-        closer = threading.Thread(target=drain_then_close, args=(store, 10.0))
-        closer.start()
-        wait_for(lambda: len(store._mover._queued) > queued)  # the drain's barrier, behind them
-        go.set()
-        closer.join(10)
-        assert not closer.is_alive()
+        # Ready once the drain's barrier is queued behind the demotion.
+        close_once(lambda: drain_then_close(store, 10.0), lambda: len(store._mover._queued) > queued, go)
     finally:
         go.set()
         store.close()
@@ -343,12 +350,7 @@ def test_close_without_a_drain_drops_the_queued_demotions(tmp_path: Path, caplog
     try:
         pages = fill_dram_with_a_demotion_queued(store)
         caplog.set_level("INFO", logger="mooncake_sgl.store.tiered_store")
-        closer = threading.Thread(target=store.close)
-        closer.start()
-        wait_for(lambda: store._mover.counters["dropped"] > 0)  # then it waits for the parked task
-        go.set()
-        closer.join(10)
-        assert not closer.is_alive()
+        close_once(store.close, lambda: store._mover.counters["dropped"] > 0, go)
     finally:
         go.set()
         store.close()
@@ -365,12 +367,7 @@ def test_a_drain_that_times_out_says_so_and_close_still_completes(tmp_path: Path
         assert store.drain(0.2) is False
         assert time.monotonic() - t0 < 5
         caplog.set_level("INFO", logger="mooncake_sgl.store.tiered_store")
-        closer = threading.Thread(target=drain_then_close, args=(store, 0.2))
-        closer.start()
-        wait_for(lambda: store._mover.counters["dropped"] > 0)
-        go.set()  # the task the drains waited behind ends only now; close waits for a running task
-        closer.join(10)
-        assert not closer.is_alive()
+        close_once(lambda: drain_then_close(store, 0.2), lambda: store._mover.counters["dropped"] > 0, go)
         # The headroom task was dropped; the drains' barriers are no tasks.
         assert "closed with 1 placement tasks still queued" in caplog.text
     finally:

@@ -1,6 +1,7 @@
-"""``AnnouncerReport``: what the router announcer (``router_events.Announcer``) reports as the
-``router_events`` section of the store's ``stats()``. A module of its own, importing nothing of
-SGLang (``router_events`` does), so the exporter and the counter-file readers can read it."""
+"""``AnnouncerReport``: what the router announcer (``hicache.router_events.Announcer``) reports as
+the ``router_events`` section of the store's ``stats()``. Here, beside its readers (the exporter and
+the counter-file readers), rather than beside the announcer: ``hicache`` imports SGLang and sits
+above ``metrics``, which must not import it."""
 
 from __future__ import annotations
 
