@@ -37,7 +37,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     disabled_l3_layout,
 )
 
-from ..api import PageKey, TierKind
+from ..api import PageKey, PageView, TierKind
 from ..builtin_config import wait_for_store_server
 from ..config_sources import resolve_config
 from ..failure_log import FailureLog
@@ -356,7 +356,9 @@ class MooncakeSglStorage(HiCacheStorage):
         where = self._rejudged(kv, keys)
         done = self._first_read(kv, where, len(keys))
         read_at = time.perf_counter()
-        ok = page_objects.move_pages(self._store, kv, keys[:done], pages[:done], None, write=False)
+        ok, stalled = self._read_first(kv, where, keys[:done], pages[:done])
+        if stalled:
+            done = len(keys)  # the rest is given up: SGLang computes it
         while done < len(keys) and all(ok):
             # Judged again after each read, in doubling steps until the reading so far is long
             # enough to judge the disk by (a throttle's or a cache's burst makes one page look fast).
@@ -391,6 +393,27 @@ class MooncakeSglStorage(HiCacheStorage):
         assert self._gate is not None
         objects = self._gate.first_read(where)
         return npages if objects >= len(where) else -(-objects // kv.parts)
+
+    def _read_first(self, kv: page_objects.PoolObjects, where: list[int], keys: list[str],
+                    pages: list[PageView]) -> tuple[list[bool], bool]:
+        """The first read of a hit, and whether it stalled. Where the gate judges the hit again
+        (``where``), its last page (the one in a tier that may have turned slow) is given up after
+        the gate's ``give_up_after``, so a tier that stalls costs a fraction of recomputing the hit;
+        the pages before it, in tiers read lately that do not turn slow, are read as usual."""
+        limit = None
+        if where:
+            assert self._gate is not None and self._geometry is not None
+            limit = self._gate.give_up_after(len(where), self._geometry.page_size / kv.parts)
+        if limit is None:
+            return page_objects.move_pages(self._store, kv, keys, pages, None, write=False), False
+        ok = page_objects.move_pages(self._store, kv, keys[:-1], pages[:-1], None, write=False)
+        if not all(ok):
+            return ok, False
+        last = page_objects.read_within(self._store, kv, keys[-1:], pages[-1:], limit)
+        if last is None:
+            self._gate.gave_up(where[len(ok) * kv.parts:])
+            return ok, True
+        return ok + last, False
 
     def _still_worth(self, kv: page_objects.PoolObjects, where: list[int], npages: int,
                      first_nbytes: int, first_seconds: float) -> int:

@@ -8,8 +8,8 @@ The KV pool (``batch_*_v1``, legacy ``batch_get``/``batch_set``) and each sideca
 (``batch_*_v2``) differ only in their ``PoolObjects``: how a page is cut (whole, head groups, or
 KV-page-sized parts) and its namespace.
 
-This module touches the store through ``get_into``/``put_from`` only; which sidecars a hybrid
-model has and which prefixes they restore are ``sidecars``' business.
+This module touches the store through ``get_into``/``get_into_within``/``put_from`` only; which
+sidecars a hybrid model has and which prefixes they restore are ``sidecars``' business.
 """
 
 from __future__ import annotations
@@ -147,5 +147,21 @@ def move_pages(store: TieredStore, objects: PoolObjects, hashes: Sequence[str],
         ok = store.put_from(keys, views, part_key(objects, prior))
     else:
         ok = store.get_into(keys, views)
-    ok = [bool(x) for x in (ok or [])][:len(keys)]
-    return objects.present_pages(ok + [False] * (len(keys) - len(ok)))
+    return _pages_moved(objects, ok, len(keys))
+
+
+def read_within(store: TieredStore, objects: PoolObjects, hashes: Sequence[str],
+                pages: Sequence[PageView], seconds: float) -> list[bool] | None:
+    """``move_pages``' read, given up after ``seconds`` (``None``: nothing was written into
+    ``pages``, and nothing will be)."""
+    if objects.logical:
+        return [True] * len(hashes)
+    keys = objects.keys(hashes)
+    ok = store.get_into_within(keys, objects.objects_of(pages), seconds)
+    return None if ok is None else _pages_moved(objects, ok, len(keys))
+
+
+def _pages_moved(objects: PoolObjects, ok: Sequence[bool] | None, nkeys: int) -> list[bool]:
+    """Per page, whether every object of it moved, from the store's answer per object."""
+    moved = [bool(x) for x in (ok or [])][:nkeys]
+    return objects.present_pages(moved + [False] * (nkeys - len(moved)))

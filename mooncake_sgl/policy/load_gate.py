@@ -30,7 +30,9 @@ through the first object in a tier whose reads can turn slow from one call to th
 (``volatile``: a disk, a link) or which has not been read for ``STALE_S``, and ``admit_rest``
 judges the rest with that read's evidence. A disk or link that turned slow since the lookup costs
 one object's read, not the whole hit's; the pages given up are reported missing to SGLang, which
-loads the leading run it got and computes the rest.
+loads the leading run it got and computes the rest. That first read itself waits at most
+``give_up_after`` (a tenth of the hit's recompute time): a tier that stalls on it costs the request
+that much, and the read's own ``PagesRead``, when it ends, tells the gate what the tier does now.
 
 Policy only: it moves no bytes and reads no tier. Thread context: events arrive on whichever
 thread delivers them, ``admit`` runs on SGLang's storage threads; one lock guards the state.
@@ -68,6 +70,12 @@ STALE_S = _READ_HALF_LIFE_S
 # A first read (``first_read``) this long is past what a busy host's scheduling adds to a healthy
 # read, so its own rate judges the rest of the hit (``admit_rest``).
 SLOW_FIRST_READ_S = 0.01
+# A hit's first read that has not answered within this share of the time its pages recompute in is
+# given up whole (``give_up_after``): a tier that stalls (a throttled disk's empty bucket, a link
+# retransmitting) costs a request at most about this much more than computing it would.
+GIVE_UP_SHARE = 0.1
+# ...but never sooner than this: what a busy host's scheduling can add to a healthy read.
+GIVE_UP_FLOOR_S = 0.005
 # A tier a hit was declined for is read one object at a time off the request path (``recheck``)
 # at most once per this many times that read's expected duration (and never within ``STALE_S``): a
 # slow disk spends at most about a tenth of its time on these reads.
@@ -287,6 +295,23 @@ class LoadGate:
                     return i + 1
             return len(tiers)
 
+    def give_up_after(self, objects: int, object_tokens: float) -> float | None:
+        """Seconds the ``first_read`` of a hit of ``objects`` page objects may wait before the whole
+        hit is given up (``gave_up``); ``None`` while no prefill rate is known (nothing is judged)."""
+        with self._lock:
+            per_token = self._learn_prefill()
+        if not per_token:
+            return None
+        return max(GIVE_UP_FLOOR_S, GIVE_UP_SHARE * objects * object_tokens * per_token)
+
+    def gave_up(self, tiers: Sequence[int]) -> None:
+        """A hit's first read passed ``give_up_after``: every object of it (their tiers ``tiers``)
+        is left for SGLang to compute, counted as abandoned."""
+        if tiers:
+            with self._lock:
+                self._abandon(tiers[0], len(tiers), "did not answer within a tenth of the time its "
+                              "hit recomputes in; the whole hit is left")
+
     def admit_rest(self, tiers: Sequence[int], object_nbytes: int, object_tokens: float,
                    first_nbytes: int = 0, first_seconds: float = 0.0) -> int:
         """How many of the objects left of a hit, after its ``first_read`` (``first_nbytes`` in
@@ -305,15 +330,18 @@ class LoadGate:
                 if object_tokens * per_token <= self._margin * object_nbytes * per_byte:
                     kept = 0
             if kept < n:
-                if not self._abandoned_lookups:
-                    logger.warning("mooncake_sgl: load gate: a hit's first page read from tier %s was "
-                                   "slower than recomputing the rest; its other pages are left for "
-                                   "SGLang to compute (SGLang logs them as pages it failed to retrieve); "
-                                   "counted in mooncake_sgl_gate_abandoned_lookups",
-                                   self._names[tiers[kept]])
-                self._abandoned_lookups += 1
-                self._abandoned += n - kept
+                self._abandon(tiers[kept], n - kept, "was slower than recomputing the rest; its other "
+                              "pages are left")
             return kept
+
+    def _abandon(self, tier: int, objects: int, why: str) -> None:
+        """Count a hit given up (in part); the caller holds the lock."""
+        if not self._abandoned_lookups:
+            logger.warning("mooncake_sgl: load gate: a hit's first page read from tier %s %s for SGLang "
+                           "to compute (SGLang logs them as pages it failed to retrieve); counted in "
+                           "mooncake_sgl_gate_abandoned_lookups", self._names[tier], why)
+        self._abandoned_lookups += 1
+        self._abandoned += objects
 
     def _worth(self, tiers: Sequence[int], object_nbytes: int, object_tokens: float,
                per_token: float) -> int:

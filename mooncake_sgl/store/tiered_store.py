@@ -47,6 +47,7 @@ from ..api import (
     TierReportError,
     page_nbytes,
 )
+from ..buffers import scatter
 from ..tally import Tally
 from .inline_mover import InlineMover
 from .mover import BackgroundMover, Mover
@@ -107,7 +108,7 @@ class TieredStore:
         self._residency = Residency(policy, calls.managed, clock,
                                     usage0.capacity_bytes if usage0 is not None else None)
         self._mover: Mover = BackgroundMover() if mover == "background" else InlineMover()
-        staging = staging or Staging()
+        staging = self._staging = staging or Staging()
         self._placer = Placer(calls, self._residency, self._mover, staging, room_wait)
         self._promoter = Promoter(calls, self._residency, self._placer, self._mover, staging)
         self._counters = Tally(LookupStats)
@@ -124,6 +125,8 @@ class TieredStore:
         self._prober: ThreadPoolExecutor | None = None  # ``probe_reads``, started at the first
         self._probing: set[int] = set()  # tiers with a probe read queued or running
         self._probing_lock = threading.Lock()
+        self._bounded: ThreadPoolExecutor | None = None  # ``get_into_within``, started at the first
+        self._bounded_lock = threading.Lock()
         self._seed_from_persistent_tiers()
 
     @property
@@ -233,6 +236,40 @@ class TieredStore:
             else:
                 self._promoter.promote(sk, sf, [pages[i] for i in slow], list(keys))
         return done
+
+    def get_into_within(self, keys: Sequence[PageKey], pages: Sequence[PageView],
+                        seconds: float) -> list[bool] | None:
+        """``get_into``, given up after ``seconds``: ``None`` then, and ``pages`` are left untouched
+        (the read goes on into staging memory and ends there; its ``PagesRead`` still tells what it
+        took). For a reader that would rather compute the pages than wait longer for a tier that
+        may have stalled: the destinations are never written after it has given up."""
+        if len(keys) != len(pages):
+            raise ValueError(f"{len(keys)} keys but {len(pages)} destination pages")
+        with self._bounded_lock:
+            if self._closed:
+                return None
+            if self._bounded is None:  # two: a read stuck in one tier leaves a worker for the next
+                self._bounded = ThreadPoolExecutor(2, "mooncake-sgl-bounded-read")
+            read = _BoundedRead()
+            future = self._bounded.submit(self._read_staged, keys, pages, read)
+        try:
+            future.result(seconds)
+        except TimeoutError:
+            pass
+        with read.lock:
+            read.given_up = read.ok is None
+            return read.ok
+
+    def _read_staged(self, keys: Sequence[PageKey], pages: Sequence[PageView], read: _BoundedRead) -> None:
+        staged = self._staging.pages("bounded-read", [page_nbytes(p) for p in pages])
+        ok = self.get_into(keys, staged)
+        with read.lock:  # the reader waits here while the pages are copied out, then sees them
+            if read.given_up:
+                return
+            for src, dst, hit in zip(staged, pages, ok):
+                if hit:
+                    scatter(src[0], dst)
+            read.ok = ok
 
     def probe_reads(self, t: int, keys: Sequence[PageKey]) -> None:
         """Time a read of ``keys`` (up to ``PROBE_BYTES`` of them) from tier ``t`` into scratch
@@ -364,6 +401,10 @@ class TieredStore:
         self._closed = True
         if self._prober is not None:
             self._prober.shutdown(wait=True)
+        with self._bounded_lock:  # no bounded read starts once the store is closed
+            bounded, self._bounded = self._bounded, None
+        if bounded is not None:
+            bounded.shutdown(wait=True)  # a read given up still runs in a tier: let it end first
         dropped = self._mover.close()
         if dropped:
             logger.info("mooncake_sgl: store closed with %d placement tasks still queued; dropped "
@@ -427,3 +468,15 @@ class TieredStore:
             if keys:
                 self._residency.inserted(t, keys, sizes, None)
                 logger.info("tier %s: %d pages found at start", tier.name, len(keys))
+
+
+class _BoundedRead:
+    """One ``get_into_within``: the pages read (``ok``, set once they are in their destinations), or
+    ``given_up`` by the reader first; whichever comes first under ``lock`` wins."""
+
+    __slots__ = ("lock", "ok", "given_up")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ok: list[bool] | None = None
+        self.given_up = False

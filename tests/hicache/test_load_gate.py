@@ -116,12 +116,35 @@ def test_a_hit_whose_disk_turned_slow_is_given_up_after_its_first_page(make_back
     computes(scheduler, 4096, 1e-3, backend, keys)  # 16 ms a page: the tier's hits are worth loading
     assert backend.batch_exists(keys) == PAGES
     old_evidence(monkeypatch)
+    monkeypatch.setattr(load_gate, "GIVE_UP_SHARE", 100.0)  # the first read is waited for whole
     calls = slowed(backend, monkeypatch, 0.05)  # 50 ms to read a page now
     assert backend.batch_get_v1(keys, pool.alloc(PAGES * PAGE)) == [True] + [False] * (PAGES - 1)
     assert calls == [1]  # the rest was never read
     counters = gate_counters(store_stats(backend)["load_gate"])
     assert (counters["gate_abandoned_lookups"], counters["gate_abandoned_pages"]) == (1, PAGES - 1)
     assert backend.batch_exists(keys) == 0  # and the next lookup declines the hit up front
+
+
+def test_a_first_read_that_stalls_is_given_up_whole_and_never_lands_in_sglangs_pages(
+        make_backend, tmp_path, scheduler, monkeypatch) -> None:
+    backend, pool = make_backend("mha", "page_first", extra=lmdb_only(tmp_path))
+    keys = stored_in(backend, pool)
+    computes(scheduler, 4096, 1e-3, backend, keys)  # 16 ms a page: give up after 12.8 ms
+    assert backend.batch_exists(keys) == PAGES
+    old_evidence(monkeypatch)
+    calls = slowed(backend, monkeypatch, 1.0)  # the disk stalls for a second
+    dst = pool.alloc(PAGES * PAGE)
+    pools.fill_random(pool, dst, seed=99)
+    before = pools.page_bytes(pool, dst)
+    t0 = time.monotonic()
+    assert backend.batch_get_v1(keys, dst) == [False] * PAGES
+    assert time.monotonic() - t0 < 0.5  # not the second the read takes
+    counters = gate_counters(store_stats(backend)["load_gate"])
+    assert (counters["gate_abandoned_lookups"], counters["gate_abandoned_pages"]) == (1, PAGES)
+    time.sleep(1.5)  # the read given up ends meanwhile, into staging memory only
+    assert calls == [1]
+    assert pools.page_bytes(pool, dst) == before  # SGLang may have handed these slots on
+    assert backend.batch_exists(keys) == 0  # its own time told the gate what the disk does now
 
 
 def test_a_hit_whose_first_page_read_fast_is_read_whole(make_backend, tmp_path, scheduler,

@@ -217,3 +217,18 @@ def test_the_per_tier_counts_of_the_store_s_parts_never_share_a_name() -> None:
     names = [f.name for shape in (TierReadStats, TierPlacementStats, TierPromotionStats)
              for f in fields(shape)]
     assert len(names) == len(set(names))
+
+
+def test_a_read_within_time_lands_every_segment_of_the_pages_it_found(store: TieredStore) -> None:
+    pages = put(store, range(6))  # beyond DRAM: some come from LMDB, through staging memory
+    outs = {i: empty_like(p) for i, p in pages.items()}
+    ok = store.get_into_within([key(i) for i in [*outs, 99]], [*outs.values(), empty_like(pages[0])], 30.0)
+    assert ok == [True] * 6 + [False]
+    assert all(same(pages[i], out) for i, out in outs.items())
+
+
+def test_a_closed_store_gives_a_read_within_time_up_at_once(tmp_path: Path) -> None:
+    s = TieredStore([host(4)], LruPolicy(1))
+    pages = put(s, range(2))
+    s.close()
+    assert s.get_into_within([key(0)], [empty_like(pages[0])], 30.0) is None
