@@ -355,19 +355,21 @@ class MooncakeSglStorage(HiCacheStorage):
         pages = kv.pages(host_indices, len(keys))
         where = self._rejudged(kv, keys)
         done = self._first_read(kv, where, len(keys))
+        limit = self._give_up_after(kv, where)
         read_at = time.perf_counter()
-        ok, stalled = self._read_first(kv, where, keys[:done], pages[:done])
-        if stalled:
-            done = len(keys)  # the rest is given up: SGLang computes it
+        ok = page_objects.move_pages(self._store, kv, keys[:done - 1], pages[:done - 1], None, write=False)
+        if all(ok):  # the page in a tier that may have turned slow (all of them without a gate)
+            ok += self._read_within(kv, where, done - 1, done, keys, pages, limit)
         while done < len(keys) and all(ok):
             # Judged again after each read, in doubling steps until the reading so far is long
             # enough to judge the disk by (a throttle's or a cache's burst makes one page look fast).
             took, left = time.perf_counter() - read_at, len(keys) - done
             worth = self._still_worth(kv, where[done * kv.parts:], left, done * self._geometry.page_nbytes,
                                       took)
-            step = worth if worth < left or took >= SLOW_FIRST_READ_S else min(left, done)
-            ok += page_objects.move_pages(self._store, kv, keys[done:done + step], pages[done:done + step],
-                                          None, write=False)
+            doubling = worth >= left and took < SLOW_FIRST_READ_S
+            step = min(left, done) if doubling else worth
+            # A doubling step is bounded as the first read is; the rest, once judged worth it, is not.
+            ok += self._read_within(kv, where, done, done + step, keys, pages, limit if doubling else None)
             done += step
             if step < left and step == worth:
                 break  # the rest is given up
@@ -394,26 +396,26 @@ class MooncakeSglStorage(HiCacheStorage):
         objects = self._gate.first_read(where)
         return npages if objects >= len(where) else -(-objects // kv.parts)
 
-    def _read_first(self, kv: page_objects.PoolObjects, where: list[int], keys: list[str],
-                    pages: list[PageView]) -> tuple[list[bool], bool]:
-        """The first read of a hit, and whether it stalled. Where the gate judges the hit again
-        (``where``), its last page (the one in a tier that may have turned slow) is given up after
-        the gate's ``give_up_after``, so a tier that stalls costs a fraction of recomputing the hit;
-        the pages before it, in tiers read lately that do not turn slow, are read as usual."""
-        limit = None
-        if where:
-            assert self._gate is not None and self._geometry is not None
-            limit = self._gate.give_up_after(len(where), self._geometry.page_size / kv.parts)
+    def _give_up_after(self, kv: page_objects.PoolObjects, where: list[int]) -> float | None:
+        """How long a read of a hit the gate judges again (``where``) may wait in a tier that may
+        have turned slow before the rest of the hit is given up; ``None``: no bound."""
+        if not where:
+            return None
+        assert self._gate is not None and self._geometry is not None
+        return self._gate.give_up_after(len(where), self._geometry.page_size / kv.parts)
+
+    def _read_within(self, kv: page_objects.PoolObjects, where: list[int], lo: int, hi: int,
+                     keys: list[str], pages: list[PageView], limit: float | None) -> list[bool]:
+        """Pages ``lo:hi`` of the hit read; within ``limit`` seconds, or none of them (then, a tier
+        that stalled, the rest of the hit is counted as given up: the reader stops at a miss)."""
         if limit is None:
-            return page_objects.move_pages(self._store, kv, keys, pages, None, write=False), False
-        ok = page_objects.move_pages(self._store, kv, keys[:-1], pages[:-1], None, write=False)
-        if not all(ok):
-            return ok, False
-        last = page_objects.read_within(self._store, kv, keys[-1:], pages[-1:], limit)
-        if last is None:
-            self._gate.gave_up(where[len(ok) * kv.parts:])
-            return ok, True
-        return ok + last, False
+            return page_objects.move_pages(self._store, kv, keys[lo:hi], pages[lo:hi], None, write=False)
+        ok = page_objects.read_within(self._store, kv, keys[lo:hi], pages[lo:hi], limit)
+        if ok is None:
+            assert self._gate is not None
+            self._gate.gave_up(where[lo * kv.parts:])
+            return [False] * (hi - lo)
+        return ok
 
     def _still_worth(self, kv: page_objects.PoolObjects, where: list[int], npages: int,
                      first_nbytes: int, first_seconds: float) -> int:

@@ -30,9 +30,10 @@ through the first object in a tier whose reads can turn slow from one call to th
 (``volatile``: a disk, a link) or which has not been read for ``STALE_S``, and ``admit_rest``
 judges the rest with that read's evidence. A disk or link that turned slow since the lookup costs
 one object's read, not the whole hit's; the pages given up are reported missing to SGLang, which
-loads the leading run it got and computes the rest. That first read itself waits at most
-``give_up_after`` (a tenth of the hit's recompute time): a tier that stalls on it costs the request
-that much, and the read's own ``PagesRead``, when it ends, tells the gate what the tier does now.
+loads the leading run it got and computes the rest. That first read, and each small step after it
+until the reading can be judged, waits at most ``give_up_after`` (a tenth of the hit's recompute
+time): a tier that stalls costs the request about that much, and the read's own ``PagesRead``,
+when it ends, tells the gate what the tier does now.
 
 Policy only: it moves no bytes and reads no tier. Thread context: events arrive on whichever
 thread delivers them, ``admit`` runs on SGLang's storage threads; one lock guards the state.
@@ -305,12 +306,12 @@ class LoadGate:
         return max(GIVE_UP_FLOOR_S, GIVE_UP_SHARE * objects * object_tokens * per_token)
 
     def gave_up(self, tiers: Sequence[int]) -> None:
-        """A hit's first read passed ``give_up_after``: every object of it (their tiers ``tiers``)
-        is left for SGLang to compute, counted as abandoned."""
+        """A read of a hit passed ``give_up_after``: the objects not read yet (their tiers
+        ``tiers``) are left for SGLang to compute, counted as abandoned."""
         if tiers:
             with self._lock:
-                self._abandon(tiers[0], len(tiers), "did not answer within a tenth of the time its "
-                              "hit recomputes in; the whole hit is left")
+                self._abandon(tiers[0], len(tiers), "a read did not answer within a tenth of the time "
+                              "the hit recomputes in; the pages not read yet are left")
 
     def admit_rest(self, tiers: Sequence[int], object_nbytes: int, object_tokens: float,
                    first_nbytes: int = 0, first_seconds: float = 0.0) -> int:
@@ -330,14 +331,14 @@ class LoadGate:
                 if object_tokens * per_token <= self._margin * object_nbytes * per_byte:
                     kept = 0
             if kept < n:
-                self._abandon(tiers[kept], n - kept, "was slower than recomputing the rest; its other "
-                              "pages are left")
+                self._abandon(tiers[kept], n - kept, "its first pages read slower than recomputing the "
+                              "rest; the other pages are left")
             return kept
 
     def _abandon(self, tier: int, objects: int, why: str) -> None:
         """Count a hit given up (in part); the caller holds the lock."""
         if not self._abandoned_lookups:
-            logger.warning("mooncake_sgl: load gate: a hit's first page read from tier %s %s for SGLang "
+            logger.warning("mooncake_sgl: load gate: reading a hit from tier %s, %s for SGLang "
                            "to compute (SGLang logs them as pages it failed to retrieve); counted in "
                            "mooncake_sgl_gate_abandoned_lookups", self._names[tier], why)
         self._abandoned_lookups += 1

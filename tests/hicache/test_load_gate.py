@@ -147,6 +147,34 @@ def test_a_first_read_that_stalls_is_given_up_whole_and_never_lands_in_sglangs_p
     assert backend.batch_exists(keys) == 0  # its own time told the gate what the disk does now
 
 
+def test_a_disk_whose_burst_let_the_first_page_through_stalls_the_next_step_no_longer(
+        make_backend, tmp_path, scheduler, monkeypatch) -> None:
+    # A throttle's allowance lets one page through at once; the next read waits for the bucket.
+    backend, pool = make_backend("mha", "page_first", extra=lmdb_only(tmp_path))
+    keys = stored_in(backend, pool)
+    computes(scheduler, 4096, 1e-3, backend, keys)  # 16 ms a page: give up after 12.8 ms
+    assert backend.batch_exists(keys) == PAGES
+    old_evidence(monkeypatch)
+    never_long(monkeypatch)
+    tier = backend._store.tiers[0]
+    inner, calls = tier.get_into, []
+
+    def burst_then_stall(keys, pages):
+        calls.append(len(keys))
+        if len(calls) > 1:
+            time.sleep(1.0)
+        return inner(keys, pages)
+
+    monkeypatch.setattr(tier, "get_into", burst_then_stall)
+    t0 = time.monotonic()
+    assert backend.batch_get_v1(keys, pool.alloc(PAGES * PAGE)) == [True] + [False] * (PAGES - 1)
+    assert time.monotonic() - t0 < 0.5
+    counters = gate_counters(store_stats(backend)["load_gate"])
+    assert (counters["gate_abandoned_lookups"], counters["gate_abandoned_pages"]) == (1, PAGES - 1)
+    time.sleep(1.2)  # let the read given up end before the tier closes
+    assert calls == [1, 1]
+
+
 def test_a_hit_whose_first_page_read_fast_is_read_whole(make_backend, tmp_path, scheduler,
                                                         monkeypatch) -> None:
     backend, pool = make_backend("mha", "page_first", extra=lmdb_only(tmp_path))
