@@ -31,8 +31,7 @@ class Ledger:
         self._pages: list[dict[PageKey, int]] = []
         self._views: list[Mapping[PageKey, int]] = []
         self._used: list[int] = []
-        self._held: frozenset[PageKey] = frozenset()
-        self._held_bytes: list[int] = []
+        self._held: AbstractSet[PageKey] = frozenset()
         policy.bind(self)
 
     def __getattr__(self, name: str) -> Any:
@@ -52,8 +51,9 @@ class Ledger:
         return self._held
 
     def held_bytes(self, tier: int) -> int:
-        self._grow(tier)
-        return self._held_bytes[tier]
+        # Counted when asked: holds last one ``victims`` call here, which asks once for its tier.
+        pages = self.pages(tier)
+        return sum(n for k in self._held if (n := pages.get(k)) is not None) if self._held else 0
 
     # ------------------------------------------------------------------ events that change the record
 
@@ -80,17 +80,11 @@ class Ledger:
     def victims(self, tier: int, nbytes: int, protected: AbstractSet[PageKey] = frozenset()
                 ) -> list[PageKey] | None:
         """The policy's victims, ``protected`` held meanwhile (as the store holds a move's pages)."""
-        self._grow(tier)
-        if protected:
-            self._held = frozenset(protected)
-            for t, pages in enumerate(self._pages):
-                self._held_bytes[t] = sum(n for k in self._held if (n := pages.get(k)) is not None)
+        self._held = protected
         try:
             chosen = self.policy.victims(tier, nbytes)
         finally:
-            if protected:
-                self._held = frozenset()
-                self._held_bytes[:] = [0] * len(self._held_bytes)
+            self._held = frozenset()
         if chosen:
             self._grow(tier)
             pages = self._pages[tier]
@@ -109,4 +103,3 @@ class Ledger:
             self._pages.append(pages)
             self._views.append(MappingProxyType(pages))
             self._used.append(0)
-            self._held_bytes.append(0)
