@@ -357,9 +357,11 @@ class MooncakeSglStorage(HiCacheStorage):
         done = self._first_read(kv, where, len(keys))
         limit = self._give_up_after(kv, where)
         read_at = time.perf_counter()
-        ok = page_objects.move_pages(self._store, kv, keys[:done - 1], pages[:done - 1], None, write=False)
-        if all(ok):  # the page in a tier that may have turned slow (all of them without a gate)
-            ok += self._read_within(kv, where, done - 1, done, keys, pages, limit)
+        # Bounded, only the page in the tier that may have turned slow; otherwise one call for all.
+        split = done - 1 if limit is not None else 0
+        ok = page_objects.move_pages(self._store, kv, keys[:split], pages[:split], None, write=False)
+        if all(ok):
+            ok += self._read_within(kv, where, split, done, keys, pages, limit)
         while done < len(keys) and all(ok):
             # Judged again after each read, in doubling steps until the reading so far is long
             # enough to judge the disk by (a throttle's or a cache's burst makes one page look fast).

@@ -104,9 +104,16 @@ def slowed(backend, monkeypatch, seconds_per_call: float) -> list[int]:
 
 
 def never_long(monkeypatch) -> None:
-    """No read of the test is long enough to judge the disk by: on a loaded host a fast read can
-    take 10 ms, which would end the doubling steps the test counts."""
+    """No read of the test is long enough to judge the disk by: on a loaded host a fast read, handed
+    to the store's reader thread, can take 100 ms, which would end the doubling steps the test
+    counts."""
     monkeypatch.setattr(backend_module, "SLOW_FIRST_READ_S", 60.0)
+    monkeypatch.setattr(load_gate, "SLOW_FIRST_READ_S", 60.0)
+
+
+def never_given_up(monkeypatch) -> None:
+    """Nor long enough to be given up."""
+    monkeypatch.setattr(load_gate, "GIVE_UP_SHARE", 100.0)
 
 
 def test_a_hit_whose_disk_turned_slow_is_given_up_after_its_first_page(make_backend, tmp_path, scheduler,
@@ -184,6 +191,7 @@ def test_a_hit_whose_first_page_read_fast_is_read_whole(make_backend, tmp_path, 
     old_evidence(monkeypatch)
     calls = slowed(backend, monkeypatch, 0.0)
     never_long(monkeypatch)
+    never_given_up(monkeypatch)
     dst = pool.alloc(PAGES * PAGE)
     assert backend.batch_get_v1(keys, dst) == [True] * PAGES
     assert calls == [1, 1, 2, 4]  # one page first, then doubling: each read too short to judge by
@@ -199,6 +207,7 @@ def test_a_hit_in_the_ssd_tier_is_judged_again_after_its_first_page_however_fres
     assert backend.batch_exists(keys) == PAGES
     calls = slowed(backend, monkeypatch, 0.0)
     never_long(monkeypatch)
+    never_given_up(monkeypatch)
     assert backend.batch_get_v1(keys, pool.alloc(PAGES * PAGE)) == [True] * PAGES
     assert calls == [1, 1, 2, 4]
 
