@@ -19,10 +19,13 @@ prefetch policy, ``timeout``, waits for a slow load up to its deadline).
 Per phase: each request's TTFT over recompute's, how many were slower than 1.1x recompute, mean
 TTFT, the share of nogate's TTFT gain the gate kept, tokens served from storage, the gate's own
 counters, the load and prefill rate, and whether the greedy outputs agree. ``--json PATH`` writes
-every request.
+every request. ``--trace DIR`` also times the gate server's calls into the backend
+(``devtools/bench/prefetch_trace``): per request, when the backend had answered SGLang's lookup and
+reads, against the TTFT.
 
     python scripts/bench_load_gate.py                          # phases 0 and 2 MB/s, 6 requests each
     python scripts/bench_load_gate.py --rates 0,1 --requests 8 --json gate.json
+    python scripts/bench_load_gate.py --rates 0,2 --requests 3 --trace /tmp/gate-trace
 """
 
 from __future__ import annotations
@@ -42,9 +45,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+TRACER = ROOT / "devtools" / "bench" / "prefetch_trace"
 
 from devtools.bench.client import SglangClient  # noqa: E402
 from devtools.bench.console import log, run_script  # noqa: E402
+from devtools.bench.prefetch_timeline import load as load_trace  # noqa: E402
 from devtools.bench.server import (  # noqa: E402
     LaunchedServer,
     free_port,
@@ -124,11 +129,12 @@ def phase(rate: float, n: int, clients: dict[str, SglangClient], disk: throttled
         row: dict[str, Any] = {"rate_mbps": rate, "request": i, "load": os.getloadavg()[0]}
         outputs = {}
         for v in order:
+            sent = time.time()
             res = clients[v].generate(req)
             if res.error:
                 raise RuntimeError(f"{v}: {res.error}")
             row[v] = {"ttft_s": res.ttft_s, "storage_tokens": res.storage_tokens,
-                      "cached_tokens": res.cached_tokens}
+                      "cached_tokens": res.cached_tokens, "sent_at": sent}
             outputs[v] = res.output_ids
         row["outputs_equal"] = len({tuple(o) for o in outputs.values()}) == 1
         ref = row["recompute"]["ttft_s"]
@@ -160,6 +166,24 @@ def summary(rows: list[dict[str, Any]], doc_tokens: int) -> dict[str, Any]:
     return out
 
 
+def backend_answers(phases: list[dict[str, Any]], trace: Path) -> str:
+    """Per gate request, when the backend had answered (its last call within the TTFT ended), from
+    the server's trace; the rest of the TTFT is SGLang's."""
+    calls = [e for e in load_trace(trace) if e["kind"] in ("exists", "get")]
+    lines = ["gate server, per request: TTFT, and when the backend's calls within it had answered"]
+    for p in phases:
+        for r in p["requests"]:
+            g = r["gate"]
+            t0, t1 = g["sent_at"], g["sent_at"] + g["ttft_s"]
+            mine = [e for e in calls if t0 <= e["start"] <= t1]
+            answered = max((e["start"] + e["seconds"] - t0 for e in mine), default=0.0)
+            g["backend_answered_s"] = answered
+            spent = ", ".join(f"{e['kind']} {e['seconds'] * 1e3:.1f} ms ({e['pages']} pages)" for e in mine)
+            lines.append(f"  {p['rate_mbps']:g} MB/s #{r['request'] + 1}: TTFT {g['ttft_s']:.3f} s, "
+                         f"answered at {answered:.3f} s: {spent or 'no call'}")
+    return "\n".join(lines)
+
+
 def table(phases: list[dict[str, Any]]) -> str:
     lines = [f"{'read limit':>10}{'load':>6}{'prefill tok/s':>14}  {'variant':<10}{'TTFT mean':>10}"
              f"{'x recompute':>12}{'slower':>8}{'from storage':>13}"]
@@ -188,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--health-timeout", type=float, default=600.0)
     p.add_argument("--json", type=Path, help="write every phase and request here")
+    p.add_argument("--trace", type=Path, metavar="DIR", help="time the gate server's backend calls here")
     args = p.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
     why = throttled.unavailable()
@@ -207,9 +232,16 @@ def main(argv: list[str] | None = None) -> int:
                     # An explicit host pool: SGLang's automatic size refuses a busy host.
                     extra = ("--enable-metrics", "--max-total-tokens", str(4 * args.doc_tokens),
                              *(() if v == "recompute" else ("--hicache-ratio", "2.0")))
+                    env = {"XDG_CACHE_HOME": str(work / "cache")}
+                    if args.trace and v == "gate":
+                        args.trace.mkdir(parents=True, exist_ok=True)
+                        for stale in args.trace.glob("gate.jsonl.*"):  # an earlier run's
+                            stale.unlink()
+                        env |= {"PYTHONPATH": os.pathsep.join((str(TRACER), str(ROOT))),
+                                "MOONCAKE_SGL_PREFETCH_TRACE": str(args.trace / "gate.jsonl")}
                     servers[v] = LaunchedServer(lambda port, a=variant, e=extra: launch_command(
                         str(model), port, a, cpu=cpu, extra=e), free_port(), work / f"{v}.log",
-                        args.health_timeout, env=server_env(cpu, {"XDG_CACHE_HOME": str(work / "cache")}))
+                        args.health_timeout, env=server_env(cpu, env))
                     servers[v].start()
                 clients = {v: SglangClient(s.url, timeout_s=600) for v, s in servers.items()}
                 phases = [phase(rate, args.requests, clients, disk, args) for rate in rates]
@@ -220,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
           "backed up, flushed from SGLang's caches and the page cache, and sent again; the SSD tier "
           "is the only storage tier; 'slower': requests over 1.1x recompute's TTFT")
     print(table(phases))
+    if args.trace:
+        print(backend_answers(phases, args.trace / "gate.jsonl"))
     if args.json:
         args.json.write_text(json.dumps({"phases": phases, "doc_tokens": args.doc_tokens}, indent=1))
     return 0
