@@ -89,6 +89,17 @@ def old_evidence(monkeypatch) -> None:
     monkeypatch.setattr(load_gate, "_READ_HALF_LIFE_S", 1e-3)
 
 
+def judged_again(make_backend, tmp_path, scheduler, monkeypatch):
+    """An LMDB-only backend whose hit is admitted (16 ms a page to recompute: a read is given up
+    after 12.8 ms) and read again as if its evidence were old."""
+    backend, pool = make_backend("mha", "page_first", extra=lmdb_only(tmp_path))
+    keys = stored_in(backend, pool)
+    computes(scheduler, 4096, 1e-3, backend, keys)
+    assert backend.batch_exists(keys) == PAGES
+    old_evidence(monkeypatch)
+    return backend, pool, keys
+
+
 def slowed(backend, monkeypatch, seconds_per_call: float) -> list[int]:
     """The LMDB tier's disk turns slow: every read call waits first. Returns the pages per call."""
     tier = backend._store.tiers[0]
@@ -134,11 +145,7 @@ def test_a_hit_whose_disk_turned_slow_is_given_up_after_its_first_page(make_back
 
 def test_a_first_read_that_stalls_is_given_up_whole_and_never_lands_in_sglangs_pages(
         make_backend, tmp_path, scheduler, monkeypatch) -> None:
-    backend, pool = make_backend("mha", "page_first", extra=lmdb_only(tmp_path))
-    keys = stored_in(backend, pool)
-    computes(scheduler, 4096, 1e-3, backend, keys)  # 16 ms a page: give up after 12.8 ms
-    assert backend.batch_exists(keys) == PAGES
-    old_evidence(monkeypatch)
+    backend, pool, keys = judged_again(make_backend, tmp_path, scheduler, monkeypatch)
     calls = slowed(backend, monkeypatch, 1.0)  # the disk stalls for a second
     dst = pool.alloc(PAGES * PAGE)
     pools.fill_random(pool, dst, seed=99)
@@ -157,11 +164,7 @@ def test_a_first_read_that_stalls_is_given_up_whole_and_never_lands_in_sglangs_p
 def test_a_disk_whose_burst_let_the_first_page_through_stalls_the_next_step_no_longer(
         make_backend, tmp_path, scheduler, monkeypatch) -> None:
     # A throttle's allowance lets one page through at once; the next read waits for the bucket.
-    backend, pool = make_backend("mha", "page_first", extra=lmdb_only(tmp_path))
-    keys = stored_in(backend, pool)
-    computes(scheduler, 4096, 1e-3, backend, keys)  # 16 ms a page: give up after 12.8 ms
-    assert backend.batch_exists(keys) == PAGES
-    old_evidence(monkeypatch)
+    backend, pool, keys = judged_again(make_backend, tmp_path, scheduler, monkeypatch)
     never_long(monkeypatch)
     tier = backend._store.tiers[0]
     inner, calls = tier.get_into, []
