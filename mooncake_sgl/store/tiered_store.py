@@ -16,6 +16,9 @@ Request paths (SGLang's threads) do only their own pages' I/O:
 - ``get_into`` cascades: a batch is offered to tier 0, the keys it missed to tier 1, and so on. A
   page found in a slower tier is handed to the mover for promotion (dropped when the mover is
   backlogged).
+- ``get_into_within`` is ``get_into`` with a deadline: it runs on one of two reader threads into
+  staging memory, and the pages are copied out only if the caller still waits (the load gate's
+  bound on a tier that may have stalled).
 - ``put_from`` writes tier 0 and every slower tier the policy admits; shared tiers (a pool or the
   Mooncake Store, seen by other SGLang instances) are written at the same time as the local ones,
   not after them, so another instance can read a backed-up page as early as possible. It returns
