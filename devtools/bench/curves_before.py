@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from devtools.bench.policy_miniature import PolicyMiniature
 from mooncake_sgl.api import PageKey
 from mooncake_sgl.config import PolicyConfig
 from mooncake_sgl.policy.adaptive import AdaptivePolicy
 from mooncake_sgl.policy.curve import MULTIPLIERS, CurvePoint
 from mooncake_sgl.policy.experts import ArcExpert, Expert, LfuDaExpert, LirsExpert, LruExpert
 from mooncake_sgl.policy.heat import HeatPolicy
-from mooncake_sgl.policy.miniature import PolicyMiniature
 from mooncake_sgl.policy.shadow import ShadowCache, key_hash
 
 SHADOW_PAGES = 4096

@@ -28,16 +28,12 @@ variate), what the policy does better or worse than LRU remains.
 
 The models:
 
-- ``heat``: the policy itself (``miniature.PolicyMiniature``), fed the lookups and write-backs the
-  store would give it, with its own config and without a clock (the ``decay`` sketch and pin TTLs
-  do not advance); exact where the miniature is the whole tier. What heat sizes by its capacity
-  (sketch, ghosts, reuse watch) scales with ``R_m`` as the stream does; its leaves-first victim
-  pass does not: it takes at most one page per chain per pass (the chain's leaf), a chain of
-  ``n`` pages takes ``n`` passes to leave, and a sample holds chains of ``R_m * n`` pages, which
-  left ``1 / R_m`` times too fast (a tier's long one-off documents lingered less in the miniature
-  than in the tier, and heat's lead over LRU grew as the sample shrank). Sampled, a page is held
-  back from that pass as many times as its chain has pages after it before the next sampled one
-  (``SampledHeatPolicy``): its chain then leaves in as many passes as the whole chain would.
+- ``heat``: its own decisions (``heat_miniature.HeatMiniature``: heat's segments, links, sketch
+  and pins on one tier of one-page pages, fed the lookups and write-backs the store would give
+  the policy), with its own config and without a clock (the ``decay`` sketch and pin TTLs do not
+  advance); exact where the miniature is the whole tier. What heat sizes by its capacity (sketch,
+  ghosts) scales with ``R_m`` as the stream does; its leaves-first victim pass does not, and is
+  held back on samples as the tier's chains hold it (``HeatMiniature.owe``).
 - ``adaptive``: ``FollowTheLeader``, its four experts alone (the ARC, LIRS and LFU-DA its shadows
   run, and the control for its LRU), its election (``shadow.elect``, as its ``Tournament``), and
   per lookup the hits of the expert it follows. Three times cheaper than a miniature of the policy, whose
@@ -58,16 +54,14 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Container, Mapping, Sequence
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from ..api import PageKey, PlacementPolicy
+from ..api import PageKey
 from ..config import PolicyConfig
 from .experts import EXPERTS, ArcExpert, Expert, LfuDaExpert, LirsExpert, LruExpert
-from .heat import HeatPolicy
-from .miniature import PolicyMiniature
+from .heat_miniature import HeatMiniature
 from .shadow import (
     WINDOW_TURNOVERS,
     ShadowCache,
@@ -84,80 +78,10 @@ MULTIPLIERS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 # on a small tier. ``adaptive``'s 24 pages were within 1.7 points of exact replays on every
 # generated shape and cost three quarters of 32 (within 1.2); at 16 one shape missed by 2.3, at 8
 # by 3.9. The simulator's experts keep 32. Heat's, its leaves held back as the tier's chains hold
-# them (``SampledHeatPolicy``): 512 pages were within 1.5 points on every generated shape (4,096
+# them (``HeatMiniature.owe``): 512 pages were within 1.5 points on every generated shape (4,096
 # without it: 3.6 on one-off documents among conversations, at twice the cost on tiers of
 # thousands of pages); 256 within 1.8; 64 missed by 3.4 (agent contexts longer than the tier).
 MINIATURE_PAGES = {"heat": 512, "adaptive": 24, "arc": 32, "lirs": 32, "lfuda": 32}
-
-# Builds a policy for one tier of so many one-byte pages (a miniature's ``PolicyMiniature``), fed
-# a sample of the key space at a rate (1: the whole stream).
-PolicyFactory = Callable[..., PlacementPolicy]
-
-
-class _Owed:
-    """What ``HeatPolicy._pick`` reads as a tier's parents while it picks leaves first: the pages
-    with a resident child, and a leaf that still owes passes (``SampledHeatPolicy``), which pays
-    one each time a pass reaches it."""
-
-    __slots__ = ("kids", "owed")
-
-    def __init__(self, kids: Container[PageKey], owed: dict[PageKey, int]):
-        self.kids = kids
-        self.owed = owed
-
-    def __contains__(self, key: Any) -> bool:
-        if key in self.kids:
-            return True
-        owed = self.owed.get(key)
-        if owed:
-            self.owed[key] = owed - 1
-            return True
-        return False
-
-
-class SampledHeatPolicy(HeatPolicy):
-    """``heat`` as its miniature on a sample runs it: its own decisions, but a sampled leaf is held
-    back from the pass that takes leaves first (one page per chain: its leaf) for as many passes as
-    the tier's chain has unsampled pages below it (``owed``: set from each lookup by the curve).
-
-    The tier takes one page of a chain per such pass, so the chain's last sampled page is a leaf
-    there only once the pages after it have left; a sample holds a chain's sampled pages alone,
-    and without the debt its long one-off chains left the miniature ``1 / R`` times too fast
-    (heat's lead over LRU grew as the sample shrank: docs/capacity_curves.md)."""
-
-    def __init__(self, capacities: Sequence[int | None], config: PolicyConfig | None = None):
-        super().__init__(capacities, config)
-        self.owed: dict[PageKey, int] = {}  # sampled page -> passes it is still held back from
-
-    def _pick(self, seg: Any, sizes: Mapping[PageKey, int], nbytes: int,
-              held: AbstractSet[PageKey], chosen: dict[PageKey, bool], leaves_only: bool) -> int:
-        if not leaves_only or not self.owed:
-            return super()._pick(seg, sizes, nbytes, held, chosen, leaves_only)
-        kids = seg.kids  # not changed while victims are picked (pages leave after)
-        seg.kids = _Owed(kids, self.owed)
-        try:
-            return super()._pick(seg, sizes, nbytes, held, chosen, leaves_only)
-        finally:
-            seg.kids = kids
-
-    def _depart(self, state: Any, tier: int, key: PageKey) -> None:
-        self.owed.pop(key, None)
-        super()._depart(state, tier, key)
-
-
-def curve_policy(policy_name: str, config: PolicyConfig | None = None) -> PolicyFactory | None:
-    """How to build the miniature of ``heat`` with ``config`` (its defaults when ``None``) for a
-    tier of so many pages fed a sample at a rate (the policy itself at rate 1); ``None`` for the
-    other policies."""
-    if policy_name != "heat":
-        return None
-    config = config or PolicyConfig(name=policy_name)
-
-    def build(pages: int, rate: float = 1.0) -> PlacementPolicy:
-        return HeatPolicy([pages], config) if rate >= 1.0 else SampledHeatPolicy([pages], config)
-
-    return build
-
 
 @dataclass(frozen=True)
 class CurvePoint:
@@ -175,7 +99,7 @@ class CurvePoint:
 
 
 class _Model(Protocol):
-    """A policy on one sample of the key space (``PolicyMiniature``, ``ShadowCache``,
+    """A policy on one sample of the key space (``HeatMiniature``, ``ShadowCache``,
     ``FollowTheLeader``, ``LruMiniature``)."""
 
     def access(self, keys: Sequence[PageKey]) -> int: ...
@@ -312,7 +236,7 @@ class _Size:
     is the policy itself on the whole stream, LRU's miniature on the same sample."""
 
     __slots__ = ("multiplier", "pages", "rate", "threshold", "model", "control", "hits",
-                 "control_hits", "lookups", "_fed", "_heat", "owed")
+                 "control_hits", "lookups", "_fed", "_owes")
 
     def __init__(self, multiplier: float, pages: int, miniature_pages: int,
                  build: Build, exact: bool):
@@ -324,34 +248,17 @@ class _Size:
         self.control = None if exact and self.rate == 1.0 else LruMiniature(small)
         self.model = build(small, self.rate, self.control)
         self._fed = isinstance(self.model, FollowTheLeader)  # it feeds the control itself
-        # A sampled heat's passes owed by its leaves (``SampledHeatPolicy``), set from each lookup.
-        model = self.model
-        sampled_heat = (isinstance(model, PolicyMiniature)
-                        and isinstance(model.ledger.policy, SampledHeatPolicy))
-        self._heat = model if sampled_heat else None
-        self.owed: dict[PageKey, int] | None = model.ledger.policy.owed if sampled_heat else None
+        # A sampled heat's leaves are held back for the chain's pages it did not draw.
+        self._owes = isinstance(self.model, HeatMiniature) and self.model.owed is not None
         self.hits = self.control_hits = self.lookups = 0
 
     def access_drawn(self, keys: Sequence[PageKey], drawn: Sequence[int]) -> None:
-        """A lookup's pages at positions ``drawn`` (this size's sample, in chain order): each owes
-        the passes of the pages after it in the chain up to the next drawn one (the chain's end
-        for the last)."""
-        owed = self.owed
+        """A lookup's pages at positions ``drawn`` (this size's sample, in chain order)."""
         sampled = [keys[i] for i in drawn]
-        if owed is not None:
+        if self._owes:
             ends = [*drawn[1:], len(keys)]
-            for key, i, end in zip(sampled, drawn, ends):
-                if end - i > 1:
-                    owed[key] = end - i - 1
-                else:
-                    owed.pop(key, None)
+            self.model.owe(sampled, [end - i - 1 for i, end in zip(drawn, ends)])
         self.access(sampled)
-        heat = self._heat
-        if heat is not None and owed is not None and len(owed) > 2 * heat.capacity + 64:
-            # Pages a write could not make room for never departed: keep the resident ones' only.
-            held = heat.ledger.pages(0)
-            for key in [k for k in owed if k not in held]:
-                del owed[key]
 
     def access(self, keys: Sequence[PageKey]) -> None:
         self.hits += self.model.access(keys)
@@ -369,8 +276,9 @@ class _Size:
         return min(1.0, max(0.0, lru + (self.hits - self.control_hits) / self.lookups))
 
     def entries(self) -> int:
+        owed = self.model.owed if self._owes else None
         return (self.model.entries() + (self.control.entries() if self.control is not None else 0)
-                + (len(self.owed) if self.owed is not None else 0))
+                + (len(owed) if owed is not None else 0))
 
 
 def _evidence_scale(pages: int, rate: float) -> float:
@@ -390,9 +298,9 @@ Build = Callable[[int, float, "LruMiniature | None"], _Model]
 def _model(policy_name: str, config: PolicyConfig | None) -> tuple[Build, bool] | None:
     """How to build a policy's model for a miniature of so many pages at a sample rate, and whether
     it is the policy itself; ``None`` for the policies LRU's stack stands for."""
-    policy = curve_policy(policy_name, config)
-    if policy is not None:
-        return (lambda pages, rate, lru: PolicyMiniature(policy(pages, rate), pages)), True
+    if policy_name == "heat":
+        heat = config or PolicyConfig(name=policy_name)
+        return (lambda pages, rate, lru: HeatMiniature(pages, heat, sampled=rate < 1.0)), True
     if policy_name == "adaptive":
         def follow(pages: int, rate: float, lru: LruMiniature | None) -> _Model:
             assert lru is not None  # the model is not the policy: LRU's miniature is always beside it

@@ -54,7 +54,7 @@ with the adaptive policy; this module holds heat, the segments and the decisions
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import filterfalse
@@ -83,7 +83,14 @@ WATCH_LIMIT = 1 << 18
 WATCH_WINDOW = 1024
 
 
-class _Segments(TierState):
+def reached(heat: float, hits: int) -> bool:
+    """A page's heat (its sketch estimate) counts ``hits`` accesses. Half an access of slack: a
+    decayed count of two recent accesses is just under 2, and for integer counts the slack
+    changes nothing."""
+    return heat >= hits - 0.5
+
+
+class HeatSegments(TierState):
     """One tier: probation FIFO + main LRU, both ordered oldest first, with their ghost lists. Every
     value is ``None``: ``pop(key, 0) is None`` means "was there"; sizes are the record's."""
 
@@ -109,6 +116,89 @@ class _Segments(TierState):
         limit = max(64, GHOST_PER_PAGE * self.pages())
         while len(ghost) > limit:
             ghost.popitem(last=False)
+
+    def place(self, key: PageKey, nbytes: int, warm: Callable[[PageKey], bool]) -> None:
+        """``key`` arrived: into ``main`` when a ghost remembers it (moving the split, ARC's rule)
+        or ``warm`` says it was demanded before, else into ``probation``. Ghost values are
+        ``None``: ``pop(key, 0) is None`` means "was in that ghost"."""
+        if self.ghost_probation.pop(key, 0) is None:
+            self.ghost_hits_probation += 1
+            self.adapt(nbytes, grow=True)
+            into_main = True
+        elif self.ghost_main.pop(key, 0) is None:
+            self.ghost_hits_main += 1
+            self.adapt(nbytes, grow=False)
+            into_main = True
+        else:
+            into_main = warm(key)
+        if into_main:
+            self.main[key] = None
+        else:
+            self.probation[key] = None
+            self.used_probation += nbytes
+
+    def referenced(self, key: PageKey, sizes: Mapping[PageKey, int]) -> None:
+        """A hit on ``key``: reuse proven, out of probation into ``main``; in ``main``, most recent."""
+        if self.probation.pop(key, 0) is None:
+            self.used_probation -= sizes[key]
+            self.main[key] = None
+        elif key in self.main:
+            self.main.move_to_end(key)
+
+    def evict(self, key: PageKey, from_probation: bool, nbytes: int) -> None:
+        """A victim ``pick`` chose leaves its segment for that segment's ghost."""
+        if from_probation:
+            del self.probation[key]
+            self.used_probation -= nbytes
+            self.remember(self.ghost_probation, key)
+        else:
+            del self.main[key]
+            self.remember(self.ghost_main, key)
+
+    def pick(self, sizes: Mapping[PageKey, int], nbytes: int, held: AbstractSet[PageKey],
+             pinned: Callable[[PageKey], bool], chosen: dict[PageKey, bool],
+             walk_past: Sequence[Callable[[PageKey], bool]] = ()) -> int:
+        """Walk both segments oldest first, taking from probation while it is over its target,
+        until ``nbytes`` are chosen (``chosen``: victim -> from probation); returns the bytes.
+        ``walk_past`` (a leaves-first pass: ``kids.__contains__``, then any other test): the pages
+        it skips, each test asked only of the pages the ones before it let through. Skipped pages
+        keep their place (no rotation), so a parent is walked past on every call: a tier's old
+        shared prefixes gather at the head of its segments. ``kids.__contains__`` filters them out
+        in C; walked in Python, they were most of a small tier's eviction work (about 2 us each, on
+        every call)."""
+        over = self.used_probation - self.target
+        freed = 0
+        prob, main = iter(self.probation), iter(self.main)
+        for skip in walk_past:
+            prob, main = filterfalse(skip, prob), filterfalse(skip, main)
+        prob_left = main_left = True
+        while freed < nbytes and (prob_left or main_left):
+            from_probation = prob_left and (over > 0 or not main_left)
+            try:
+                key = next(prob if from_probation else main)
+            except StopIteration:
+                if from_probation:
+                    prob_left = False
+                else:
+                    main_left = False
+                continue
+            n = sizes.get(key)
+            if n is None or key in chosen or key in held or pinned(key):
+                continue  # only the record's pages can be victims
+            chosen[key] = from_probation
+            freed += n
+            if from_probation:
+                over -= n
+        return freed
+
+    def adapt(self, nbytes: int, grow: bool) -> None:
+        """ARC's rule: move the probation target by one page, more when the other ghost is larger."""
+        if not self.capacity:
+            return
+        gp, gm = len(self.ghost_probation) + 1, len(self.ghost_main) + 1
+        step = nbytes * (max(1.0, gm / gp) if grow else max(1.0, gp / gm))
+        target = self.target + step if grow else self.target - step
+        self.target = min(MAX_PROBATION * self.capacity, max(MIN_PROBATION * self.capacity, target))
 
 
 class _ReuseWatch:
@@ -187,11 +277,11 @@ class HeatPolicy(ChainedPolicy):
     """
 
     name = "heat"
-    _tiers: list[_Segments]
+    _tiers: list[HeatSegments]
 
     def __init__(self, capacities: Sequence[int | None], config: PolicyConfig | None = None):
         self.config = config = config or PolicyConfig()
-        super().__init__([_Segments(c, config.probation_fraction) for c in capacities], config.pins,
+        super().__init__([HeatSegments(c, config.probation_fraction) for c in capacities], config.pins,
                          ChainLinks())
         self._sketch = make_sketch(config.sketch, 0, config.half_life)
         self._watch = [_ReuseWatch(0) for _ in capacities]  # sized with the sketch (page size)
@@ -207,9 +297,7 @@ class HeatPolicy(ChainedPolicy):
         return self._sketch.estimate(key)
 
     def _hot(self, key: PageKey, hits: int) -> bool:
-        """Heat reached ``hits`` accesses. Half an access of slack: a decayed count of two recent
-        accesses is just under 2, and for integer counts the slack changes nothing."""
-        return self._sketch.estimate(key) >= hits - 0.5
+        return reached(self._sketch.estimate(key), hits)
 
     def _advance(self, now: float) -> None:
         self._sketch.advance(now)
@@ -227,20 +315,12 @@ class HeatPolicy(ChainedPolicy):
                 for key in keys:
                     watch.looked_up(key)
         # Tail to head: each page's counters end at least as high as its child's estimate.
-        sketch = self._sketch
-        floor = 0.0
-        for key in reversed(keys):
-            floor = sketch.increment(key, floor)
+        floor = self._sketch.increment_chain(keys)
         if parent is not None:
             self._raise_ancestors(parent, floor)
         for i in range(run - 1, -1, -1):  # tail to head, so a chain's head ends most recent
             key, tier = keys[i], tiers[i]
-            seg = self._tiers[tier]
-            if seg.probation.pop(key, 0) is None:  # reuse proven: on to main
-                seg.used_probation -= self.residency.pages(tier)[key]
-                seg.main[key] = None
-            elif key in seg.main:
-                seg.main.move_to_end(key)
+            self._tiers[tier].referenced(key, self.residency.pages(tier))
         self._pins.on_lookup(keys, parent)
 
     def _sized(self) -> None:
@@ -251,23 +331,11 @@ class HeatPolicy(ChainedPolicy):
             pages = (seg.capacity or max(s.capacity or 0 for s in self._tiers)) // self._page_bytes
             watch.limit = max(64, min(WATCH_LIMIT, pages))
 
-    def _place(self, seg: _Segments, tier: int, key: PageKey, nbytes: int) -> None:
-        # Ghost values are ``None``: ``pop(key, 0) is None`` means "was in that ghost".
-        if seg.ghost_probation.pop(key, 0) is None:
-            seg.ghost_hits_probation += 1
-            self._adapt(seg, nbytes, grow=True)
-            into_main = True
-        elif seg.ghost_main.pop(key, 0) is None:
-            seg.ghost_hits_main += 1
-            self._adapt(seg, nbytes, grow=False)
-            into_main = True
-        else:
-            into_main = self._hot(key, SEEN_BEFORE)
-        if into_main:
-            seg.main[key] = None
-        else:
-            seg.probation[key] = None
-            seg.used_probation += nbytes
+    def _place(self, seg: HeatSegments, tier: int, key: PageKey, nbytes: int) -> None:
+        seg.place(key, nbytes, self._seen_before)
+
+    def _seen_before(self, key: PageKey) -> bool:
+        return self._hot(key, SEEN_BEFORE)
 
     def on_remove(self, keys: Sequence[PageKey], tier: int) -> None:
         seg = self._tiers[tier]
@@ -332,17 +400,12 @@ class HeatPolicy(ChainedPolicy):
             return None
         sizes, held = self.residency.pages(tier), self.residency.held()
         chosen: dict[PageKey, bool] = {}  # victim -> it came from probation
-        freed = self._pick(seg, sizes, nbytes, held, chosen, leaves_only=True)
+        pinned = self._pins.is_pinned
+        freed = seg.pick(sizes, nbytes, held, pinned, chosen, (seg.kids.__contains__,))
         if freed < nbytes:  # only parents of resident children are left: take them too
-            freed += self._pick(seg, sizes, nbytes - freed, held, chosen, leaves_only=False)
+            freed += seg.pick(sizes, nbytes - freed, held, pinned, chosen)
         for key, from_probation in chosen.items():
-            if from_probation:
-                del seg.probation[key]
-                seg.used_probation -= sizes[key]
-                seg.remember(seg.ghost_probation, key)
-            else:
-                del seg.main[key]
-                seg.remember(seg.ghost_main, key)
+            seg.evict(key, from_probation, sizes[key])
             self._depart(seg, tier, key)
         seg.evictions += len(chosen)
         return list(chosen)
@@ -357,49 +420,6 @@ class HeatPolicy(ChainedPolicy):
                           self._sketch.memory_bytes(), self._chained_report(), tiers)
 
     # ------------------------------------------------------------------ internals
-
-    def _pick(self, seg: _Segments, sizes: Mapping[PageKey, int], nbytes: int,
-              held: AbstractSet[PageKey], chosen: dict[PageKey, bool], leaves_only: bool) -> int:
-        """Walk both segments oldest first, taking from probation while it is over its target.
-        Skipped pages keep their place (no rotation), so a parent is walked past on every call: a
-        tier's old shared prefixes gather at the head of its segments. With ``leaves_only`` they are
-        filtered out in C (``kids`` holds only pages with resident children); walked in Python, they
-        were most of a small tier's eviction work (about 2 us each, on every call)."""
-        over = seg.used_probation - seg.target
-        freed = 0
-        pinned = self._pins.is_pinned  # bound once: this loop runs per candidate
-        prob, main = iter(seg.probation), iter(seg.main)
-        if leaves_only:
-            parent = seg.kids.__contains__
-            prob, main = filterfalse(parent, prob), filterfalse(parent, main)
-        prob_left = main_left = True
-        while freed < nbytes and (prob_left or main_left):
-            from_probation = prob_left and (over > 0 or not main_left)
-            try:
-                key = next(prob if from_probation else main)
-            except StopIteration:
-                if from_probation:
-                    prob_left = False
-                else:
-                    main_left = False
-                continue
-            n = sizes.get(key)
-            if n is None or key in chosen or key in held or pinned(key):
-                continue  # only the record's pages can be victims
-            chosen[key] = from_probation
-            freed += n
-            if from_probation:
-                over -= n
-        return freed
-
-    def _adapt(self, seg: _Segments, nbytes: int, grow: bool) -> None:
-        """ARC's rule: move the probation target by one page, more when the other ghost is larger."""
-        if not seg.capacity:
-            return
-        gp, gm = len(seg.ghost_probation) + 1, len(seg.ghost_main) + 1
-        step = nbytes * (max(1.0, gm / gp) if grow else max(1.0, gp / gm))
-        target = seg.target + step if grow else seg.target - step
-        seg.target = min(MAX_PROBATION * seg.capacity, max(MIN_PROBATION * seg.capacity, target))
 
     def _raise_ancestors(self, key: PageKey | None, floor: float) -> None:
         """A lookup that started mid-chain: keep the known ancestors (resident, or looked up recently)

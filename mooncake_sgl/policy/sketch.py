@@ -25,6 +25,7 @@ reproducible run to run.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 
 import xxhash
 
@@ -112,6 +113,34 @@ class FrequencySketch:
             self._age()
         return new
 
+    def increment_chain(self, keys: Sequence[PageKey], floor: int = 0) -> int:
+        """``increment`` each page of a chain, tail to head, each at least as high as the page
+        after it (``floor`` for the tail); returns the head's new estimate. One call per lookup:
+        the heat policy and each of its curves' miniatures run this for every page looked up."""
+        t = self._table
+        w, m = self._width, self._mask
+        w2, w3 = 2 * w, 3 * w
+        digest = xxhash.xxh3_64_intdigest
+        for key in reversed(keys):
+            h = digest(key)
+            h1, h2 = h & 0xFFFFFFFF, (h >> 32) | 1
+            a, b, c, d = h1 & m, w + ((h1 + h2) & m), w2 + ((h1 + 2 * h2) & m), w3 + ((h1 + 3 * h2) & m)
+            ta, tb, tc, td = t[a], t[b], t[c], t[d]
+            floor = min(MAX_COUNT, max(min(ta, tb, tc, td) + 1, floor))
+            if ta < floor:
+                t[a] = floor
+            if tb < floor:
+                t[b] = floor
+            if tc < floor:
+                t[c] = floor
+            if td < floor:
+                t[d] = floor
+            self._additions += 1
+            if self._additions >= self.sample_size:
+                self._age()
+                t = self._table
+        return floor
+
     def _age(self) -> None:
         self._table = bytearray(self._table.translate(_HALVE))
         self._additions //= 2
@@ -192,6 +221,13 @@ class DecayingSketch:
             if t[i] < new:
                 t[i] = new
         return new / w
+
+    def increment_chain(self, keys: Sequence[PageKey], floor: float = 0.0) -> float:
+        """``FrequencySketch.increment_chain``'s contract, with decayed counters."""
+        increment = self.increment
+        for key in reversed(keys):
+            floor = increment(key, floor)
+        return floor
 
     def stamp(self) -> float:
         return self._now

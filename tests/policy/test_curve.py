@@ -16,15 +16,12 @@ from mooncake_sgl.policy.curve import (
     MULTIPLIERS,
     CapacityCurve,
     LruMiniature,
-    SampledHeatPolicy,
     TierCurves,
     _Election,
-    _Owed,
-    curve_policy,
 )
 from mooncake_sgl.policy.curve_feed import CurvesReport
 from mooncake_sgl.policy.experts import ArcExpert, LfuDaExpert, LirsExpert
-from mooncake_sgl.policy.heat import HeatPolicy
+from mooncake_sgl.policy.heat_miniature import HeatMiniature
 from mooncake_sgl.policy.shadow import elect, key_hash
 from mooncake_sgl.policy.stack import PrefixStack
 from mooncake_sgl.sim.gen_suite import generate_requests
@@ -192,23 +189,19 @@ def test_a_sampled_heat_holds_its_leaves_back_as_long_as_the_tiers_chains_hold_t
         return out
 
     assert max(misses()) < 0.02
-    monkeypatch.setattr(SampledHeatPolicy, "_pick", HeatPolicy._pick)  # nothing held back
+    monkeypatch.setattr(HeatMiniature, "owe", lambda self, keys, passes: None)  # nothing held back
     assert max(misses()) > 0.04
 
 
 def test_a_sampled_page_owes_the_passes_of_the_pages_after_it_in_its_chain() -> None:
     curve = CapacityCurve(4096, "heat")
     size = curve._sizes[-1]  # 8x: sampled
-    assert size.rate < 1 and isinstance(size.model.ledger.policy, SampledHeatPolicy)
+    assert size.rate < 1 and isinstance(size.model, HeatMiniature)
     keys = [b"k%d" % i for i in range(7)]
     size.access_drawn(keys, [1, 4])
-    assert size.owed == {b"k1": 2, b"k4": 2}
+    assert size.model.owed == {b"k1": 2, b"k4": 2}
     size.access_drawn(keys, [4, 6])  # k6 ends the chain: owes nothing; k4 owes k5
-    assert size.owed == {b"k1": 2, b"k4": 1}
-    owed = {b"leaf": 2}
-    seen = _Owed({b"parent": 1}, owed)
-    assert b"parent" in seen and [b"leaf" in seen for _ in range(3)] == [True, True, False]
-    assert owed == {b"leaf": 0}
+    assert size.model.owed == {b"k1": 2, b"k4": 1}
 
 
 @pytest.mark.parametrize("name", ["arc", "lirs", "lfuda"])
@@ -236,9 +229,9 @@ def test_adaptive_is_modelled_within_2_points_on_generated_shapes(shape: str, mo
 
 
 def test_heats_miniature_runs_with_its_config_and_lrus_control_touches_chains_tail_first() -> None:
-    assert curve_policy("lru") is None and curve_policy("adaptive") is None
     config = PolicyConfig(name="heat", probation_fraction=0.3, admission_min_hits=3)
-    assert curve_policy("heat", config)(64).config == config  # the miniature runs the policy's config
+    # Every miniature runs the policy's config.
+    assert all(size.model.config == config for size in CapacityCurve(64, "heat", config)._sizes)
     control = LruMiniature(3)
     assert [control.access(k) for k in ([b"a", b"b"], [b"a", b"b", b"c", b"d"], [b"a", b"b"])] == [0, 2, 2]
 

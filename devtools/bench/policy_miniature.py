@@ -1,34 +1,22 @@
 """``PolicyMiniature``: a real placement policy run alone on a miniature tier (SHARDS' "miniature
 simulation": Waldspurger et al., "Cache Modeling and Optimization using Miniature Simulations",
-USENIX ATC 2017).
+USENIX ATC 2017), through the general machinery of a store: a ``policy.ledger.Ledger`` (pages of
+one byte, so capacities and counts are in pages), fed what the store feeds a single-tier policy
+for each request (``sim.simulator``, ``store.residency``): the lookup with where each page is,
+then the write-back of the pages past the leading run of hits, room made first by the policy's
+own victims, the batch's tail lost when the room cannot be made (the store writes what fits).
 
-The capacity curves (``curve``) model a policy at other sizes. LRU's stack gives every size of LRU at
-once, an expert's miniature models a policy that is one, but no expert has ``heat``'s order
-(probation, main, ghosts and sketch): there the only faithful model is the policy itself, on the
-sampled stream, in a tier scaled by the sample rate (beside LRU's miniature on the same sample,
-which corrects what sampling alone gets wrong: ``curve``). Its record of residency is a
-``policy.ledger.Ledger`` (pages of one byte, so capacities and counts are in pages), and it is fed
-what the store feeds a single-tier policy for each request (``sim.simulator``,
-``store.residency``): the lookup with where each page is, then the write-back of the pages past
-the leading run of hits, room made first by the policy's own victims, the batch's tail lost when
-the room cannot be made (the store writes what fits).
-
-The policy sizes what it keeps from its capacity (heat's count-min sketch ages every 10 increments
-per page and is 8 counters wide per page; its ghosts and reuse watch hold as many pages as the
-tier), so at sample rate ``R`` a miniature of ``R * C`` pages ages and forgets over ``R`` times
-fewer sampled lookups: the same horizon as the full tier. No clock reaches it (the curves are fed
-lookups only), so the ``decay`` sketch and pin TTLs do not advance here. What does not scale is
-heat's leaves-first victim pass (one page per chain per pass, and a sampled chain is ``R`` times
-shorter): the curves run ``curve.SampledHeatPolicy`` on samples, which holds a sampled page back
-for the chain's pages after it.
+Not the product's: the estimator before issue 51 ran every size on it (``curves_before``), and
+``tests/policy/test_heat_miniature.py`` holds the curves' ``policy.heat_miniature.HeatMiniature``
+to it, decision for decision (the same decisions at a third of the cost, without the ledger).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..api import PageKey, PlacementPolicy
-from .ledger import Ledger
+from mooncake_sgl.api import PageKey, PlacementPolicy
+from mooncake_sgl.policy.ledger import Ledger
 
 
 class PolicyMiniature:
