@@ -67,6 +67,7 @@ from .shadow import (
     ShadowCache,
     elect,
     key_hash,
+    prefix_hits,
     sample_rate,
 )
 from .stack import TRACKED_PAGES, PrefixStack
@@ -121,11 +122,7 @@ class LruMiniature:
     def access(self, keys: Sequence[PageKey]) -> int:
         """A request's sampled pages, in chain order; returns its prefix hits in this miniature."""
         order = self.order
-        run = 0
-        for key in keys:
-            if key not in order:
-                break
-            run += 1
+        run = prefix_hits(keys, order)
         for key in reversed(keys):
             order[key] = None
             order.move_to_end(key)

@@ -28,6 +28,7 @@ from ..config import PolicyConfig
 from .chains import ChainLinks
 from .heat import SEEN_BEFORE, HeatSegments, reached
 from .pins import Pins
+from .shadow import prefix_hits
 from .sketch import make_sketch
 
 _NEVER = frozenset().__contains__  # the pin test where none is configured
@@ -76,11 +77,7 @@ class HeatMiniature:
     def access(self, keys: Sequence[PageKey]) -> int:
         """A request's sampled pages, in chain order; returns its prefix hits in this miniature."""
         resident = self._resident
-        run = 0
-        for key in keys:
-            if key not in resident:
-                break
-            run += 1
+        run = prefix_hits(keys, resident)
         seg = self._seg
         self._links.link_children(keys, None, [resident], [seg.kids])
         self._sketch.increment_chain(keys)

@@ -71,6 +71,15 @@ def key_hash(key: PageKey) -> int:
     return xxhash.xxh3_64_intdigest(key)
 
 
+def prefix_hits(keys: Sequence[PageKey], resident: Container[PageKey]) -> int:
+    """How many of a lookup's pages, from its first, ``resident`` holds (the leading run of hits,
+    as SGLang counts it)."""
+    for i, key in enumerate(keys):
+        if key not in resident:
+            return i
+    return len(keys)
+
+
 def sample_rate(capacity_pages: int) -> float:
     """Fraction of the key space sampled for a tier of ``capacity_pages`` pages."""
     return min(1.0, max(SAMPLE_RATE, MIN_SHADOW_PAGES / max(1, capacity_pages)))
@@ -125,9 +134,7 @@ class ShadowCache:
     def access(self, keys: Sequence[PageKey]) -> int:
         """A request's sampled pages, in chain order; returns its prefix hits in this shadow."""
         resident, expert = self.resident, self.expert
-        run = 0
-        while run < len(keys) and keys[run] in resident:
-            run += 1
+        run = prefix_hits(keys, resident)
         for i in (range(run) if self.head_first else range(run - 1, -1, -1)):
             expert.hit(keys[i])
         fresh = [k for k in keys[run:] if k not in resident]

@@ -94,24 +94,7 @@ class FrequencySketch:
     def increment(self, key: PageKey, floor: int = 0) -> int:
         """Count one access; returns the new estimate. ``floor`` raises the estimate to at least
         that value (the heat policy uses it to keep ancestors at least as warm as descendants)."""
-        t = self._table
-        a, b, c, d = self._cells(key)
-        # Unrolled: this runs for every page of every lookup, and for every page of a curve's miniatures.
-        ta, tb, tc, td = t[a], t[b], t[c], t[d]
-        new = min(MAX_COUNT, max(min(ta, tb, tc, td) + 1, floor))
-        # Conservative update: only the cells below the new estimate rise.
-        if ta < new:
-            t[a] = new
-        if tb < new:
-            t[b] = new
-        if tc < new:
-            t[c] = new
-        if td < new:
-            t[d] = new
-        self._additions += 1
-        if self._additions >= self.sample_size:
-            self._age()
-        return new
+        return self.increment_chain((key,), floor)
 
     def increment_chain(self, keys: Sequence[PageKey], floor: int = 0) -> int:
         """``increment`` each page of a chain, tail to head, each at least as high as the page
@@ -121,12 +104,13 @@ class FrequencySketch:
         w, m = self._width, self._mask
         w2, w3 = 2 * w, 3 * w
         digest = xxhash.xxh3_64_intdigest
-        for key in reversed(keys):
+        for key in reversed(keys):  # unrolled (``_cells`` inline): it runs for every page looked up
             h = digest(key)
             h1, h2 = h & 0xFFFFFFFF, (h >> 32) | 1
             a, b, c, d = h1 & m, w + ((h1 + h2) & m), w2 + ((h1 + 2 * h2) & m), w3 + ((h1 + 3 * h2) & m)
             ta, tb, tc, td = t[a], t[b], t[c], t[d]
             floor = min(MAX_COUNT, max(min(ta, tb, tc, td) + 1, floor))
+            # Conservative update: only the cells below the new estimate rise.
             if ta < floor:
                 t[a] = floor
             if tb < floor:

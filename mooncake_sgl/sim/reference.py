@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from ..api import PageKey, PolicyReport
 from ..policy.experts import ArcExpert, Expert, LfuDaExpert, LirsExpert
 from ..policy.rules import WriteThrough
+from ..policy.shadow import prefix_hits
 from .trace import Request
 
 
@@ -150,9 +151,7 @@ def belady_prefix_hits(requests: Sequence[Request], capacity_pages: int) -> tupl
     hits = total = 0
     for i, req in enumerate(requests):
         keys = req.keys
-        run = 0
-        while run < len(keys) and keys[run] in cached:
-            run += 1
+        run = prefix_hits(keys, cached)
         hits += run
         total += len(keys)
         for key, nu in zip(keys, next_use[i]):
