@@ -50,6 +50,7 @@ def _workload(store: Any, pool_endpoint: str, stop: threading.Event) -> None:
         store.get_into(old + [b"never-written"], [out] * 9)  # host, then pool/LMDB, then a miss
         store.get_into(keys, [out] * 8)
         store.exists_prefix(keys)
+        store.exists_prefix(old)  # a lookup seen before: the curves have reuse to count
         i += 8
         if i % 64 == 0:
             bad = PoolClient(pool_endpoint, transport="tcp", secret="wrong", connections=1, timeout=2)
@@ -81,6 +82,7 @@ def check(prometheus: str, dashboard_path: Path, seconds: float) -> int:
 
     from mooncake_sgl.config import HostTierConfig, LmdbTierConfig, PoolTierConfig, StoreConfig
     from mooncake_sgl.metrics.exporter import StoreExporter
+    from mooncake_sgl.policy.curve_feed import CurveFeed
     from mooncake_sgl.pool.config import PoolServerConfig
     from mooncake_sgl.pool.server import PoolServer
     from mooncake_sgl.store import build_store
@@ -96,6 +98,10 @@ def check(prometheus: str, dashboard_path: Path, seconds: float) -> int:
             tiers=[HostTierConfig(capacity="2MiB", pin_memory=False),
                    PoolTierConfig(endpoints=[f"{host}:{port}"], transport="tcp", secret=SECRET),
                    LmdbTierConfig(path=f"{tmp}/lmdb", capacity="256MiB")]))  # the default policy
+        # Capacity curves in a process of their own, as a server with ``policy.capacity_curves``
+        # runs them: their panels read real points and costs.
+        curves = CurveFeed(store.tiers, store.names, store.policy, "process")
+        store.observe(curves)
         registry = CollectorRegistry()
         exporter = StoreExporter(store.stats, {"tp_rank": 0}, frozenset(), registry,
                                  store.policy.name).start()
