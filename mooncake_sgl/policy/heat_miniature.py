@@ -3,12 +3,12 @@
 A capacity curve of ``heat`` runs the policy at seven sizes on every looked-up page it samples
 (``curve``): that work is the curves' cost. Driven through a ``ledger.Ledger``, the general
 machinery of a store of several tiers with pages of any size (views of the record, residency in
-other tiers, arrivals and departures as events), the policy spent most of each page's cost
-there. Here the same decisions are made directly: the
-segments, victim pass and split (``heat.HeatSegments``), the chain links (``chains.ChainLinks``),
-the sketch and the pins are heat's own objects, fed in the order the store feeds them
-(``tests/policy/test_heat_miniature.py`` holds it to ``HeatPolicy`` on a ledger,
-decision for decision).
+other tiers, arrivals and departures as events), the policy spent a third of each page's cost
+there (docs/capacity_curves.md, Cost). Here the same decisions are made directly: the segments,
+victim pass and split (``heat.HeatSegments``), the chain links (``chains.ChainLinks``), the sketch
+and the pins are heat's own objects, fed in the order the store feeds them
+(``tests/policy/test_heat_miniature.py`` holds it to ``HeatPolicy`` on a ledger, decision for
+decision).
 
 Sampled (a fraction ``R`` of the key space), one rule of heat's is scaled to the sample: its
 leaves-first victim pass takes one page of a chain per pass (the chain's leaf), so a chain of
