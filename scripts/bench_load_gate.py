@@ -1,20 +1,26 @@
 #!/usr/bin/env python3
 """A storage hit must never cost more than recomputing it: live CPU servers whose only storage tier
-is an SSD tier on a disk throttled on purpose, per request, with the load gate on and off, against
+is an SSD tier on a disk throttled on purpose (``--medium disk``, the default) or a pool across a
+link throttled on purpose (``--medium link``), per request, with the load gate on and off, against
 the same request on a server without HiCache (root: a loop device, a blkio read limit, dropped page
-cache).
+cache; or a network namespace holding the pools, its sending shaped with ``tc tbf``).
 
 Variants (live servers on 127.0.0.1, the tiny model, all up at once, each request sent to them in
 the order A B C, the next request C B A):
   gate       our backend, one LMDB tier on the loop device, ``load_gate`` on (the default);
-  nogate     the same on its own directory of the same disk, ``load_gate: {enabled: false}``;
+             with ``--medium link``, one pool tier (TCP, its defaults) on a pool server in the
+             namespace;
+  nogate     the same on its own directory of the same disk (its own pool server beside the
+             gate's), ``load_gate: {enabled: false}``;
   recompute  the same server without HiCache: the reference each TTFT is judged against.
 Per request: a fresh document is sent to every server (computed, backed up to storage), every
 server's caches are flushed and the page cache dropped, then it is sent again and timed: ours can
 only find it in the SSD tier, whose reads the blkio limit of the phase slows (``--rates`` in MB/s,
-0 = unthrottled; writes are never limited). Phases run in the order given: with ``0,2`` the disk
-turns slow under a gate that has learned it fast. SGLang's flags are the same for all (its default
-prefetch policy, ``timeout``, waits for a slow load up to its deadline).
+0 = unthrottled; writes are never limited), or in the pool, whose replies the link's limit slows
+(the same rates; what is sent to the pool is never limited). Phases run in the order given: with
+``0,2`` the disk (the link) turns slow under a gate that has learned it fast. SGLang's flags are
+the same for all (its default prefetch policy, ``timeout``, waits for a slow load up to its
+deadline).
 
 Per phase: each request's TTFT over recompute's, how many were slower than 1.1x recompute, mean
 TTFT, the share of nogate's TTFT gain the gate kept, tokens served from storage, the gate's own
@@ -26,6 +32,7 @@ reads, against the TTFT.
     python scripts/bench_load_gate.py                          # phases 0 and 2 MB/s, 6 requests each
     python scripts/bench_load_gate.py --rates 0,1 --requests 8 --json gate.json
     python scripts/bench_load_gate.py --rates 0,2 --requests 3 --trace /tmp/gate-trace
+    python scripts/bench_load_gate.py --medium link --rates 0,2,0   # a pool across a slow link
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +70,7 @@ from devtools.bench.server import (  # noqa: E402
 )
 from devtools.bench.ssd import throttled  # noqa: E402
 from devtools.bench.workloads import BenchRequest  # noqa: E402
+from devtools.testing.cluster import Cluster, unavailable_reason  # noqa: E402
 from devtools.tiny_model import write_tiny_llama  # noqa: E402
 
 VARIANTS = ("gate", "nogate", "recompute")
@@ -69,10 +79,48 @@ GATE_COUNTERS = ("lookups", "declined_lookups", "declined_pages", "probe_lookups
                  "abandoned_pages")
 
 
-def tiers_yaml(path: Path, ssd: Path, gate: bool) -> Path:
+def tiers_yaml(path: Path, tier: str, gate: bool) -> Path:
     path.write_text(f"policy: {{name: lru}}\nload_gate: {{enabled: {'true' if gate else 'false'}}}\n"
-                    f"tiers:\n  - {{kind: lmdb, path: {ssd}, capacity: 2GiB}}\n")
+                    f"tiers:\n  - {tier}\n")
     return path
+
+
+# Per variant with storage, its tiers file; and the read limit of a phase (MB/s, 0: none).
+Medium = tuple[Callable[[str], Path], Callable[[float], None]]
+
+
+@contextmanager
+def slow_medium(kind: str, work: Path) -> Iterator[Medium]:
+    """The storage the phases slow down: an SSD tier on a throttled loop device (``disk``), or a
+    pool server per variant in a network namespace whose sending is shaped (``link``). Unlimited
+    again, and torn down, on the way out."""
+    if kind == "disk":
+        with throttled.loop_disk(work, 8 << 30) as disk:
+            def ssd(v: str) -> Path:
+                return tiers_yaml(work / f"{v}.yaml",
+                                  f"{{kind: lmdb, path: {disk.mount / v}, capacity: 2GiB}}", v == "gate")
+
+            try:
+                yield ssd, lambda mbps: limit_reads(disk, mbps)
+            finally:
+                limit_reads(disk, 0)
+        return
+    with Cluster(1, work / "cluster") as cluster:
+        host = cluster.hosts[0]
+        pools = {v: cluster.pool(host, capacity="2GiB", slab_size="1MiB") for v in ("gate", "nogate")}
+
+        def pool(v: str) -> Path:
+            return tiers_yaml(work / f"{v}.yaml", f"{{kind: pool, endpoints: ['{pools[v].endpoint}'], "
+                              "transport: tcp}", v == "gate")
+
+        try:
+            yield pool, lambda mbps: cluster.limit_egress(host, mbps * 1e6)
+        finally:
+            cluster.limit_egress(host, None)
+
+
+def unavailable(kind: str) -> str | None:
+    return throttled.unavailable() if kind == "disk" else unavailable_reason()
 
 
 def metric_sum(text: str, name: str) -> float:
@@ -105,9 +153,9 @@ def drop_page_cache() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
-def phase(rate: float, n: int, clients: dict[str, SglangClient], disk: throttled.Disk,
+def phase(rate: float, n: int, clients: dict[str, SglangClient], limit: Callable[[float], None],
           args: argparse.Namespace) -> dict[str, Any]:
-    limit_reads(disk, rate)
+    limit(rate)
     rng = random.Random(f"{args.seed}-{rate}")
     before = metrics(clients["gate"])
     rows = []
@@ -206,6 +254,8 @@ def table(phases: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--medium", choices=("disk", "link"), default="disk",
+                   help="what the phases slow down: an SSD tier's disk, or a pool's link")
     p.add_argument("--rates", default="0,2", help="read limit per phase, MB/s (0: none), in order")
     p.add_argument("--requests", type=int, default=6, help="requests per phase")
     p.add_argument("--doc-tokens", type=int, default=4096)
@@ -215,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", type=Path, metavar="DIR", help="time the gate server's backend calls here")
     args = p.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
-    why = throttled.unavailable()
+    why = unavailable(args.medium)
     if why:
         log(f"bench_load_gate: cannot run here: {why}")
         return 2
@@ -224,11 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         model = write_tiny_llama(work / "model")
         cpu = not has_gpu()
         servers: dict[str, LaunchedServer] = {}
-        with throttled.loop_disk(work, 8 << 30) as disk:
+        with slow_medium(args.medium, work) as (tiers_for, limit):
             try:
                 for v in VARIANTS:
-                    variant = () if v == "recompute" else ours_args(
-                        tiers_yaml(work / f"{v}.yaml", disk.mount / v, v == "gate"))
+                    variant = () if v == "recompute" else ours_args(tiers_for(v))
                     # An explicit host pool: SGLang's automatic size refuses a busy host.
                     extra = ("--enable-metrics", "--max-total-tokens", str(4 * args.doc_tokens),
                              *(() if v == "recompute" else ("--hicache-ratio", "2.0")))
@@ -244,18 +293,19 @@ def main(argv: list[str] | None = None) -> int:
                         args.health_timeout, env=server_env(cpu, env))
                     servers[v].start()
                 clients = {v: SglangClient(s.url, timeout_s=600) for v, s in servers.items()}
-                phases = [phase(rate, args.requests, clients, disk, args) for rate in rates]
+                phases = [phase(rate, args.requests, clients, limit, args) for rate in rates]
             finally:
-                limit_reads(disk, 0)
                 stop_all(servers.values())
+    only = "the SSD tier" if args.medium == "disk" else "a pool across the throttled link"
     print(f"\nload gate: {args.requests} requests of {args.doc_tokens} tokens per phase, each sent, "
-          "backed up, flushed from SGLang's caches and the page cache, and sent again; the SSD tier "
+          f"backed up, flushed from SGLang's caches and the page cache, and sent again; {only} "
           "is the only storage tier; 'slower': requests over 1.1x recompute's TTFT")
     print(table(phases))
     if args.trace:
         print(backend_answers(phases, args.trace / "gate.jsonl"))
     if args.json:
-        args.json.write_text(json.dumps({"phases": phases, "doc_tokens": args.doc_tokens}, indent=1))
+        args.json.write_text(json.dumps({"medium": args.medium, "phases": phases,
+                                         "doc_tokens": args.doc_tokens}, indent=1))
     return 0
 
 

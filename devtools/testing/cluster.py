@@ -8,6 +8,7 @@
         router = c.router([s0.url, ...], "cache_aware")   # sglang-router, on this machine's side
         c.transport(c.hosts[0], pool.endpoint)         # "tcp": another host; "shm" on host 2
         c.cut(c.hosts[0]); c.reconnect(c.hosts[0])     # off the bridge and back
+        c.limit_egress(c.hosts[2], 2e6)                # host 2 sends at 2 MB/s (None: unlimited)
         c.kill_host(c.hosts[2])                        # SIGKILL of everything running in it
 
 Addresses: host ``i`` is ``10.231.N.(i+1)/24`` on its ``eth0``; the bridge, in this machine's own
@@ -274,6 +275,22 @@ class Cluster:
     def reconnect(self, host: Host) -> None:
         _ip("link", "set", host.veth, "master", self.bridge)
         _ip("link", "set", host.veth, "up")
+
+    def limit_egress(self, host: Host, bytes_per_s: float | None) -> None:
+        """Shape what ``host`` sends (a pool's replies: what its clients read) to ``bytes_per_s``
+        with a token bucket (``tc tbf``) on its ``eth0``; ``None`` or 0 lifts the limit. A slow
+        link, not a delayed one: ``netem``, which delays, is missing from some kernels (this VM's)."""
+        if not bytes_per_s:
+            self.run(host, ["tc", "qdisc", "del", "dev", "eth0", "root"])  # fails harmlessly when none
+            return
+        # The bucket holds 10 ms of traffic (at least 64 KiB) and queues up to 16 MiB before
+        # dropping, so TCP sees a slow link rather than a lossy one.
+        burst = max(64 << 10, int(bytes_per_s / 100))
+        out = self.run(host, ["tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
+                              "rate", f"{int(bytes_per_s * 8)}bit", "burst", str(burst),
+                              "limit", str(16 << 20)])
+        if out.returncode:
+            raise ClusterUnavailable(f"cannot shape {host.netns}'s link: {out.stderr.strip()}")
 
     def kill_host(self, host: Host) -> list[int]:
         """SIGKILL every process running in ``host`` (a host that lost power); their pids."""

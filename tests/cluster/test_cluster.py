@@ -48,6 +48,36 @@ def test_auto_transport_is_tcp_across_hosts_and_shared_memory_inside_one(cluster
 
 
 @needs_netns
+def test_a_host_limited_in_what_it_sends_is_read_from_at_that_rate_and_freed_again(cluster2: Cluster) -> None:
+    """A pool on a slow link (``limit_egress``): its replies come at the limit, what it is sent
+    does not; lifted, reads run at the bridge's speed again."""
+    from mooncake_sgl.transfer.client import PoolClient
+
+    pool = cluster2.pool(cluster2.hosts[1], capacity="32MiB", slab_size="1MiB")
+    client = PoolClient(pool.endpoint, transport="tcp", connections=1, timeout=30)
+    keys = [b"slow-%d" % i for i in range(4)]
+    out = [[memoryview(bytearray(1 << 20))] for _ in keys]
+
+    def read_s() -> float:
+        start = time.monotonic()
+        assert client.get_batch(keys, out) == [True] * 4
+        return time.monotonic() - start
+
+    try:
+        cluster2.limit_egress(cluster2.hosts[1], 2e6)  # 4 MiB at 2 MB/s: about 2.1 s
+        pages = [[memoryview(bytes([i]) * (1 << 20))] for i in range(4)]
+        start = time.monotonic()
+        assert client.put_batch(keys, pages).ok == (True,) * 4
+        assert time.monotonic() - start < 1.5  # writes reach the pool unshaped
+        assert 1.6 < read_s() < 6.0
+        assert [bytes(o[0][:1]) for o in out] == [b"\x00", b"\x01", b"\x02", b"\x03"]
+        cluster2.limit_egress(cluster2.hosts[1], None)
+        assert read_s() < 1.0
+    finally:
+        client.close()
+
+
+@needs_netns
 def test_a_cut_host_reaches_nothing_until_reconnected(cluster2: Cluster) -> None:
     a, b = cluster2.hosts
     pool = cluster2.pool(b, capacity="16MiB", slab_size="1MiB")

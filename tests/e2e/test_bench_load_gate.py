@@ -1,4 +1,5 @@
-"""The pure parts of ``scripts/bench_load_gate.py``: what a phase's summary counts and the table says."""
+"""The pure parts of ``scripts/bench_load_gate.py``: what a phase's summary counts and the table says
+(its slow link: ``tests/cluster/test_bench_load_gate_link.py``)."""
 
 from __future__ import annotations
 
