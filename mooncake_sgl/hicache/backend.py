@@ -467,9 +467,10 @@ class MooncakeSglStorage(HiCacheStorage):
             return n // kv.parts
         admission = self._gate.admit(where, kv.object_nbytes, self._geometry.page_size / kv.parts)
         for t in admission.probe:
-            self._store.probe_reads(t, [k for k, w in zip(objects, where) if w == t])
+            self._store.probe_reads(t, [k for k, w in zip(objects, where) if w == t], kv.object_nbytes)
         for t in admission.recheck:
-            self._store.probe_reads(t, [next(k for k, w in zip(objects, where) if w == t)])
+            self._store.probe_reads(t, [next(k for k, w in zip(objects, where) if w == t)],
+                                    kv.object_nbytes)
         return admission.objects // kv.parts
 
     @boundary(lambda *a, **k: False)

@@ -274,15 +274,17 @@ class TieredStore:
                     scatter(src[0], dst)
             read.ok = ok
 
-    def probe_reads(self, t: int, keys: Sequence[PageKey]) -> None:
+    def probe_reads(self, t: int, keys: Sequence[PageKey], nbytes: int) -> None:
         """Time a read of ``keys`` (up to ``PROBE_BYTES`` of them) from tier ``t`` into scratch
         memory, on the mover's thread: its ``PagesRead`` tells the observers what the tier's reads
         cost now (the load gate, when no request has read the tier lately). Nothing else changes:
-        no heat, no promotion."""
+        no heat, no promotion. ``nbytes``: the size the caller stored each page at, the size read
+        where the tier cannot tell a page's (the pool: its protocol names no sizes); where it can,
+        a page it does not hold is not read."""
         if not keys or self._closed:
             return
         if not self._mover.background:
-            self._probe_read(t, list(keys))
+            self._probe_read(t, list(keys), nbytes)
             return
         with self._probing_lock:
             if t in self._probing:
@@ -290,18 +292,21 @@ class TieredStore:
             if self._prober is None:  # its own thread: a slow tier's probe never delays placement
                 self._prober = ThreadPoolExecutor(1, "mooncake-sgl-probe")
             self._probing.add(t)
-            self._prober.submit(self._probe_read, t, list(keys))
+            self._prober.submit(self._probe_read, t, list(keys), nbytes)
 
-    def _probe_read(self, t: int, keys: list[PageKey]) -> None:
+    def _probe_read(self, t: int, keys: list[PageKey], nbytes: int) -> None:
         try:
-            self._time_read(t, keys)
+            self._time_read(t, keys, nbytes)
         finally:
             with self._probing_lock:
                 self._probing.discard(t)
 
-    def _time_read(self, t: int, keys: list[PageKey]) -> None:
+    def _time_read(self, t: int, keys: list[PageKey], nbytes: int) -> None:
+        sizes = self._calls.sizes(t, keys)
+        if not any(sizes):  # a tier that names no size (or holds none of them: each read misses)
+            sizes = [nbytes] * len(keys)
         picked, total = [], 0
-        for key, n in zip(keys, self._calls.sizes(t, keys)):
+        for key, n in zip(keys, sizes):
             if n and (not picked or total + n <= PROBE_BYTES):
                 picked.append((key, n))
                 total += n

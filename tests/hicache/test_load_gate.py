@@ -12,10 +12,13 @@ import time
 import pytest
 
 from devtools.testing.backend_record import store_stats
+from mooncake_sgl.api import PagesRead
 from mooncake_sgl.hicache import backend as backend_module
 from mooncake_sgl.hicache import prefill_clock
 from mooncake_sgl.metrics.source import gate_counters
 from mooncake_sgl.policy import load_gate
+from mooncake_sgl.pool.config import PoolServerConfig
+from mooncake_sgl.pool.server import PoolServer
 
 from . import pools
 from .pools import PAGE
@@ -247,3 +250,30 @@ def test_a_scheduler_without_sglangs_totals_is_no_evidence(monkeypatch) -> None:
         assert prefill_clock.reading() is None
     finally:
         monkeypatch.setattr(prefill_clock, "_scheduler", None)
+
+
+def test_a_pool_tier_declined_as_slow_is_found_fast_again_by_its_recheck_read(
+        make_backend, tmp_path, scheduler, monkeypatch) -> None:
+    """The pool cannot tell a page's size (its protocol names none): a recheck read of it is made at
+    the size the backend stores objects at. Before, the store asked the pool for the size, got
+    none and read nothing, so a pool tier declined once (a link slow for a while) stayed declined
+    (found on a link shaped with ``tc``: ``scripts/bench_load_gate.py --medium link``)."""
+    server = PoolServer(PoolServerConfig(port=0, capacity="64MiB", slab_size="1MiB")).start()
+    try:
+        host, port = server.address
+        extra = {"tiers": [{"kind": "pool", "endpoints": [f"{host}:{port}"], "transport": "tcp"}],
+                 "policy": {"name": "lru"}}
+        backend, pool = make_backend("mha", "page_first", extra=extra)
+        keys = stored_in(backend, pool)
+        computes(scheduler, 4096, 4e-3, backend, keys)  # 64 ms a page
+        assert backend.batch_exists(keys) == PAGES
+        monkeypatch.setattr(load_gate, "STALE_S", 0.0)  # a declined tier is rechecked at once
+        monkeypatch.setattr(load_gate, "RECHECK_SPACING", 0.0)
+        # The link was slow a moment ago: a probe read a page in 0.2 s, three times its recompute
+        # (a probe outweighs the reads before it).
+        backend._gate.on_events([PagesRead(0, 1, 1, backend._geometry.page_nbytes, 0.2, probe=True)])
+        assert backend.batch_exists(keys) == 0  # declined, and a recheck read asked for
+        assert backend._store.drain()
+        assert backend.batch_exists(keys) == PAGES  # the recheck found the link fast again
+    finally:
+        server.stop()

@@ -26,6 +26,7 @@ from mooncake_sgl.store import TieredStore
 from tests.store.test_store import host, lmdb, put, read
 from tests.store_record import resident_keys
 from tests.tiers.conformance import key
+from tests.wrapped_tier import WrappedTier
 
 
 class Replica:
@@ -215,13 +216,37 @@ def test_every_tier_read_is_told_with_its_bytes_and_time(store: TieredStore) -> 
     assert sum(e.nbytes for e in reads) == sum(p.nbytes for page in pages.values() for p in page)
 
 
+class SizeBlind(WrappedTier):
+    """A tier that cannot tell a page's size, as the pool (its protocol names none)."""
+
+    def page_size_of(self, key: PageKey) -> int | None:
+        return None
+
+
+def test_a_tier_that_cannot_tell_sizes_is_probed_at_the_size_the_caller_stored(tmp_path: Path) -> None:
+    store = TieredStore([host(4), SizeBlind(lmdb(tmp_path / "db"))], LruPolicy(2))
+    try:
+        pages = put(store, range(4))
+        assert store.drain()
+        replica = Replica()
+        store.observe(replica)
+        nbytes = sum(p.nbytes for p in pages[0])
+        store.probe_reads(1, [key(i) for i in range(4)] + [b"no-such-page"], nbytes)
+        assert store.drain()
+        [e] = replica.reads
+        assert (e.tier, e.asked, e.pages) == (1, 5, 4)  # the absent key is read too, and misses
+        assert e.nbytes == 4 * nbytes and e.probe
+    finally:
+        store.close()
+
+
 def test_a_probe_read_is_told_like_a_read_and_changes_nothing_else(store: TieredStore) -> None:
     replica = Replica()
     pages = put(store, range(4))
     assert store.drain()
     store.observe(replica)
     before = store.stats()
-    store.probe_reads(1, [key(i) for i in range(4)] + [b"no-such-page"])
+    store.probe_reads(1, [key(i) for i in range(4)] + [b"no-such-page"], 1 << 20)
     assert store.drain()
     [e] = replica.reads
     assert (e.tier, e.asked, e.pages) == (1, 4, 4)  # the absent key is not read at all
