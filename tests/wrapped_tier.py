@@ -45,3 +45,10 @@ class WrappedTier(Tier):
 
     def close(self) -> None:
         self.inner.close()
+
+
+class SizeBlind(WrappedTier):
+    """A tier that cannot tell a page's size, as the pool (its protocol names none)."""
+
+    def page_size_of(self, key: PageKey) -> int | None:
+        return None

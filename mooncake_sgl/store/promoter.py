@@ -35,11 +35,12 @@ class Promoter:
         self.counters = [Tally(TierPromotionStats) for _ in range(len(calls))]
 
     def promote(self, keys: list[PageKey], found: list[int], pages: list[PageView] | None,
-                hold: list[PageKey]) -> None:
-        """Copy ``keys`` (found in tiers ``found``) up where the policy says. ``pages`` holds their
-        bytes already (inline); ``None`` means read them again from where they were found. ``hold``
-        are the pages no eviction may take meanwhile (the promoted ones, or the caller's whole
-        read)."""
+                hold: list[PageKey], nbytes: list[int]) -> None:
+        """Copy ``keys`` (found in tiers ``found``, read at ``nbytes`` each) up where the policy
+        says. ``pages`` holds their bytes already (inline); ``None`` means read them again from
+        where they were found, at the size the tier names, or where it names none (the pool: its
+        protocol has no sizes) at the size they were read at. ``hold`` are the pages no eviction
+        may take meanwhile (the promoted ones, or the caller's whole read)."""
         with self._residency.held(hold):
             by_target: dict[int, list[int]] = {}
             for i, target in enumerate(self._residency.promotion_targets(keys, found)):
@@ -53,11 +54,12 @@ class Promoter:
                 for i in idx:
                     by_source.setdefault(found[i], []).append(i)
                 for source, sidx in by_source.items():
-                    self._reread_and_write_up(source, target, [keys[i] for i in sidx])
+                    self._reread_and_write_up(source, target, [keys[i] for i in sidx],
+                                              [nbytes[i] for i in sidx])
 
-    def _reread_and_write_up(self, source: int, target: int, keys: list[PageKey]) -> None:
+    def _reread_and_write_up(self, source: int, target: int, keys: list[PageKey], nbytes: list[int]) -> None:
         tier = self._calls.tiers[source]
-        sizes = [n or 0 for n in self._calls.sizes(source, keys)]
+        sizes = [n or read for n, read in zip(self._calls.sizes(source, keys), nbytes)]
         present = [i for i, n in enumerate(sizes) if n]
         for batch in self._staging.batches([sizes[i] for i in present]):
             bk = [keys[present[j]] for j in batch]

@@ -233,11 +233,12 @@ class TieredStore:
         slow = [i for i in range(len(keys)) if done[i] and found_in[i] > 0]
         if slow:
             sk, sf = [keys[i] for i in slow], [found_in[i] for i in slow]
+            sizes = [page_nbytes(pages[i]) for i in slow]
             if self._mover.background:
-                if not self._mover.submit(self._promoter.promote, sk, sf, None, sk):
+                if not self._mover.submit(self._promoter.promote, sk, sf, None, sk, sizes):
                     self._counters.add(promotions_dropped=len(slow))
             else:
-                self._promoter.promote(sk, sf, [pages[i] for i in slow], list(keys))
+                self._promoter.promote(sk, sf, [pages[i] for i in slow], list(keys), sizes)
         return done
 
     def get_into_within(self, keys: Sequence[PageKey], pages: Sequence[PageView],

@@ -17,6 +17,7 @@ from mooncake_sgl.tiers.host import HostTier
 from mooncake_sgl.tiers.ssd import LmdbTier
 from tests.store_record import policy_residents, resident_keys
 from tests.tiers.conformance import empty_like, key, make_page, same
+from tests.wrapped_tier import SizeBlind
 
 SEG = 8 * 1024  # a page is two segments: 16 KiB
 
@@ -90,6 +91,25 @@ def test_a_page_found_in_lmdb_is_promoted_into_dram_when_read_again_within_reach
     assert count(store, 0, "promotions") == 1
     assert store.tiers[0].contains([key(0)]) == [True]
     assert count(store, 1, "hits") == 2
+
+
+@pytest.mark.parametrize("mover", ["background", "inline"])
+def test_a_page_found_in_a_tier_that_cannot_tell_sizes_is_promoted_too(tmp_path: Path, mover: str) -> None:
+    """On the mover the page is read again from where it was found, at the size it was read at
+    where the tier names none (the pool): before, nothing was read, and no page found in the pool
+    ever moved up."""
+    store = TieredStore([host(4), SizeBlind(lmdb(tmp_path / "db"))], LruPolicy(2), mover=mover)
+    try:
+        pages = put(store, range(6))
+        assert store.drain()
+        assert not store.tiers[0].contains([key(0)])[0]
+        for _ in range(2):  # the second read is within reach (see the test above)
+            assert read(store, {0: pages[0]}) == [True]
+            assert store.drain()
+        assert count(store, 0, "promotions") == 1 and store.tiers[0].contains([key(0)]) == [True]
+        assert read(store, {0: pages[0]}) == [True]  # from DRAM now, the same bytes
+    finally:
+        store.close()
 
 
 def test_exists_prefix_stops_at_first_missing_page(store: TieredStore) -> None:

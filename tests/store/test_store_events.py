@@ -26,7 +26,7 @@ from mooncake_sgl.store import TieredStore
 from tests.store.test_store import host, lmdb, put, read
 from tests.store_record import resident_keys
 from tests.tiers.conformance import key
-from tests.wrapped_tier import WrappedTier
+from tests.wrapped_tier import SizeBlind
 
 
 class Replica:
@@ -214,13 +214,6 @@ def test_every_tier_read_is_told_with_its_bytes_and_time(store: TieredStore) -> 
     assert sum(e.pages for e in reads) == 4
     assert all(e.asked >= e.pages and e.seconds > 0 for e in reads)
     assert sum(e.nbytes for e in reads) == sum(p.nbytes for page in pages.values() for p in page)
-
-
-class SizeBlind(WrappedTier):
-    """A tier that cannot tell a page's size, as the pool (its protocol names none)."""
-
-    def page_size_of(self, key: PageKey) -> int | None:
-        return None
 
 
 def test_a_tier_that_cannot_tell_sizes_is_probed_at_the_size_the_caller_stored(tmp_path: Path) -> None:
