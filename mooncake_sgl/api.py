@@ -272,7 +272,10 @@ class Tier(ABC):
         tier with a zero-copy transport can register it once. Default: nothing to do."""
 
     def page_size_of(self, key: PageKey) -> int | None:
-        """Stored size of a page, or ``None`` if absent. Used for demotion sizing."""
+        """Stored size of a page, or ``None`` if absent or where the tier cannot tell (the pool's
+        protocol names no sizes): the store then reads a page at the size it knows it by (its
+        footprint, the size a read found it at, the size the backend stores objects at). Used to
+        size the staging of demotions, promotions and probe reads."""
         return None
 
     def page_sizes(self, keys: Sequence[PageKey]) -> list[int | None]:
