@@ -466,8 +466,9 @@ class MooncakeSglStorage(HiCacheStorage):
         if self._gate is None or kv.logical or self._geometry is None:
             return n // kv.parts
         admission = self._gate.admit(where, kv.object_nbytes, self._geometry.page_size / kv.parts)
-        for t in admission.probe:
-            self._store.probe_reads(t, [k for k, w in zip(objects, where) if w == t], kv.object_nbytes)
+        for t, most in zip(admission.probe, admission.probe_objects):
+            there = [k for k, w in zip(objects, where) if w == t]
+            self._store.probe_reads(t, there[:most], kv.object_nbytes)
         for t in admission.recheck:
             self._store.probe_reads(t, [next(k for k, w in zip(objects, where) if w == t)],
                                     kv.object_nbytes)

@@ -84,6 +84,10 @@ RECHECK_SPACING = 10.0
 # Seconds after a tier's newest read when a lookup that finds pages there asks for a probe read (a
 # disk that was busy may be idle now, an idle one busy).
 REPROBE_S = 30.0
+# A probe read is sized to take about this long at the tier's known rate (at least one page object):
+# on a slow link its reply holds up every other reply behind it (a lookup's among them), so a link
+# known at 2 MB/s is probed with one object, not the store's 4 MiB (two seconds of the link).
+PROBE_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -97,13 +101,23 @@ class PrefillReading:
 @dataclass(frozen=True)
 class Admission:
     """``admit``'s answer: the leading page objects to report, the tiers of the hit to time a
-    probe read of (their newest read is ``REPROBE_S`` old), and the tiers it was declined for to
-    time a read of one object of (``recheck``: a tier declined as slow is found fast again within
-    seconds, not at the next ``REPROBE_S``)."""
+    probe read of (their newest read is ``REPROBE_S`` old) and how many objects each probe reads,
+    and the tiers it was declined for to time a read of one object of (``recheck``: a tier
+    declined as slow is found fast again within seconds, not at the next ``REPROBE_S``)."""
 
     objects: int
     probe: tuple[int, ...]
     recheck: tuple[int, ...] = ()
+    # Per ``probe`` tier, the most page objects its probe should read (``PROBE_S`` at the tier's
+    # known rate); ``None``: no rate known yet, the store's own bound applies. Left out: ``None``
+    # for each.
+    probe_objects: tuple[int | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.probe_objects:
+            object.__setattr__(self, "probe_objects", (None,) * len(self.probe))
+        elif len(self.probe_objects) != len(self.probe):
+            raise ValueError(f"{len(self.probe_objects)} probe sizes for {len(self.probe)} probed tiers")
 
 
 @dataclass(frozen=True)
@@ -168,6 +182,14 @@ class _ReadFit:
         self.calls += 1
         self.read_at = self.last_at = now
         self.last_bytes = nbytes
+
+    def objects_within(self, seconds: float, object_nbytes: int) -> int | None:
+        """Page objects of ``object_nbytes`` a read is expected to take about ``seconds`` for (at
+        least one); ``None`` before any read."""
+        one = self.seconds(object_nbytes)
+        if self.x <= 0 or one <= 0:
+            return None
+        return max(1, int(seconds / one))  # each object costed a call: errs towards a smaller probe
 
     def seconds(self, nbytes: int) -> float:
         """Expected wall seconds of one call reading ``nbytes``."""
@@ -256,12 +278,13 @@ class LoadGate:
             for t in probe:
                 fits[t].last_at = now  # one probe per tier until it or a read reports back
             self._probes += bool(probe)
+            sizes = tuple(fits[t].objects_within(PROBE_S, object_nbytes) for t in probe)
             per_token = self._learn_prefill()
             if not per_token:
-                return Admission(n, probe)
+                return Admission(n, probe, probe_objects=sizes)
             kept = self._worth(tiers, object_nbytes, object_tokens, per_token)
             if kept == n:
-                return Admission(kept, probe)
+                return Admission(kept, probe, probe_objects=sizes)
             self._decline(tiers, kept, per_token)
             recheck = []
             for t in sorted(set(tiers[kept:]) - set(probe)):
@@ -270,7 +293,7 @@ class LoadGate:
                     fit.last_at = now
                     recheck.append(t)
             self._probes += bool(recheck) and not probe
-            return Admission(kept, probe, tuple(recheck))
+            return Admission(kept, probe, tuple(recheck), sizes)
 
     def rereads(self) -> bool:
         """Whether a hit read now may be judged again (``first_read``): a prefill rate is known and

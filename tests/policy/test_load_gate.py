@@ -9,6 +9,7 @@ import pytest
 
 from mooncake_sgl.api import PagesRead
 from mooncake_sgl.policy.load_gate import (
+    PROBE_S,
     REPROBE_S,
     STALE_S,
     LoadGate,
@@ -108,6 +109,21 @@ def test_a_per_call_cost_makes_one_page_not_worth_it_where_many_are() -> None:
     g.on_events([PagesRead(1, n, n, n * MIB, 0.02 + n * 1e-3) for n in (1, 2, 8, 32, 64)])
     assert g.admit([1], MIB, PAGE_TOKENS).objects == 0
     assert g.admit([1] * 32, MIB, PAGE_TOKENS).objects == 32
+
+
+def test_a_probe_reads_what_the_tier_is_known_to_read_in_a_moment_and_at_least_one_object() -> None:
+    """On a slow link a probe's reply holds up every reply behind it: a tier known slow is probed
+    with one object; a fast one with as many as ``PROBE_S`` of its reads; an unread one, unbounded."""
+    g, _, clock = gate(per_token=1e-4)
+    reads(g, 0, 10e9)  # host: 0.1 ms a MiB
+    reads(g, 1, 2e6)  # a link at 2 MB/s: half a second a MiB
+    clock.now += REPROBE_S
+    probed = g.admit([0, 0, 1, 1], MIB, PAGE_TOKENS)
+    assert probed.probe == (0, 1)
+    fast, slow = probed.probe_objects
+    assert slow == 1 and fast is not None and fast * MIB / 10e9 <= PROBE_S < (fast + 1) * MIB / 10e9 * 1.5
+    unread, _, _ = gate(per_token=None)
+    assert unread.admit([1, 1], MIB, PAGE_TOKENS).probe_objects == (None,)
 
 
 def test_a_tier_not_read_lately_is_probed_off_the_request_path_once_per_interval() -> None:
