@@ -38,9 +38,11 @@ class Promoter:
                 hold: list[PageKey], nbytes: list[int]) -> None:
         """Copy ``keys`` (found in tiers ``found``, read at ``nbytes`` each) up where the policy
         says. ``pages`` holds their bytes already (inline); ``None`` means read them again from
-        where they were found, at the size the tier names, or where it names none (the pool: its
-        protocol has no sizes) at the size they were read at. ``hold`` are the pages no eviction
-        may take meanwhile (the promoted ones, or the caller's whole read)."""
+        where they were found, at the size they were read at: a tier reads a page only into a
+        destination of its stored size (the tier conformance suite holds every tier to it), so no
+        tier is asked (the pool could not say; Mooncake Store asks its master once per page).
+        ``hold`` are the pages no eviction may take meanwhile (the promoted ones, or the caller's
+        whole read)."""
         with self._residency.held(hold):
             by_target: dict[int, list[int]] = {}
             for i, target in enumerate(self._residency.promotion_targets(keys, found)):
@@ -59,11 +61,9 @@ class Promoter:
 
     def _reread_and_write_up(self, source: int, target: int, keys: list[PageKey], nbytes: list[int]) -> None:
         tier = self._calls.tiers[source]
-        sizes = [n or read for n, read in zip(self._calls.sizes(source, keys), nbytes)]
-        present = [i for i, n in enumerate(sizes) if n]
-        for batch in self._staging.batches([sizes[i] for i in present]):
-            bk = [keys[present[j]] for j in batch]
-            staged = self._staging.pages(("promote", source), [sizes[present[j]] for j in batch])
+        for batch in self._staging.batches(nbytes):
+            bk = [keys[j] for j in batch]
+            staged = self._staging.pages(("promote", source), [nbytes[j] for j in batch])
             got = self._calls.call(source, "get", tier.get_into, bk, staged)
             self._mover.yield_now()
             self._write_up(target, [k for k, g in zip(bk, got) if g],
