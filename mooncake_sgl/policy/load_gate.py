@@ -107,17 +107,10 @@ class Admission:
 
     objects: int
     probe: tuple[int, ...]
-    recheck: tuple[int, ...] = ()
     # Per ``probe`` tier, the most page objects its probe should read (``PROBE_S`` at the tier's
-    # known rate); ``None``: no rate known yet, the store's own bound applies. Left out: ``None``
-    # for each.
-    probe_objects: tuple[int | None, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.probe_objects:
-            object.__setattr__(self, "probe_objects", (None,) * len(self.probe))
-        elif len(self.probe_objects) != len(self.probe):
-            raise ValueError(f"{len(self.probe_objects)} probe sizes for {len(self.probe)} probed tiers")
+    # known rate); ``None``: no rate known yet, the store's own bound applies.
+    probe_objects: tuple[int | None, ...]
+    recheck: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -269,7 +262,7 @@ class LoadGate:
         tiers to probe."""
         n = len(tiers)
         if not n:
-            return Admission(0, ())
+            return Admission(0, (), ())
         with self._lock:
             self._lookups += 1
             fits = self._fits
@@ -281,10 +274,10 @@ class LoadGate:
             sizes = tuple(fits[t].objects_within(PROBE_S, object_nbytes) for t in probe)
             per_token = self._learn_prefill()
             if not per_token:
-                return Admission(n, probe, probe_objects=sizes)
+                return Admission(n, probe, sizes)
             kept = self._worth(tiers, object_nbytes, object_tokens, per_token)
             if kept == n:
-                return Admission(kept, probe, probe_objects=sizes)
+                return Admission(kept, probe, sizes)
             self._decline(tiers, kept, per_token)
             recheck = []
             for t in sorted(set(tiers[kept:]) - set(probe)):
@@ -293,7 +286,7 @@ class LoadGate:
                     fit.last_at = now
                     recheck.append(t)
             self._probes += bool(recheck) and not probe
-            return Admission(kept, probe, tuple(recheck), sizes)
+            return Admission(kept, probe, sizes, tuple(recheck))
 
     def rereads(self) -> bool:
         """Whether a hit read now may be judged again (``first_read``): a prefill rate is known and
