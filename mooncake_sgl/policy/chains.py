@@ -40,23 +40,35 @@ class ChainLinks:
         """Record the links of a looked-up chain; returns the (page, parent) links newly learnt for
         pages already resident (their parents gain a resident child)."""
         learnt = []
+        links, pending = self._parent, self._pending
         prev = parent
         for key in keys:
-            if key not in self._parent:
+            if key not in links:
                 if resident(key):
-                    self._parent[key] = prev
+                    links[key] = prev
                     learnt.append((key, prev))
                 else:
-                    self._pending[key] = prev
+                    pending[key] = prev
             prev = key
-        while len(self._pending) > PENDING_LINKS:
-            self._pending.popitem(last=False)
+        while len(pending) > PENDING_LINKS:
+            pending.popitem(last=False)
         return learnt
 
     def adopt(self, key: PageKey) -> None:
         """``key`` became resident: its pending link (if any) becomes a resident one."""
         if key in self._pending:
             self._parent[key] = self._pending.pop(key)
+
+    def adopt_all(self, keys: Sequence[PageKey], kids: dict[PageKey, int]) -> None:
+        """``keys`` became resident in a tier where no other tier holds them (``kids``: that tier's
+        resident children per page): ``adopt`` each, and its parent gains a child there."""
+        links, pending = self._parent, self._pending
+        for key in keys:
+            if key in pending:
+                links[key] = pending.pop(key)
+            p = links.get(key)
+            if p is not None:
+                kids[p] = kids.get(p, 0) + 1
 
     def drop(self, key: PageKey) -> None:
         """``key`` is resident nowhere any more."""
@@ -68,11 +80,13 @@ class ChainLinks:
         in every tier holding it. ``holders[i]``: the pages a tier holds; ``kids[i]``: that tier's
         resident children per page (a page with children there is not a victim before them)."""
 
-        def resident(key: PageKey) -> bool:
+        def in_any(key: PageKey) -> bool:
             for held in holders:
                 if key in held:
                     return True
             return False
+
+        resident = holders[0].__contains__ if len(holders) == 1 else in_any
 
         for key, p in self.learn(keys, parent, resident):
             if p is None:
@@ -85,13 +99,17 @@ class ChainLinks:
         """``key`` left a tier (``kids``: that tier's resident children per page): its parent loses a
         child there."""
         p = self._parent.get(key)
-        if p is None:
-            return
-        left = kids.get(p, 0) - 1
-        if left > 0:
-            kids[p] = left
-        else:
-            kids.pop(p, None)
+        if p is not None:
+            _lose_child(kids, p)
+
+    def depart_all(self, keys: Sequence[PageKey], kids: dict[PageKey, int]) -> None:
+        """``keys`` left the only tier holding them (``kids``: its resident children per page):
+        ``leave_tier`` and ``drop`` each."""
+        links = self._parent
+        for key in keys:
+            p = links.pop(key, None)
+            if p is not None:
+                _lose_child(kids, p)
 
     def ancestors(self, key: PageKey | None) -> Iterator[PageKey]:
         """``key`` and the known pages before it, nearest first (resident or pending links)."""
@@ -100,3 +118,12 @@ class ChainLinks:
             yield key
             key = self._parent[key] if key in self._parent else self._pending.get(key)
             steps -= 1
+
+
+def _lose_child(kids: dict[PageKey, int], parent: PageKey) -> None:
+    """``parent`` has one resident child fewer in the tier ``kids`` counts them for."""
+    left = kids.get(parent, 0) - 1
+    if left > 0:
+        kids[parent] = left
+    else:
+        kids.pop(parent, None)

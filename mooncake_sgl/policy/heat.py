@@ -90,6 +90,12 @@ def reached(heat: float, hits: int) -> bool:
     return heat >= hits - 0.5
 
 
+def reached_all(heats: Sequence[float], hits: int) -> list[bool]:
+    """``reached`` for each of ``heats``."""
+    bar = hits - 0.5
+    return [heat >= bar for heat in heats]
+
+
 class HeatSegments(TierState):
     """One tier: probation FIFO + main LRU, both ordered oldest first, with their ghost lists. Every
     value is ``None``: ``pop(key, 0) is None`` means "was there"; sizes are the record's."""
@@ -111,31 +117,32 @@ class HeatSegments(TierState):
     def pages(self) -> int:
         return len(self.main) + len(self.probation)
 
-    def remember(self, ghost: OrderedDict[PageKey, None], key: PageKey) -> None:
-        ghost[key] = None
-        limit = max(64, GHOST_PER_PAGE * self.pages())
-        while len(ghost) > limit:
-            ghost.popitem(last=False)
+    def place(self, key: PageKey, nbytes: int, warm: bool) -> None:
+        """``key`` arrived: ``place_all`` of one page."""
+        self.place_all((key,), nbytes, (warm,))
 
-    def place(self, key: PageKey, nbytes: int, warm: Callable[[PageKey], bool]) -> None:
-        """``key`` arrived: into ``main`` when a ghost remembers it (moving the split, ARC's rule)
-        or ``warm`` says it was demanded before, else into ``probation``. Ghost values are
-        ``None``: ``pop(key, 0) is None`` means "was in that ghost"."""
-        if self.ghost_probation.pop(key, 0) is None:
-            self.ghost_hits_probation += 1
-            self.adapt(nbytes, grow=True)
-            into_main = True
-        elif self.ghost_main.pop(key, 0) is None:
-            self.ghost_hits_main += 1
-            self.adapt(nbytes, grow=False)
-            into_main = True
-        else:
-            into_main = warm(key)
-        if into_main:
-            self.main[key] = None
-        else:
-            self.probation[key] = None
-            self.used_probation += nbytes
+    def place_all(self, keys: Sequence[PageKey], nbytes: int, warm: Sequence[bool]) -> None:
+        """``keys`` arrived, in this order, ``nbytes`` each: into ``main`` when a ghost remembers
+        the page (moving the split, ARC's rule) or ``warm`` says it was demanded before, else into
+        ``probation``. Ghost values are ``None``: ``pop(key, 0) is None`` means "was in that
+        ghost". One call for a write's pages: the curves' miniatures place most of the pages they
+        are fed."""
+        ghost_probation, ghost_main = self.ghost_probation, self.ghost_main
+        probation, main = self.probation, self.main
+        for key, hot in zip(keys, warm):
+            if ghost_probation.pop(key, 0) is None:
+                self.ghost_hits_probation += 1
+                self.adapt(nbytes, grow=True)
+                main[key] = None
+            elif ghost_main.pop(key, 0) is None:
+                self.ghost_hits_main += 1
+                self.adapt(nbytes, grow=False)
+                main[key] = None
+            elif hot:
+                main[key] = None
+            else:
+                probation[key] = None
+                self.used_probation += nbytes
 
     def referenced(self, key: PageKey, sizes: Mapping[PageKey, int]) -> None:
         """A hit on ``key``: reuse proven, out of probation into ``main``; in ``main``, most recent."""
@@ -145,15 +152,24 @@ class HeatSegments(TierState):
         elif key in self.main:
             self.main.move_to_end(key)
 
-    def evict(self, key: PageKey, from_probation: bool, nbytes: int) -> None:
-        """A victim ``pick`` chose leaves its segment for that segment's ghost."""
-        if from_probation:
-            del self.probation[key]
-            self.used_probation -= nbytes
-            self.remember(self.ghost_probation, key)
-        else:
-            del self.main[key]
-            self.remember(self.ghost_main, key)
+    def evict_all(self, chosen: Mapping[PageKey, bool], sizes: Mapping[PageKey, int] | None) -> None:
+        """The victims ``pick`` chose (victim -> from probation) leave their segments for those
+        segments' ghosts, each ghost kept to ``GHOST_PER_PAGE`` entries per page left (at least
+        64); ``sizes``: the pages' bytes, ``None`` where every page is one unit."""
+        probation, main = self.probation, self.main
+        ghost_probation, ghost_main = self.ghost_probation, self.ghost_main
+        for key, from_probation in chosen.items():
+            if from_probation:
+                del probation[key]
+                self.used_probation -= 1 if sizes is None else sizes[key]
+                ghost = ghost_probation
+            else:
+                del main[key]
+                ghost = ghost_main
+            ghost[key] = None
+            limit = max(64, GHOST_PER_PAGE * (len(main) + len(probation)))
+            while len(ghost) > limit:
+                ghost.popitem(last=False)
 
     def pick(self, sizes: Mapping[PageKey, int], nbytes: int, held: AbstractSet[PageKey],
              pinned: Callable[[PageKey], bool], chosen: dict[PageKey, bool],
@@ -332,10 +348,7 @@ class HeatPolicy(ChainedPolicy):
             watch.limit = max(64, min(WATCH_LIMIT, pages))
 
     def _place(self, seg: HeatSegments, tier: int, key: PageKey, nbytes: int) -> None:
-        seg.place(key, nbytes, self._seen_before)
-
-    def _seen_before(self, key: PageKey) -> bool:
-        return self._hot(key, SEEN_BEFORE)
+        seg.place(key, nbytes, self._hot(key, SEEN_BEFORE))
 
     def on_remove(self, keys: Sequence[PageKey], tier: int) -> None:
         seg = self._tiers[tier]
@@ -404,8 +417,8 @@ class HeatPolicy(ChainedPolicy):
         freed = seg.pick(sizes, nbytes, held, pinned, chosen, (seg.kids.__contains__,))
         if freed < nbytes:  # only parents of resident children are left: take them too
             freed += seg.pick(sizes, nbytes - freed, held, pinned, chosen)
-        for key, from_probation in chosen.items():
-            seg.evict(key, from_probation, sizes[key])
+        seg.evict_all(chosen, sizes)
+        for key in chosen:
             self._depart(seg, tier, key)
         seg.evictions += len(chosen)
         return list(chosen)

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from ..api import PageKey
 from ..config import PolicyConfig
 from .chains import ChainLinks
-from .heat import SEEN_BEFORE, HeatSegments, reached
+from .heat import SEEN_BEFORE, HeatSegments, reached_all
 from .pins import Pins
 from .shadow import prefix_hits
 from .sketch import make_sketch
@@ -110,23 +110,16 @@ class HeatMiniature:
         if not self._sized:
             self._sized = True
             self._sketch.ensure_capacity(max(1, self.capacity))
-        for key in fresh:
-            resident[key] = 1
-        seg, links, kids, warm = self._seg, self._links, self._seg.kids, self._warm
-        for key in reversed(fresh):  # tail first: tails leave first
-            seg.place(key, 1, warm)
-            links.adopt(key)
-            p = links.parent_of(key)
-            if p is not None:
-                kids[p] = kids.get(p, 0) + 1
-
-    def _warm(self, key: PageKey) -> bool:
-        return reached(self._sketch.estimate(key), SEEN_BEFORE)
+        resident.update(dict.fromkeys(fresh, 1))
+        fresh.reverse()  # tail first: tails leave first
+        sketch, seg = self._sketch, self._seg
+        seg.place_all(fresh, 1, reached_all(sketch.estimates(fresh), SEEN_BEFORE))
+        self._links.adopt_all(fresh, seg.kids)
 
     def _evict(self, pages: int, held: frozenset[PageKey]) -> None:
         resident, pins, seg = self._resident, self._pins, self._seg
         pinned = _NEVER if pins is None else pins.is_pinned
-        stuck = sum(1 for k in held if k in resident)
+        stuck = len(held & resident.keys())
         if pins is not None:
             stuck += sum(1 for k in pins.keys() if k in resident and k not in held and pinned(k))
         if len(resident) - stuck < pages:
@@ -137,15 +130,16 @@ class HeatMiniature:
         freed = seg.pick(resident, pages, held, pinned, chosen, walk_past)
         if freed < pages:  # only parents of resident children are left: take them too
             seg.pick(resident, pages - freed, held, pinned, chosen)
-        links, kids, owed = self._links, seg.kids, self.owed
-        for key, from_probation in chosen.items():
-            seg.evict(key, from_probation, 1)
-            links.leave_tier(key, kids)
-            links.drop(key)
-            if pins is not None:
+        seg.evict_all(chosen, None)
+        self._links.depart_all(chosen, seg.kids)
+        if pins is not None:
+            for key in chosen:
                 pins.forget(key)
-            if owed is not None:
+        owed = self.owed
+        if owed:
+            for key in chosen:
                 owed.pop(key, None)
+        for key in chosen:
             del resident[key]
         seg.evictions += len(chosen)
 
