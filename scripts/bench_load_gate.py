@@ -25,7 +25,7 @@ deadline).
 Per phase: each request's TTFT over recompute's, how many were slower than 1.1x recompute, mean
 TTFT, the share of nogate's TTFT gain the gate kept, tokens served from storage, the gate's own
 counters, the load and prefill rate, and whether the greedy outputs agree. ``--json PATH`` writes
-every request. ``--trace DIR`` also times the gate server's calls into the backend
+every request. ``--trace DIR`` also times the gate and nogate servers' calls into the backend
 (``devtools/bench/prefetch_trace``): per request, when the backend had answered SGLang's lookup and
 reads, against the TTFT.
 
@@ -214,21 +214,27 @@ def summary(rows: list[dict[str, Any]], doc_tokens: int) -> dict[str, Any]:
     return out
 
 
+TRACED = ("gate", "nogate")
+
+
 def backend_answers(phases: list[dict[str, Any]], trace: Path) -> str:
-    """Per gate request, when the backend had answered (its last call within the TTFT ended), from
-    the server's trace; the rest of the TTFT is SGLang's."""
-    calls = [e for e in load_trace(trace) if e["kind"] in ("exists", "get")]
-    lines = ["gate server, per request: TTFT, and when the backend's calls within it had answered"]
+    """Per request, on the gate and nogate servers, when the backend had answered (its last call
+    within the TTFT ended), from each server's trace; the rest of the TTFT is SGLang's."""
+    lines = ["per request, gate / nogate server: TTFT, and when the backend's calls within it had answered"]
+    calls = {v: [e for e in load_trace(trace / f"{v}.jsonl") if e["kind"] in ("exists", "get")]
+             for v in TRACED}
     for p in phases:
         for r in p["requests"]:
-            g = r["gate"]
-            t0, t1 = g["sent_at"], g["sent_at"] + g["ttft_s"]
-            mine = [e for e in calls if t0 <= e["start"] <= t1]
-            answered = max((e["start"] + e["seconds"] - t0 for e in mine), default=0.0)
-            g["backend_answered_s"] = answered
-            spent = ", ".join(f"{e['kind']} {e['seconds'] * 1e3:.1f} ms ({e['pages']} pages)" for e in mine)
-            lines.append(f"  {p['rate_mbps']:g} MB/s #{r['request'] + 1}: TTFT {g['ttft_s']:.3f} s, "
-                         f"answered at {answered:.3f} s: {spent or 'no call'}")
+            for v in TRACED:
+                g = r[v]
+                t0, t1 = g["sent_at"], g["sent_at"] + g["ttft_s"]
+                mine = [e for e in calls[v] if t0 <= e["start"] <= t1]
+                answered = max((e["start"] + e["seconds"] - t0 for e in mine), default=0.0)
+                g["backend_answered_s"] = answered
+                spent = ", ".join(f"{e['kind']} {e['seconds'] * 1e3:.1f} ms ({e['pages']} pages)"
+                                  for e in mine)
+                lines.append(f"  {p['rate_mbps']:g} MB/s #{r['request'] + 1} {v:<6}: TTFT "
+                             f"{g['ttft_s']:.3f} s, answered at {answered:.3f} s: {spent or 'no call'}")
     return "\n".join(lines)
 
 
@@ -262,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--health-timeout", type=float, default=600.0)
     p.add_argument("--json", type=Path, help="write every phase and request here")
-    p.add_argument("--trace", type=Path, metavar="DIR", help="time the gate server's backend calls here")
+    p.add_argument("--trace", type=Path, metavar="DIR",
+                   help="time the gate and nogate servers' backend calls here")
     args = p.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
     why = unavailable(args.medium)
@@ -282,12 +289,12 @@ def main(argv: list[str] | None = None) -> int:
                     extra = ("--enable-metrics", "--max-total-tokens", str(4 * args.doc_tokens),
                              *(() if v == "recompute" else ("--hicache-ratio", "2.0")))
                     env = {"XDG_CACHE_HOME": str(work / "cache")}
-                    if args.trace and v == "gate":
+                    if args.trace and v in TRACED:
                         args.trace.mkdir(parents=True, exist_ok=True)
-                        for stale in args.trace.glob("gate.jsonl.*"):  # an earlier run's
+                        for stale in args.trace.glob(f"{v}.jsonl.*"):  # an earlier run's
                             stale.unlink()
                         env |= {"PYTHONPATH": os.pathsep.join((str(TRACER), str(ROOT))),
-                                "MOONCAKE_SGL_PREFETCH_TRACE": str(args.trace / "gate.jsonl")}
+                                "MOONCAKE_SGL_PREFETCH_TRACE": str(args.trace / f"{v}.jsonl")}
                     servers[v] = LaunchedServer(lambda port, a=variant, e=extra: launch_command(
                         str(model), port, a, cpu=cpu, extra=e), free_port(), work / f"{v}.log",
                         args.health_timeout, env=server_env(cpu, env))
@@ -302,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
           "is the only storage tier; 'slower': requests over 1.1x recompute's TTFT")
     print(table(phases))
     if args.trace:
-        print(backend_answers(phases, args.trace / "gate.jsonl"))
+        print(backend_answers(phases, args.trace))
     if args.json:
         args.json.write_text(json.dumps({"medium": args.medium, "phases": phases,
                                          "doc_tokens": args.doc_tokens}, indent=1))

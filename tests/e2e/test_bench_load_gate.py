@@ -49,15 +49,20 @@ def test_the_table_names_each_phase_and_the_gates_counters() -> None:
     assert "nogate" in text and "3.00x" in text
 
 
-def test_the_trace_says_when_the_backend_had_answered_each_request(tmp_path: Path) -> None:
+def test_the_trace_says_when_each_servers_backend_had_answered_each_request(tmp_path: Path) -> None:
     bench = _load()
-    r = row(0.1, 0.2, 2.0, 64)
+    r = row(0.1, 0.2, 0.15, 64)
     r["request"] = 0
-    r["gate"]["sent_at"] = 1000.0
-    calls = [{"t": 1000.01, "kind": "exists", "start": 1000.001, "seconds": 0.001, "pages": 63},
-             {"t": 1000.02, "kind": "get", "start": 1000.009, "seconds": 0.010, "pages": 63},
-             {"t": 1001.00, "kind": "get", "start": 1000.5, "seconds": 0.010, "pages": 63}]  # not in it
-    (tmp_path / "gate.jsonl.7").write_text("".join(bench.json.dumps(c) + "\n" for c in calls))
-    text = bench.backend_answers([{"rate_mbps": 2.0, "requests": [r]}], tmp_path / "gate.jsonl")
-    assert "2 MB/s #1: TTFT 0.200 s, answered at 0.019 s: exists 1.0 ms (63 pages), get 10.0 ms" in text
+    r["gate"]["sent_at"] = r["nogate"]["sent_at"] = 1000.0
+    gate = [{"t": 1000.01, "kind": "exists", "start": 1000.001, "seconds": 0.001, "pages": 63},
+            {"t": 1000.02, "kind": "get", "start": 1000.009, "seconds": 0.010, "pages": 63},
+            {"t": 1001.00, "kind": "get", "start": 1000.5, "seconds": 0.010, "pages": 63}]  # not in it
+    nogate = [{"t": 1000.01, "kind": "get", "start": 1000.002, "seconds": 0.005, "pages": 63}]
+    for name, calls in (("gate", gate), ("nogate", nogate)):
+        (tmp_path / f"{name}.jsonl.7").write_text("".join(bench.json.dumps(c) + "\n" for c in calls))
+    text = bench.backend_answers([{"rate_mbps": 2.0, "requests": [r]}], tmp_path)
+    assert ("2 MB/s #1 gate  : TTFT 0.200 s, answered at 0.019 s: exists 1.0 ms (63 pages), get 10.0 ms"
+            in text)
+    assert "2 MB/s #1 nogate: TTFT 0.150 s, answered at 0.007 s: get 5.0 ms (63 pages)" in text
     assert abs(r["gate"]["backend_answered_s"] - 0.019) < 1e-9
+    assert abs(r["nogate"]["backend_answered_s"] - 0.007) < 1e-9
