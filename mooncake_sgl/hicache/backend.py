@@ -360,8 +360,11 @@ class MooncakeSglStorage(HiCacheStorage):
         # Bounded, only the page in the tier that may have turned slow; otherwise one call for all.
         split = done - 1 if limit is not None else 0
         ok = page_objects.move_pages(self._store, kv, keys[:split], pages[:split], None, write=False)
+        given_up = False
         if all(ok):
-            ok += self._read_within(kv, where, split, done, keys, pages, limit)
+            read = self._read_within(kv, where, split, done, keys, pages, limit)
+            given_up = read is None
+            ok += [False] * (done - split) if read is None else read
         while done < len(keys) and all(ok):
             # Judged again after each read, in doubling steps until the reading so far is long
             # enough to judge the disk by (a throttle's or a cache's burst makes one page look fast).
@@ -371,11 +374,16 @@ class MooncakeSglStorage(HiCacheStorage):
             doubling = worth >= left and took < SLOW_FIRST_READ_S
             step = min(left, done) if doubling else worth
             # A doubling step is bounded as the first read is; the rest, once judged worth it, is not.
-            ok += self._read_within(kv, where, done, done + step, keys, pages, limit if doubling else None)
+            read = self._read_within(kv, where, done, done + step, keys, pages, limit if doubling else None)
+            given_up = read is None
+            ok += [False] * step if read is None else read
             done += step
             if step < left and step == worth:
-                break  # the rest is given up
+                given_up = True  # the rest is given up
+                break
         ok += [False] * (len(keys) - len(ok))
+        if given_up and not self._gate_keeps_partial(kv, ok):
+            ok = [False] * len(keys)
         self._calls.record("prefetch", 0 if kv.logical else sum(ok), self._geometry.page_nbytes, start)
         return ok
 
@@ -407,17 +415,23 @@ class MooncakeSglStorage(HiCacheStorage):
         return self._gate.give_up_after(len(where), self._geometry.page_size / kv.parts)
 
     def _read_within(self, kv: page_objects.PoolObjects, where: list[int], lo: int, hi: int,
-                     keys: list[str], pages: list[PageView], limit: float | None) -> list[bool]:
-        """Pages ``lo:hi`` of the hit read; within ``limit`` seconds, or none of them (then, a tier
-        that stalled, the rest of the hit is counted as given up: the reader stops at a miss)."""
+                     keys: list[str], pages: list[PageView], limit: float | None) -> list[bool] | None:
+        """Pages ``lo:hi`` of the hit read; within ``limit`` seconds, or none of them: ``None``, a
+        tier that stalled, the rest of the hit counted as given up."""
         if limit is None:
             return page_objects.move_pages(self._store, kv, keys[lo:hi], pages[lo:hi], None, write=False)
         ok = page_objects.read_within(self._store, kv, keys[lo:hi], pages[lo:hi], limit)
         if ok is None:
             assert self._gate is not None
             self._gate.gave_up(where[lo * kv.parts:])
-            return [False] * (hi - lo)
         return ok
+
+    def _gate_keeps_partial(self, kv: page_objects.PoolObjects, ok: list[bool]) -> bool:
+        """Whether the leading pages read of a hit whose rest was given up are reported loaded
+        (``LoadGate.keeps_partial``); the rest of ``ok`` is already ``False``."""
+        assert self._gate is not None
+        read = next((i for i, hit in enumerate(ok) if not hit), len(ok))
+        return self._gate.keeps_partial(read * kv.parts, len(ok) * kv.parts)
 
     def _still_worth(self, kv: page_objects.PoolObjects, where: list[int], npages: int,
                      first_nbytes: int, first_seconds: float) -> int:

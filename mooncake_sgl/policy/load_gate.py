@@ -77,6 +77,12 @@ SLOW_FIRST_READ_S = 0.01
 GIVE_UP_SHARE = 0.1
 # ...but never sooner than this: what a busy host's scheduling can add to a healthy read.
 GIVE_UP_FLOOR_S = 0.005
+# A hit whose rest was given up is reported loaded as far as it was read only where that is at
+# least this share of it; less, and it is reported missing whole. Its saving is at most that share
+# of the hit's, and a short prefix can cost more to compute beside than the whole: SGLang on CPU
+# (torch's attention) computed a 4,096-token request in 57 ms from nothing, 109 ms beside 64 cached
+# tokens, 85 ms beside 1,024, 60 ms beside 2,048 (docs/benchmarks.md, the load gate).
+PARTIAL_KEEP_SHARE = 0.5
 # A tier a hit was declined for is read one object at a time off the request path (``recheck``)
 # at most once per this many times that read's expected duration (and never within ``STALE_S``): a
 # slow disk spends at most about a tenth of its time on these reads.
@@ -328,6 +334,15 @@ class LoadGate:
             with self._lock:
                 self._abandon(tiers[0], len(tiers), "a read did not answer within a tenth of the time "
                               "the hit recomputes in; the pages not read yet are left")
+
+    def keeps_partial(self, read_objects: int, hit_objects: int) -> bool:
+        """A hit was given up after ``read_objects`` of its ``hit_objects`` were read: whether to
+        report those as loaded (``PARTIAL_KEEP_SHARE``); if not, they are counted as abandoned too."""
+        if read_objects >= PARTIAL_KEEP_SHARE * hit_objects:
+            return True
+        with self._lock:
+            self._abandoned += read_objects
+        return False
 
     def admit_rest(self, tiers: Sequence[int], object_nbytes: int, object_tokens: float,
                    first_nbytes: int = 0, first_seconds: float = 0.0) -> int:

@@ -139,10 +139,11 @@ def test_a_hit_whose_disk_turned_slow_is_given_up_after_its_first_page(make_back
     old_evidence(monkeypatch)
     monkeypatch.setattr(load_gate, "GIVE_UP_SHARE", 100.0)  # the first read is waited for whole
     calls = slowed(backend, monkeypatch, 0.05)  # 50 ms to read a page now
-    assert backend.batch_get_v1(keys, pool.alloc(PAGES * PAGE)) == [True] + [False] * (PAGES - 1)
+    # The page read is reported missing too: a prefix that short costs SGLang more beside it.
+    assert backend.batch_get_v1(keys, pool.alloc(PAGES * PAGE)) == [False] * PAGES
     assert calls == [1]  # the rest was never read
     counters = gate_counters(store_stats(backend)["load_gate"])
-    assert (counters["gate_abandoned_lookups"], counters["gate_abandoned_pages"]) == (1, PAGES - 1)
+    assert (counters["gate_abandoned_lookups"], counters["gate_abandoned_pages"]) == (1, PAGES)
     assert backend.batch_exists(keys) == 0  # and the next lookup declines the hit up front
 
 
@@ -180,12 +181,37 @@ def test_a_disk_whose_burst_let_the_first_page_through_stalls_the_next_step_no_l
 
     monkeypatch.setattr(tier, "get_into", burst_then_stall)
     t0 = time.monotonic()
-    assert backend.batch_get_v1(keys, pool.alloc(PAGES * PAGE)) == [True] + [False] * (PAGES - 1)
+    assert backend.batch_get_v1(keys, pool.alloc(PAGES * PAGE)) == [False] * PAGES
     assert time.monotonic() - t0 < 0.5
     counters = gate_counters(store_stats(backend)["load_gate"])
-    assert (counters["gate_abandoned_lookups"], counters["gate_abandoned_pages"]) == (1, PAGES - 1)
+    assert (counters["gate_abandoned_lookups"], counters["gate_abandoned_pages"]) == (1, PAGES)
     time.sleep(1.2)  # let the read given up end before the tier closes
     assert calls == [1, 1]
+
+
+def test_a_hit_given_up_after_half_of_it_was_read_reports_that_half_loaded(
+        make_backend, tmp_path, scheduler, monkeypatch) -> None:
+    backend, pool, keys = judged_again(make_backend, tmp_path, scheduler, monkeypatch)
+    never_long(monkeypatch)
+    # 128 ms to answer each read: the three before the stall are not given up on a busy host.
+    monkeypatch.setattr(load_gate, "GIVE_UP_SHARE", 1.0)
+    tier = backend._store.tiers[0]
+    inner, calls = tier.get_into, []
+
+    def stall_at_the_fourth_read(keys, pages):
+        calls.append(len(keys))
+        if len(calls) > 3:
+            time.sleep(1.0)
+        return inner(keys, pages)
+
+    monkeypatch.setattr(tier, "get_into", stall_at_the_fourth_read)
+    dst = pool.alloc(PAGES * PAGE)
+    half = PAGES // 2
+    assert backend.batch_get_v1(keys, dst) == [True] * half + [False] * (PAGES - half)
+    assert calls == [1, 1, 2, half]  # 1 + 1 + 2 pages read, the fourth step stalled
+    counters = gate_counters(store_stats(backend)["load_gate"])
+    assert (counters["gate_abandoned_lookups"], counters["gate_abandoned_pages"]) == (1, PAGES - half)
+    time.sleep(1.2)
 
 
 def test_a_hit_whose_first_page_read_fast_is_read_whole(make_backend, tmp_path, scheduler,

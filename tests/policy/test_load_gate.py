@@ -126,6 +126,13 @@ def test_a_probe_reads_what_the_tier_is_known_to_read_in_a_moment_and_at_least_o
     assert unread.admit([1, 1], MIB, PAGE_TOKENS).probe_objects == (None,)
 
 
+def test_a_hit_given_up_keeps_what_was_read_only_from_half_of_it_on() -> None:
+    g, _, _ = gate()
+    assert g.keeps_partial(4, 8) and g.keeps_partial(8, 8)
+    assert not g.keeps_partial(3, 8) and not g.keeps_partial(1, 64)
+    assert g.stats().abandoned_pages == 3 + 1  # what is reported missing after all is counted
+
+
 def test_a_tier_not_read_lately_is_probed_off_the_request_path_once_per_interval() -> None:
     g, _, clock = gate(per_token=1e-4)
     reads(g, 1, 50e6)

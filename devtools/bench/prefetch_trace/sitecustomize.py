@@ -10,7 +10,12 @@ that server then appends JSON lines to ``FILE.<pid>``:
   tokens (their host copies are pinned under ``write_through`` while they stay on the device), the
   backups queued or running and the prefetches in flight;
 - ``set`` / ``get`` / ``exists``: each call into the storage backend (ours or any other), with its
-  duration and page count, so a refusal can be read against the backups that held host slots.
+  duration and page count, so a refusal can be read against the backups that held host slots;
+- the scheduler's side of a storage hit: ``prefetch`` (``prefetch_from_storage`` asked for a
+  request), ``transfer`` (the controller's read of it ended: the pages it got), ``progress``
+  (``check_prefetch_progress`` first answered not done, then done) and ``batch`` (each batch run:
+  its requests, mode and duration), so the time between the backend's answer and the request's
+  first token can be placed.
 
 Nothing here changes what SGLang does: each wrapper calls the original and returns its result.
 """
@@ -29,6 +34,9 @@ from typing import Any
 
 _PATH = os.environ.get("MOONCAKE_SGL_PREFETCH_TRACE", "")
 _CONTROLLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller"
+_BASE_CONTROLLER = "sglang.srt.managers.cache_controller"
+_RADIX = "sglang.srt.mem_cache.unified_radix_cache"
+_SCHEDULER = "sglang.srt.managers.scheduler"
 _STORAGE = {"mooncake_sgl.hicache.backend": "MooncakeSglStorage",
             "sglang.srt.mem_cache.storage.mooncake_store.mooncake_store": "MooncakeStore"}
 _lock = threading.Lock()
@@ -80,6 +88,66 @@ def _patch_controller(module: Any) -> None:
     cls.allocate_storage_hit = allocate_storage_hit
 
 
+def _patch_transfer(module: Any) -> None:
+    cls = module.HiCacheController
+    original = cls._page_transfer
+
+    @functools.wraps(original)
+    def _page_transfer(self: Any, operation: Any) -> Any:
+        t0 = time.time()
+        out = original(self, operation)
+        _emit("transfer", rid=str(getattr(operation, "request_id", "")), start=t0,
+              seconds=time.time() - t0, pages=out)
+        return out
+
+    cls._page_transfer = _page_transfer
+
+
+def _patch_radix(module: Any) -> None:
+    cls = module.UnifiedRadixCache
+    prefetch, progress = cls.prefetch_from_storage, cls.check_prefetch_progress
+    waiting: set[str] = set()
+
+    @functools.wraps(prefetch)
+    def prefetch_from_storage(self: Any, request: Any, *args: Any, **kw: Any) -> Any:
+        _emit("prefetch", rid=str(getattr(request, "rid", "")))
+        return prefetch(self, request, *args, **kw)
+
+    @functools.wraps(progress)
+    def check_prefetch_progress(self: Any, request: Any) -> Any:
+        done = progress(self, request)
+        rid = str(getattr(request, "rid", ""))
+        if not done and rid not in waiting:
+            waiting.add(rid)
+            _emit("progress", rid=rid, done=False)
+        elif done:
+            waiting.discard(rid)
+            _emit("progress", rid=rid, done=True)
+        return done
+
+    cls.prefetch_from_storage = prefetch_from_storage
+    cls.check_prefetch_progress = check_prefetch_progress
+
+
+def _patch_scheduler(module: Any) -> None:
+    cls = module.Scheduler
+    original = cls.run_batch
+
+    @functools.wraps(original)
+    def run_batch(self: Any, batch: Any, *args: Any, **kw: Any) -> Any:
+        t0 = time.time()
+        out = original(self, batch, *args, **kw)
+        _emit("batch", start=t0, seconds=time.time() - t0, mode=str(getattr(batch, "forward_mode", "")),
+              rids=[str(r.rid) for r in getattr(batch, "reqs", ())])
+        return out
+
+    cls.run_batch = run_batch
+
+
+_PATCHES = {_CONTROLLER: _patch_controller, _BASE_CONTROLLER: _patch_transfer, _RADIX: _patch_radix,
+            _SCHEDULER: _patch_scheduler}
+
+
 def _timed(kind: str, original: Any) -> Any:
     @functools.wraps(original)
     def call(self: Any, keys: Any, *args: Any, **kw: Any) -> Any:
@@ -101,7 +169,7 @@ class _Finder(importlib.abc.MetaPathFinder):
     """Patches each traced module right after it is first executed."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != _CONTROLLER and fullname not in _STORAGE:
+        if fullname not in _PATCHES and fullname not in _STORAGE:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
@@ -110,8 +178,8 @@ class _Finder(importlib.abc.MetaPathFinder):
 
         def run(module: Any) -> None:
             exec_module(module)
-            if fullname == _CONTROLLER:
-                _patch_controller(module)
+            if fullname in _PATCHES:
+                _PATCHES[fullname](module)
             else:
                 _patch_storage(module, _STORAGE[fullname])
 
