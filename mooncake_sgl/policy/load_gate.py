@@ -80,8 +80,8 @@ GIVE_UP_FLOOR_S = 0.005
 # A hit whose rest was given up is reported loaded as far as it was read only where that is at
 # least this share of it; less, and it is reported missing whole. Its saving is at most that share
 # of the hit's, and a short prefix can cost more to compute beside than the whole: SGLang on CPU
-# (torch's attention) computed a 4,096-token request in 57 ms from nothing, 109 ms beside 64 cached
-# tokens, 85 ms beside 1,024, 60 ms beside 2,048 (docs/benchmarks.md, the load gate).
+# (torch's attention) computed a 4,096-token request in 58 ms from nothing, 105 ms beside 64
+# cached tokens, 87 ms beside 1,024, 61 ms beside 2,048 (scripts/bench_cached_prefix.py).
 PARTIAL_KEEP_SHARE = 0.5
 # A tier a hit was declined for is read one object at a time off the request path (``recheck``)
 # at most once per this many times that read's expected duration (and never within ``STALE_S``): a
