@@ -84,9 +84,13 @@ GIVE_UP_FLOOR_S = 0.005
 # cached tokens, 87 ms beside 1,024, 61 ms beside 2,048 (scripts/bench_cached_prefix.py).
 PARTIAL_KEEP_SHARE = 0.5
 # A tier a hit was declined for is read one object at a time off the request path (``recheck``)
-# at most once per this many times that read's expected duration (and never within ``STALE_S``): a
-# slow disk spends at most about a tenth of its time on these reads.
+# at most once per this many times that read's expected duration: a slow disk or link spends at
+# most about a tenth of its time on these reads...
 RECHECK_SPACING = 10.0
+# ...and at most once a second: a tier fast again is found so within about a second of lookups
+# declined (at 3 s, on the bench's slow disk, the gate declined the first three requests after the
+# disk was fast again and kept 39-54% of the gain over that phase; at 1 s, one request and 83%).
+RECHECK_MIN_S = 1.0
 # Seconds after a tier's newest read when a lookup that finds pages there asks for a probe read (a
 # disk that was busy may be idle now, an idle one busy).
 REPROBE_S = 30.0
@@ -288,7 +292,7 @@ class LoadGate:
             recheck = []
             for t in sorted(set(tiers[kept:]) - set(probe)):
                 fit = fits[t]
-                if now - fit.last_at >= max(STALE_S, RECHECK_SPACING * fit.seconds(object_nbytes)):
+                if now - fit.last_at >= max(RECHECK_MIN_S, RECHECK_SPACING * fit.seconds(object_nbytes)):
                     fit.last_at = now
                     recheck.append(t)
             self._probes += bool(recheck) and not probe

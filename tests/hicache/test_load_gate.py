@@ -293,7 +293,7 @@ def test_a_pool_tier_declined_as_slow_is_found_fast_again_by_its_recheck_read(
         keys = stored_in(backend, pool)
         computes(scheduler, 4096, 4e-3, backend, keys)  # 64 ms a page
         assert backend.batch_exists(keys) == PAGES
-        monkeypatch.setattr(load_gate, "STALE_S", 0.0)  # a declined tier is rechecked at once
+        monkeypatch.setattr(load_gate, "RECHECK_MIN_S", 0.0)  # a declined tier is rechecked at once
         monkeypatch.setattr(load_gate, "RECHECK_SPACING", 0.0)
         # The link was slow a moment ago: a probe read a page in 0.2 s, three times its recompute
         # (a probe outweighs the reads before it).

@@ -233,14 +233,23 @@ def test_a_tier_declined_as_slow_is_rechecked_one_object_at_a_time_and_found_fas
         clock.now += STALE_S
         assert g.admit([1] * 4, MIB, PAGE_TOKENS).recheck == (1,)
         rechecks += 1
-    assert rechecks <= 2  # a probe outweighs the slow past: found fast within 6 s of declining
+    assert rechecks <= 2  # a probe outweighs the slow past: found fast within two rechecks
+
+
+def test_a_declined_tier_is_rechecked_a_second_after_its_newest_read_at_the_soonest() -> None:
+    g, _, clock = gate(per_token=1e-4)
+    reads(g, 1, 50e6)  # 21 ms per MiB object: ten of those are well under the second
+    clock.now += 0.5
+    assert g.admit([1] * 4, MIB, PAGE_TOKENS).recheck == ()
+    clock.now += 0.5
+    assert g.admit([1] * 4, MIB, PAGE_TOKENS).recheck == (1,)
 
 
 def test_a_tier_that_stays_slow_is_rechecked_at_most_a_tenth_of_the_time() -> None:
     g, _, clock = gate(per_token=1e-6)
     reads(g, 1, 1e6)  # about a second to read one MiB object
     clock.now += STALE_S
-    assert g.admit([1] * 4, MIB, PAGE_TOKENS).recheck == ()  # 10 s after the last read, not 3
+    assert g.admit([1] * 4, MIB, PAGE_TOKENS).recheck == ()  # 10 s after the last read, not 1
     clock.now += 8
     assert g.admit([1] * 4, MIB, PAGE_TOKENS).recheck == (1,)
 
