@@ -16,17 +16,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_tracer_wraps_sglangs_staging_and_every_backends_calls_only_when_asked(tmp_path: Path) -> None:
     probe = ("import sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller as h, "
-             "mooncake_sgl.hicache.backend as b; "
+             "sglang.srt.managers.cache_controller as c, sglang.srt.mem_cache.unified_radix_cache as u, "
+             "sglang.srt.managers.scheduler as s, mooncake_sgl.hicache.backend as b; "
              "traced = lambda f: f.__code__.co_filename.endswith('sitecustomize.py'); "
              "print(traced(h.HybridCacheController.allocate_storage_hit), "
-             "traced(b.MooncakeSglStorage.batch_set_v1))")
+             "traced(b.MooncakeSglStorage.batch_set_v1), traced(c.HiCacheController._page_transfer), "
+             "traced(u.UnifiedRadixCache.check_prefetch_progress), "
+             "traced(u.UnifiedRadixCache.prefetch_from_storage), traced(s.Scheduler.run_batch))")
     tracer = str(ROOT / "devtools" / "bench" / "prefetch_trace")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([tracer, str(ROOT)])}
     on = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
                         env={**env, "MOONCAKE_SGL_PREFETCH_TRACE": str(tmp_path / "t.jsonl")})
-    assert on.stdout.split() == ["True", "True"], on.stderr[-2000:]
+    assert on.stdout.split() == ["True"] * 6, on.stderr[-2000:]
     off = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, env=env)
-    assert off.stdout.split() == ["False", "False"], off.stderr[-2000:]
+    assert off.stdout.split() == ["False"] * 6, off.stderr[-2000:]
 
 
 def _write(path: Path, events: list[dict]) -> None:
