@@ -3,33 +3,24 @@ measuring code, and what it carries to the GPU host is exactly what that host la
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from devtools.testing.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 
 
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check_script", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve string annotations through it
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_check = _load_script()
+gpu_check = load_script("gpu_check")
 
 
 def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -3,21 +3,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_load_gate.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_load_gate_script", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from devtools.testing.scripts import load_script
 
 
 def row(recompute: float, gate: float, nogate: float, gate_storage: int) -> dict:
@@ -28,7 +16,7 @@ def row(recompute: float, gate: float, nogate: float, gate_storage: int) -> dict
 
 
 def test_a_request_over_1_1x_recompute_counts_as_slower_and_the_gain_kept_is_a_share() -> None:
-    bench = _load()
+    bench = load_script("bench_load_gate")
     rows = [row(1.0, 1.05, 0.2, 4032), row(1.0, 1.2, 3.0, 0)]
     s = bench.summary(rows, 4096)
     assert s["gate"]["slower_than_recompute"] == 1 and s["nogate"]["slower_than_recompute"] == 1
@@ -39,7 +27,7 @@ def test_a_request_over_1_1x_recompute_counts_as_slower_and_the_gain_kept_is_a_s
 
 
 def test_the_table_names_each_phase_and_the_gates_counters() -> None:
-    bench = _load()
+    bench = load_script("bench_load_gate")
     phase = {"rate_mbps": 2.0, "load": 1.5, "requests": [row(1.0, 1.0, 3.0, 0)],
              "gate_counters": {"lookups": 3.0, "declined_lookups": 2.0, "declined_pages": 64.0,
                                "probe_lookups": 1.0},
@@ -50,7 +38,7 @@ def test_the_table_names_each_phase_and_the_gates_counters() -> None:
 
 
 def test_the_trace_says_when_each_servers_backend_had_answered_each_request(tmp_path: Path) -> None:
-    bench = _load()
+    bench = load_script("bench_load_gate")
     r = row(0.1, 0.2, 0.15, 64)
     r["request"] = 0
     r["gate"]["sent_at"] = r["nogate"]["sent_at"] = 1000.0

@@ -3,22 +3,17 @@ cannot store (an answer's last token) or does not look up (turns under ``prefetc
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 from devtools.bench.client import RequestResult
 from devtools.bench.workloads import MultiTurnSpec, chat_parts
+from devtools.testing.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def bench_pd():
-    spec = importlib.util.spec_from_file_location("bench_pd", ROOT / "scripts" / "bench_pd.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_pd"] = mod  # dataclasses resolve their module by name
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_pd")
 
 
 def result(prompt: int, cached: int = 0, device: int = 0, storage: int = 0) -> RequestResult:

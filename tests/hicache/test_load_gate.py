@@ -103,14 +103,16 @@ def judged_again(make_backend, tmp_path, scheduler, monkeypatch):
     return backend, pool, keys
 
 
-def slowed(backend, monkeypatch, seconds_per_call: float) -> list[int]:
-    """The LMDB tier's disk turns slow: every read call waits first. Returns the pages per call."""
+def slowed(backend, monkeypatch, seconds_per_call: float, after: int = 0) -> list[int]:
+    """The LMDB tier's disk turns slow: every read call past the first ``after`` waits first.
+    Returns the pages per call."""
     tier = backend._store.tiers[0]
     inner, calls = tier.get_into, []
 
     def slow(keys, pages):
         calls.append(len(keys))
-        time.sleep(seconds_per_call)
+        if len(calls) > after:
+            time.sleep(seconds_per_call)
         return inner(keys, pages)
 
     monkeypatch.setattr(tier, "get_into", slow)
@@ -170,16 +172,7 @@ def test_a_disk_whose_burst_let_the_first_page_through_stalls_the_next_step_no_l
     # A throttle's allowance lets one page through at once; the next read waits for the bucket.
     backend, pool, keys = judged_again(make_backend, tmp_path, scheduler, monkeypatch)
     never_long(monkeypatch)
-    tier = backend._store.tiers[0]
-    inner, calls = tier.get_into, []
-
-    def burst_then_stall(keys, pages):
-        calls.append(len(keys))
-        if len(calls) > 1:
-            time.sleep(1.0)
-        return inner(keys, pages)
-
-    monkeypatch.setattr(tier, "get_into", burst_then_stall)
+    calls = slowed(backend, monkeypatch, 1.0, after=1)
     t0 = time.monotonic()
     assert backend.batch_get_v1(keys, pool.alloc(PAGES * PAGE)) == [False] * PAGES
     assert time.monotonic() - t0 < 0.5
@@ -195,16 +188,7 @@ def test_a_hit_given_up_after_half_of_it_was_read_reports_that_half_loaded(
     never_long(monkeypatch)
     # 128 ms to answer each read: the three before the stall are not given up on a busy host.
     monkeypatch.setattr(load_gate, "GIVE_UP_SHARE", 1.0)
-    tier = backend._store.tiers[0]
-    inner, calls = tier.get_into, []
-
-    def stall_at_the_fourth_read(keys, pages):
-        calls.append(len(keys))
-        if len(calls) > 3:
-            time.sleep(1.0)
-        return inner(keys, pages)
-
-    monkeypatch.setattr(tier, "get_into", stall_at_the_fourth_read)
+    calls = slowed(backend, monkeypatch, 1.0, after=3)  # the fourth read stalls
     dst = pool.alloc(PAGES * PAGE)
     half = PAGES // 2
     assert backend.batch_get_v1(keys, dst) == [True] * half + [False] * (PAGES - half)

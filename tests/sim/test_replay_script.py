@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 from pathlib import Path
 
 import pytest
 
+from devtools.testing.scripts import load_script
 from mooncake_sgl.config import PolicyConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,15 +33,8 @@ def TRACE(tmp_path_factory) -> Path:
     return path
 
 
-def load_script(name: str = "replay_trace"):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_replay_reports_table_tiers_json_and_plot(tmp_path: Path, capsys, TRACE: Path):
-    replay = load_script()
+    replay = load_script("replay_trace")
     out, png = tmp_path / "r.json", tmp_path / "p.png"
     assert replay.main([str(TRACE), "--limit", "400", "--capacity-blocks", "2%,9%", "--tiers", "2%:20%",
                         "--json", str(out), "--plot", str(png), "--quiet"]) == 0
@@ -62,7 +55,7 @@ def test_replay_reports_table_tiers_json_and_plot(tmp_path: Path, capsys, TRACE:
 def test_default_is_the_product_default_policy(tmp_path: Path):
     # ``default`` must measure what users get: the same replay as the policy ``policy.name``
     # defaults to, whatever that is.
-    replay = load_script()
+    replay = load_script("replay_trace")
     out = tmp_path / "d.json"
     assert replay.main(["gen:chat", "--limit", "300", "--capacity-blocks", "3%", "--policy",
                         f"default,{PolicyConfig().name}", "--json", str(out), "--quiet"]) == 0
@@ -72,7 +65,7 @@ def test_default_is_the_product_default_policy(tmp_path: Path):
 
 @pytest.mark.parametrize("name", ["chat", "agent", "rag"])
 def test_generated_workloads_replay_without_a_file(name: str, tmp_path: Path):
-    replay = load_script()
+    replay = load_script("replay_trace")
     out = tmp_path / "g.json"
     assert replay.main([f"gen:{name}", "--seed", "3", "--limit", "200", "--capacity-blocks", "5%",
                         "--policy", "lru,adaptive,belady", "--cost", "--json", str(out), "--quiet"]) == 0
@@ -87,7 +80,7 @@ def test_generated_workloads_replay_without_a_file(name: str, tmp_path: Path):
 
 
 def test_replay_rejects_bad_arguments(TRACE: Path):
-    replay = load_script()
+    replay = load_script("replay_trace")
     with pytest.raises(SystemExit):
         replay.main([str(TRACE), "--policy", "fifo"])
     with pytest.raises(SystemExit, match="bad capacity"):
@@ -111,7 +104,7 @@ def test_hazard_bound_without_evictions_equals_the_unbounded_cache(tmp_path: Pat
 
 def test_timeline_shows_each_policy_per_interval_and_when_the_leader_changed(tmp_path: Path, capsys,
                                                                             TRACE: Path):
-    replay = load_script()
+    replay = load_script("replay_trace")
     out = tmp_path / "t.json"
     assert replay.main([str(TRACE), "--limit", "400", "--capacity-blocks", "20", "--policy",
                         "lru,lirs,adaptive,belady", "--timeline", "150", "--json", str(out), "--quiet"]) == 0
