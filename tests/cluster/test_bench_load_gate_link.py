@@ -6,18 +6,18 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from devtools.testing.scripts import load_script
 from mooncake_sgl.config import PoolTierConfig
 from mooncake_sgl.config_text import load_config_file
 from mooncake_sgl.transfer.client import PoolClient
 
-from ..e2e.test_bench_load_gate import _load
 from .conftest import needs_netns
 
 
 @needs_netns
 def test_a_link_medium_gives_each_variant_its_own_pool_across_the_namespace_and_shapes_its_replies(
         tmp_path: Path) -> None:
-    bench = _load()
+    bench = load_script("bench_load_gate")
     with bench.slow_medium("link", tmp_path) as (tiers_for, limit):
         configs = {v: load_config_file(tiers_for(v)) for v in ("gate", "nogate")}
         assert configs["gate"].load_gate.enabled and not configs["nogate"].load_gate.enabled
