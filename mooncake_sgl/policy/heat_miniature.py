@@ -132,15 +132,13 @@ class HeatMiniature:
             seg.pick(resident, pages - freed, held, pinned, chosen)
         seg.evict_all(chosen, None)
         self._links.depart_all(chosen, seg.kids)
-        if pins is not None:
-            for key in chosen:
-                pins.forget(key)
         owed = self.owed
-        if owed:
-            for key in chosen:
-                owed.pop(key, None)
         for key in chosen:
             del resident[key]
+            if pins is not None:
+                pins.forget(key)
+            if owed is not None:
+                owed.pop(key, None)
         seg.evictions += len(chosen)
 
     def _pays_a_pass(self, key: PageKey) -> bool:

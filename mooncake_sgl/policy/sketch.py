@@ -224,6 +224,7 @@ class DecayingSketch:
         return min(t[a], t[b], t[c], t[d]) / self._weight()
 
     def estimates(self, keys: Sequence[PageKey]) -> list[float]:
+        """``estimate`` of each page (``FrequencySketch.estimates``' contract)."""
         return [self.estimate(key) for key in keys]
 
     def increment(self, key: PageKey, floor: float = 0.0) -> float:
