@@ -9,7 +9,9 @@ Variants (live servers on 127.0.0.1, the tiny model, all up at once, each reques
 the order A B C, the next request C B A):
   gate       our backend, one LMDB tier on the loop device, ``load_gate`` on (the default);
              with ``--medium link``, one pool tier (TCP, its defaults) on a pool server in the
-             namespace;
+             namespace; with ``--medium dram``, a host tier (DRAM) over that LMDB tier, which
+             holds every page: the hits are in DRAM, which the gate has no reason to judge again
+             (what the gate costs such a hit);
   nogate     the same on its own directory of the same disk (its own pool server beside the
              gate's), ``load_gate: {enabled: false}``;
   recompute  the same server without HiCache: the reference each TTFT is judged against.
@@ -79,9 +81,9 @@ GATE_COUNTERS = ("lookups", "declined_lookups", "declined_pages", "probe_lookups
                  "abandoned_pages")
 
 
-def tiers_yaml(path: Path, tier: str, gate: bool) -> Path:
+def tiers_yaml(path: Path, tiers: list[str], gate: bool) -> Path:
     path.write_text(f"policy: {{name: lru}}\nload_gate: {{enabled: {'true' if gate else 'false'}}}\n"
-                    f"tiers:\n  - {tier}\n")
+                    "tiers:\n" + "".join(f"  - {t}\n" for t in tiers))
     return path
 
 
@@ -94,11 +96,12 @@ def slow_medium(kind: str, work: Path) -> Iterator[Medium]:
     """The storage the phases slow down: an SSD tier on a throttled loop device (``disk``), or a
     pool server per variant in a network namespace whose sending is shaped (``link``). Unlimited
     again, and torn down, on the way out."""
-    if kind == "disk":
+    if kind in ("disk", "dram"):
         with throttled.loop_disk(work, 8 << 30) as disk:
             def ssd(v: str) -> Path:
-                return tiers_yaml(work / f"{v}.yaml",
-                                  f"{{kind: lmdb, path: {disk.mount / v}, capacity: 2GiB}}", v == "gate")
+                dram = ["{kind: host, capacity: 1GiB}"] if kind == "dram" else []
+                lmdb = f"{{kind: lmdb, path: {disk.mount / v}, capacity: 2GiB}}"
+                return tiers_yaml(work / f"{v}.yaml", [*dram, lmdb], v == "gate")
 
             try:
                 yield ssd, lambda mbps: limit_reads(disk, mbps)
@@ -110,8 +113,8 @@ def slow_medium(kind: str, work: Path) -> Iterator[Medium]:
         pools = {v: cluster.pool(host, capacity="2GiB", slab_size="1MiB") for v in ("gate", "nogate")}
 
         def pool(v: str) -> Path:
-            return tiers_yaml(work / f"{v}.yaml", f"{{kind: pool, endpoints: ['{pools[v].endpoint}'], "
-                              "transport: tcp}", v == "gate")
+            return tiers_yaml(work / f"{v}.yaml", [f"{{kind: pool, endpoints: ['{pools[v].endpoint}'], "
+                              "transport: tcp}"], v == "gate")
 
         try:
             yield pool, lambda mbps: cluster.limit_egress(host, mbps * 1e6)
@@ -120,7 +123,7 @@ def slow_medium(kind: str, work: Path) -> Iterator[Medium]:
 
 
 def unavailable(kind: str) -> str | None:
-    return throttled.unavailable() if kind == "disk" else unavailable_reason()
+    return unavailable_reason() if kind == "link" else throttled.unavailable()
 
 
 def metric_sum(text: str, name: str) -> float:
@@ -260,8 +263,9 @@ def table(phases: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--medium", choices=("disk", "link"), default="disk",
-                   help="what the phases slow down: an SSD tier's disk, or a pool's link")
+    p.add_argument("--medium", choices=("disk", "link", "dram"), default="disk",
+                   help="what the phases slow down: an SSD tier's disk, or a pool's link; dram: "
+                        "hits found in a host tier over that disk, which the gate has nothing to judge")
     p.add_argument("--rates", default="0,2", help="read limit per phase, MB/s (0: none), in order")
     p.add_argument("--requests", type=int, default=6, help="requests per phase")
     p.add_argument("--doc-tokens", type=int, default=4096)
@@ -303,10 +307,12 @@ def main(argv: list[str] | None = None) -> int:
                 phases = [phase(rate, args.requests, clients, limit, args) for rate in rates]
             finally:
                 stop_all(servers.values())
-    only = "the SSD tier" if args.medium == "disk" else "a pool across the throttled link"
+    only = {"disk": "the SSD tier is the only storage tier",
+            "link": "a pool across the throttled link is the only storage tier",
+            "dram": "a host tier over the SSD tier holds every page"}[args.medium]
     print(f"\nload gate: {args.requests} requests of {args.doc_tokens} tokens per phase, each sent, "
-          f"backed up, flushed from SGLang's caches and the page cache, and sent again; {only} "
-          "is the only storage tier; 'slower': requests over 1.1x recompute's TTFT")
+          f"backed up, flushed from SGLang's caches and the page cache, and sent again; {only}; "
+          "'slower': requests over 1.1x recompute's TTFT")
     print(table(phases))
     if args.trace:
         print(backend_answers(phases, args.trace))

@@ -27,8 +27,9 @@ found fast again, and one that turned slow is found out, without a request payin
 
 A hit is judged again while it is read: ``first_read`` names the leading objects to read first,
 through the first object in a tier whose reads can turn slow from one call to the next
-(``volatile``: a disk, a link) or which has not been read for ``STALE_S``, and ``admit_rest``
-judges the rest with that read's evidence. A disk or link that turned slow since the lookup costs
+(``volatile``: a disk, a link) or which has not been read for ``STALE_S`` (unless it is ``steady``,
+memory whose speed its age does not change), and ``admit_rest`` judges the rest with that read's
+evidence. A disk or link that turned slow since the lookup costs
 one object's read, not the whole hit's; the pages given up are reported missing to SGLang, which
 loads the leading run it got and computes the rest. That first read, and each small step after it
 until the reading can be judged, waits at most ``give_up_after`` (a tenth of the hit's recompute
@@ -210,14 +211,17 @@ class _ReadFit:
 class LoadGate:
     """See the module docstring. ``tiers``: the store's tier names, fastest first; ``volatile``: per
     tier, whether its reads can turn slow between one call and the next (a disk others use, a
-    link), so a hit there is read one object first and judged again (none without it)."""
+    link), so a hit there is read one object first and judged again (none without it);
+    ``steady``: per tier, whether its reads cannot turn slow at all (HBM, host DRAM), so a hit there
+    is read in one call however old the tier's evidence (none without it: stale evidence of a tier
+    of unknown kind is checked by its first object)."""
 
     section = "load_gate"
 
     def __init__(self, tiers: Sequence[str], margin: float,
                  prefill: Callable[[], PrefillReading | None],
                  clock: Callable[[], float] = time.monotonic,
-                 volatile: Sequence[bool] = ()) -> None:
+                 volatile: Sequence[bool] = (), steady: Sequence[bool] = ()) -> None:
         if margin < 1.0:
             raise ValueError(f"margin {margin}: loading must be judged at least at its expected time")
         self._names = list(tiers)
@@ -227,6 +231,7 @@ class LoadGate:
         self._lock = threading.Lock()
         self._fits = [_ReadFit() for _ in self._names]
         self._volatile = [bool(v) for v in volatile] + [False] * (len(self._names) - len(volatile))
+        self._steady = [bool(v) for v in steady] + [False] * (len(self._names) - len(steady))
         self._declined = [0] * len(self._names)
         self._last_reading: PrefillReading | None = None
         self._per_token: float | None = None
@@ -300,27 +305,33 @@ class LoadGate:
 
     def rereads(self) -> bool:
         """Whether a hit read now may be judged again (``first_read``): a prefill rate is known and
-        some tier is volatile or was not read for ``STALE_S``. Cheap: the reader locates a hit's
-        pages only then."""
+        some tier is volatile or, not steady, was not read for ``STALE_S``. Cheap: the reader
+        locates a hit's pages only then."""
         with self._lock:
             now = self._clock()
-            return bool(self._learn_prefill()) and any(v or not f.calls or now - f.read_at >= STALE_S
-                                                 for f, v in zip(self._fits, self._volatile))
+            return bool(self._learn_prefill()) and any(self._rejudged(t, now) for t in range(len(self._fits)))
 
     def first_read(self, tiers: Sequence[int]) -> int:
         """Of a hit about to be read (the tier of each leading object now), how many objects to read
         before ``admit_rest`` judges the rest: through the first object in a volatile tier or one
-        not read for ``STALE_S``; all of them where no such tier holds any, or nothing is judged yet
-        (no prefill rate)."""
+        not steady and not read for ``STALE_S``; all of them where no such tier holds any, or
+        nothing is judged yet (no prefill rate)."""
         with self._lock:
             if not self._learn_prefill():
                 return len(tiers)
             now = self._clock()
             for i, t in enumerate(tiers):
-                fit = self._fits[t]
-                if self._volatile[t] or not fit.calls or now - fit.read_at >= STALE_S:
+                if self._rejudged(t, now):
                     return i + 1
             return len(tiers)
+
+    def _rejudged(self, tier: int, now: float) -> bool:
+        """Whether a hit's first object in ``tier`` is read before the rest is judged again; the
+        caller holds the lock."""
+        if self._volatile[tier]:
+            return True
+        fit = self._fits[tier]
+        return not self._steady[tier] and (not fit.calls or now - fit.read_at >= STALE_S)
 
     def give_up_after(self, objects: int, object_tokens: float) -> float | None:
         """Seconds the ``first_read`` of a hit of ``objects`` page objects may wait before the whole

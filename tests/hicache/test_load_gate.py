@@ -198,6 +198,24 @@ def test_a_hit_given_up_after_half_of_it_was_read_reports_that_half_loaded(
     time.sleep(1.2)
 
 
+def test_a_hit_wholly_in_dram_beside_a_disk_tier_is_read_in_one_call_however_long_ago_dram_was_read(
+        make_backend, tmp_path, scheduler, monkeypatch) -> None:
+    # The gate judges hits in the disk tier again as they are read; one in DRAM cannot turn slow.
+    extra = {"tiers": [{"kind": "host", "capacity": "64MiB", "pin_memory": False},
+                       {"kind": "lmdb", "path": str(tmp_path / "lmdb"), "capacity": "64MiB"}],
+             "policy": {"name": "lru"}}
+    backend, pool = make_backend("mha", "page_first", extra=extra)
+    keys = stored_in(backend, pool)
+    computes(scheduler, 4096, 1e-3, backend, keys)
+    old_evidence(monkeypatch)
+    assert backend._gate.rereads()  # the disk tier is volatile
+    tier = backend._store.tiers[0]
+    inner, calls = tier.get_into, []
+    monkeypatch.setattr(tier, "get_into", lambda k, p: (calls.append(len(k)), inner(k, p))[1])
+    assert backend.batch_get_v1(keys, pool.alloc(PAGES * PAGE)) == [True] * PAGES
+    assert calls == [PAGES]  # not the last page apart, through the bounded reader
+
+
 def test_a_hit_whose_first_page_read_fast_is_read_whole(make_backend, tmp_path, scheduler,
                                                         monkeypatch) -> None:
     backend, pool = make_backend("mha", "page_first", extra=lmdb_only(tmp_path))

@@ -166,6 +166,23 @@ def test_a_tier_not_read_lately_is_read_one_object_first() -> None:
     assert g.first_read([0, 0, 1, 1]) == 1  # both are stale now: the first object of the hit
 
 
+def test_a_steady_tier_is_read_whole_however_old_its_evidence() -> None:
+    prefill, clock = Prefill(), Clock()
+    g = LoadGate(["host", "lmdb"], 1.25, prefill, clock, steady=[True, False])
+    prefill.compute(0, 1e-4)
+    g.admit([0], MIB, PAGE_TOKENS)
+    prefill.compute(4096, 1e-4)
+    assert g.first_read([0, 0, 1, 1]) == 3  # host memory never read: still read whole; lmdb judged
+    reads(g, 0, 10e9)
+    reads(g, 1, 1e9)
+    clock.now += 10 * STALE_S
+    assert g.first_read([0, 0, 1, 1]) == 3
+    assert g.first_read([0, 0]) == 2
+    assert g.rereads()  # lmdb's evidence is old
+    reads(g, 1, 1e9)
+    assert not g.rereads()
+
+
 def test_a_volatile_tier_is_read_one_object_first_however_fresh_its_evidence() -> None:
     prefill, clock = Prefill(), Clock()
     g = LoadGate(["host", "lmdb"], 1.25, prefill, clock, volatile=[False, True])

@@ -10,7 +10,10 @@ that server then appends JSON lines to ``FILE.<pid>``:
   tokens (their host copies are pinned under ``write_through`` while they stay on the device), the
   backups queued or running and the prefetches in flight;
 - ``set`` / ``get`` / ``exists``: each call into the storage backend (ours or any other), with its
-  duration and page count, so a refusal can be read against the backups that held host slots;
+  duration and page count (and, ours, the recompute rate its load gate judged by), so a refusal
+  can be read against the backups that held host slots;
+- ours: ``where`` (locating a hit), ``bounded`` (each bounded read of the load gate, as its asker
+  waited for it) and ``staged`` (the same read on the store's reader thread);
 - the scheduler's side of a storage hit: ``prefetch`` (``prefetch_from_storage`` asked for a
   request), ``transfer`` (the controller's read of it ended: the pages it got), ``progress``
   (``check_prefetch_progress`` first answered not done, then done) and ``batch`` (each batch run:
@@ -144,8 +147,39 @@ def _patch_scheduler(module: Any) -> None:
     cls.run_batch = run_batch
 
 
+def _patch_store(module: Any) -> None:
+    """Our store's bounded reads (the load gate's steps): each as its asker saw it (``bounded``)
+    and as its reader thread read it (``staged``), so waiting on threads can be told from
+    reading; and locating a hit (``where``)."""
+    cls = module.TieredStore
+    within, staged, where = cls.get_into_within, cls._read_staged, cls.where
+
+    @functools.wraps(within)
+    def get_into_within(self: Any, keys: Any, *args: Any, **kw: Any) -> Any:
+        t0 = time.time()
+        out = within(self, keys, *args, **kw)
+        _emit("bounded", start=t0, seconds=time.time() - t0, pages=len(keys), ok=out is not None)
+        return out
+
+    @functools.wraps(staged)
+    def read_staged(self: Any, keys: Any, *args: Any, **kw: Any) -> Any:
+        t0 = time.time()
+        out = staged(self, keys, *args, **kw)
+        _emit("staged", start=t0, seconds=time.time() - t0, pages=len(keys))
+        return out
+
+    @functools.wraps(where)
+    def located(self: Any, keys: Any) -> Any:
+        t0 = time.time()
+        out = where(self, keys)
+        _emit("where", start=t0, seconds=time.time() - t0, pages=len(keys))
+        return out
+
+    cls.get_into_within, cls._read_staged, cls.where = get_into_within, read_staged, located
+
+
 _PATCHES = {_CONTROLLER: _patch_controller, _BASE_CONTROLLER: _patch_transfer, _RADIX: _patch_radix,
-            _SCHEDULER: _patch_scheduler}
+            _SCHEDULER: _patch_scheduler, "mooncake_sgl.store.tiered_store": _patch_store}
 
 
 def _timed(kind: str, original: Any) -> Any:
@@ -153,7 +187,9 @@ def _timed(kind: str, original: Any) -> Any:
     def call(self: Any, keys: Any, *args: Any, **kw: Any) -> Any:
         t0 = time.time()
         out = original(self, keys, *args, **kw)
-        _emit(kind, start=t0, seconds=time.time() - t0, pages=len(keys))
+        gate = getattr(self, "_gate", None)  # ours: the recompute rate its judgement used
+        rate = {} if gate is None else {"gate_s_per_token": gate.stats().prefill_seconds_per_token}
+        _emit(kind, start=t0, seconds=time.time() - t0, pages=len(keys), **rate)
         return out
     return call
 
