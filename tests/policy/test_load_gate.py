@@ -43,9 +43,10 @@ class Prefill:
         return self.reading
 
 
-def gate(per_token: float | None = 1e-3, margin: float = 1.25) -> tuple[LoadGate, Prefill, Clock]:
+def gate(per_token: float | None = 1e-3, margin: float = 1.25, volatile: tuple[bool, ...] = (),
+         steady: tuple[bool, ...] = ()) -> tuple[LoadGate, Prefill, Clock]:
     prefill, clock = Prefill(), Clock()
-    g = LoadGate(["host", "lmdb"], margin, prefill, clock)
+    g = LoadGate(["host", "lmdb"], margin, prefill, clock, volatile=volatile, steady=steady)
     if per_token is not None:
         prefill.compute(0, per_token)
         g.admit([0], MIB, PAGE_TOKENS)  # the first reading is the base the next ones differ from
@@ -167,11 +168,7 @@ def test_a_tier_not_read_lately_is_read_one_object_first() -> None:
 
 
 def test_a_steady_tier_is_read_whole_however_old_its_evidence() -> None:
-    prefill, clock = Prefill(), Clock()
-    g = LoadGate(["host", "lmdb"], 1.25, prefill, clock, steady=[True, False])
-    prefill.compute(0, 1e-4)
-    g.admit([0], MIB, PAGE_TOKENS)
-    prefill.compute(4096, 1e-4)
+    g, _, clock = gate(per_token=1e-4, steady=(True, False))
     assert g.first_read([0, 0, 1, 1]) == 3  # host memory never read: still read whole; lmdb judged
     reads(g, 0, 10e9)
     reads(g, 1, 1e9)
@@ -184,11 +181,7 @@ def test_a_steady_tier_is_read_whole_however_old_its_evidence() -> None:
 
 
 def test_a_volatile_tier_is_read_one_object_first_however_fresh_its_evidence() -> None:
-    prefill, clock = Prefill(), Clock()
-    g = LoadGate(["host", "lmdb"], 1.25, prefill, clock, volatile=[False, True])
-    prefill.compute(0, 1e-4)
-    g.admit([0], MIB, PAGE_TOKENS)
-    prefill.compute(4096, 1e-4)
+    g, _, _ = gate(per_token=1e-4, volatile=(False, True))
     reads(g, 0, 10e9)
     reads(g, 1, 1e9)
     assert g.rereads()
