@@ -378,7 +378,7 @@ class MooncakeSglStorage(HiCacheStorage):
             worth = self._still_worth(kv, where[done * kv.parts:], left, done * self._geometry.page_nbytes,
                                       took)
             doubling = worth >= left and took < SLOW_FIRST_READ_S
-            step = min(left, done) if doubling else worth
+            step = min(left, done, self._bounded_step(kv, where, done, limit) or left) if doubling else worth
             # A doubling step is bounded as the first read is; the rest, once judged worth it, is not.
             read = self._read_within(kv, where, done, done + step, keys, pages, limit if doubling else None)
             given_up = read is None
@@ -411,6 +411,18 @@ class MooncakeSglStorage(HiCacheStorage):
         assert self._gate is not None
         objects = self._gate.first_read(where)
         return npages if objects >= len(where) else -(-objects // kv.parts)
+
+    def _bounded_step(self, kv: page_objects.PoolObjects, where: list[int], done: int,
+                      limit: float | None) -> int | None:
+        """The most pages a bounded step from page ``done`` on may read: what its tier is expected
+        to read well within ``limit`` (``LoadGate.step_objects``), at least one; ``None`` (no
+        limit) where the step is not bounded, the page is in no tier, or the tier was not read yet."""
+        at = done * kv.parts
+        if limit is None or at >= len(where):
+            return None
+        assert self._gate is not None
+        objects = self._gate.step_objects(where[at], kv.object_nbytes, limit)
+        return None if objects is None else max(1, objects // kv.parts)
 
     def _give_up_after(self, kv: page_objects.PoolObjects, where: list[int]) -> float | None:
         """How long a read of a hit the gate judges again (``where``) may wait in a tier that may

@@ -72,6 +72,11 @@ STALE_S = _READ_HALF_LIFE_S
 # A first read (``first_read``) this long is past what a busy host's scheduling adds to a healthy
 # read, so its own rate judges the rest of the hit (``admit_rest``).
 SLOW_FIRST_READ_S = 0.01
+# Each bounded step of a hit's read (``give_up_after``) reads at most what the tier's recent reads
+# say it reads within this share of the bound (``step_objects``): doubling steps until the reading
+# has lasted ``SLOW_FIRST_READ_S`` can otherwise outgrow a bound shorter than that, and a healthy
+# step past the bound gives a hit worth loading up.
+STEP_SHARE = 0.5
 # A hit's first read that has not answered within this share of the time its pages recompute in is
 # given up whole (``give_up_after``): a tier that stalls (a throttled disk's empty bucket, a link
 # retransmitting) costs a request at most about this much more than computing it would.
@@ -195,17 +200,31 @@ class _ReadFit:
             return None
         return max(1, int(seconds / one))  # each object costed a call: errs towards a smaller probe
 
+    def objects_in(self, seconds: float, object_nbytes: int) -> int | None:
+        """The most page objects of ``object_nbytes`` one call is expected to read within
+        ``seconds`` (0 where not even one is); ``None`` before any read."""
+        fixed, per_byte = self.line()
+        if per_byte <= 0 or object_nbytes <= 0:
+            return None
+        return max(0, int((seconds - fixed) / (per_byte * object_nbytes)))
+
     def seconds(self, nbytes: int) -> float:
         """Expected wall seconds of one call reading ``nbytes``."""
+        fixed, per_byte = self.line()
+        return fixed + per_byte * nbytes
+
+    def line(self) -> tuple[float, float]:
+        """(seconds per call, seconds per byte); through the origin where the sizes read have no
+        spread; (0, 0) before any read."""
         if self.x <= 0:
-            return 0.0
+            return 0.0, 0.0
         spread = self.n * self.xx - self.x * self.x
         if spread > 1e-9 * self.n * self.xx:
             per_byte = (self.n * self.xy - self.x * self.y) / spread
             fixed = (self.y - per_byte * self.x) / self.n
             if per_byte > 0 and fixed >= 0:
-                return fixed + per_byte * nbytes
-        return self.y / self.x * nbytes
+                return fixed, per_byte
+        return 0.0, self.y / self.x
 
 
 class LoadGate:
@@ -332,6 +351,14 @@ class LoadGate:
             return True
         fit = self._fits[tier]
         return not self._steady[tier] and (not fit.calls or now - fit.read_at >= STALE_S)
+
+    def step_objects(self, tier: int, object_nbytes: int, bound: float) -> int | None:
+        """The most page objects of ``object_nbytes`` a bounded step of a hit's read in ``tier``
+        should take: what the tier's recent reads say one call reads within ``STEP_SHARE`` of the
+        ``bound`` (at least one); ``None`` without a read of the tier yet (no limit known)."""
+        with self._lock:
+            n = self._fits[tier].objects_in(STEP_SHARE * bound, object_nbytes)
+        return None if n is None else max(1, n)
 
     def give_up_after(self, objects: int, object_tokens: float) -> float | None:
         """Seconds the ``first_read`` of a hit of ``objects`` page objects may wait before the whole

@@ -103,16 +103,17 @@ def judged_again(make_backend, tmp_path, scheduler, monkeypatch):
     return backend, pool, keys
 
 
-def slowed(backend, monkeypatch, seconds_per_call: float, after: int = 0) -> list[int]:
-    """The LMDB tier's disk turns slow: every read call past the first ``after`` waits first.
-    Returns the pages per call."""
+def slowed(backend, monkeypatch, seconds_per_call: float, after: int = 0,
+           per_page: bool = False) -> list[int]:
+    """The LMDB tier's disk turns slow: every read call past the first ``after`` waits first (that
+    long a page, ``per_page``). Returns the pages per call."""
     tier = backend._store.tiers[0]
     inner, calls = tier.get_into, []
 
     def slow(keys, pages):
         calls.append(len(keys))
         if len(calls) > after:
-            time.sleep(seconds_per_call)
+            time.sleep(seconds_per_call * (len(keys) if per_page else 1))
         return inner(keys, pages)
 
     monkeypatch.setattr(tier, "get_into", slow)
@@ -214,6 +215,18 @@ def test_a_hit_wholly_in_dram_beside_a_disk_tier_is_read_in_one_call_however_lon
     monkeypatch.setattr(tier, "get_into", lambda k, p: (calls.append(len(k)), inner(k, p))[1])
     assert backend.batch_get_v1(keys, pool.alloc(PAGES * PAGE)) == [True] * PAGES
     assert calls == [PAGES]  # not the last page apart, through the bounded reader
+
+
+def test_a_hit_read_slower_than_its_bound_allows_a_doubling_step_is_read_in_steps_the_bound_holds(
+        make_backend, tmp_path, scheduler, monkeypatch) -> None:
+    # 4 ms a page, a bound of 12.8 ms: a step of 4 pages would take 16 ms and be given up, though
+    # the hit is worth loading (32 ms to read, 128 ms to recompute).
+    backend, pool, keys = judged_again(make_backend, tmp_path, scheduler, monkeypatch)
+    never_long(monkeypatch)
+    calls = slowed(backend, monkeypatch, 0.004, per_page=True)
+    assert backend.batch_get_v1(keys, pool.alloc(PAGES * PAGE)) == [True] * PAGES
+    assert max(calls) <= 2 and sum(calls) == PAGES  # each step within half the bound, at that rate
+    assert gate_counters(store_stats(backend)["load_gate"])["gate_abandoned_lookups"] == 0
 
 
 def test_a_hit_whose_first_page_read_fast_is_read_whole(make_backend, tmp_path, scheduler,

@@ -189,6 +189,14 @@ def test_a_volatile_tier_is_read_one_object_first_however_fresh_its_evidence() -
     assert g.first_read([0, 0]) == 2  # memory did not
 
 
+def test_a_bounded_step_reads_what_the_tier_reads_within_half_the_bound() -> None:
+    g, _, _ = gate()
+    assert g.step_objects(1, MIB, 0.02) is None  # lmdb not read yet: no limit known
+    reads(g, 1, 1e9)  # 1 GB/s, no cost per call
+    assert g.step_objects(1, MIB, 0.02) == int(0.01 / (MIB / 1e9))  # 10 ms of reading
+    assert g.step_objects(1, MIB, 1e-6) == 1  # never none: a step reads at least one object
+
+
 def test_without_a_prefill_rate_a_hit_is_read_whole() -> None:
     g, _, _ = gate(per_token=None)
     assert g.first_read([1] * 8) == 8
