@@ -368,9 +368,8 @@ class MooncakeSglStorage(HiCacheStorage):
         ok = page_objects.move_pages(self._store, kv, keys[:split], pages[:split], None, write=False)
         given_up = False
         if all(ok):
-            read = self._read_within(kv, where, split, done, keys, pages, limit)
-            given_up = read is None
-            ok += [False] * (done - split) if read is None else read
+            read, given_up = self._read_within(kv, where, split, done, keys, pages, limit)
+            ok += read
         while done < len(keys) and all(ok):
             # Judged again after each read, in doubling steps until the reading so far is long
             # enough to judge the disk by (a throttle's or a cache's burst makes one page look fast).
@@ -380,9 +379,9 @@ class MooncakeSglStorage(HiCacheStorage):
             doubling = worth >= left and took < SLOW_FIRST_READ_S
             step = min(left, done, self._bounded_step(kv, where, done, limit) or left) if doubling else worth
             # A doubling step is bounded as the first read is; the rest, once judged worth it, is not.
-            read = self._read_within(kv, where, done, done + step, keys, pages, limit if doubling else None)
-            given_up = read is None
-            ok += [False] * step if read is None else read
+            read, given_up = self._read_within(kv, where, done, done + step, keys, pages,
+                                               limit if doubling else None)
+            ok += read
             done += step
             if step < left and step == worth:
                 given_up = True  # the rest is given up
@@ -433,16 +432,18 @@ class MooncakeSglStorage(HiCacheStorage):
         return self._gate.give_up_after(len(where), self._geometry.page_size / kv.parts)
 
     def _read_within(self, kv: page_objects.PoolObjects, where: list[int], lo: int, hi: int,
-                     keys: list[str], pages: list[PageView], limit: float | None) -> list[bool] | None:
-        """Pages ``lo:hi`` of the hit read; within ``limit`` seconds, or none of them: ``None``, a
-        tier that stalled, the rest of the hit counted as given up."""
+                     keys: list[str], pages: list[PageView], limit: float | None) -> tuple[list[bool], bool]:
+        """Pages ``lo:hi`` of the hit read, and whether they were given up: read within ``limit``
+        seconds, or none of them (a tier that stalled: the rest of the hit counted as given up)."""
         if limit is None:
-            return page_objects.move_pages(self._store, kv, keys[lo:hi], pages[lo:hi], None, write=False)
+            return page_objects.move_pages(self._store, kv, keys[lo:hi], pages[lo:hi], None,
+                                           write=False), False
         ok = page_objects.read_within(self._store, kv, keys[lo:hi], pages[lo:hi], limit)
         if ok is None:
             assert self._gate is not None
             self._gate.gave_up(where[lo * kv.parts:])
-        return ok
+            return [False] * (hi - lo), True
+        return ok, False
 
     def _gate_keeps_partial(self, kv: page_objects.PoolObjects, ok: list[bool]) -> bool:
         """Whether the leading pages read of a hit whose rest was given up are reported loaded
