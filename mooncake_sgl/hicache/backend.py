@@ -44,7 +44,7 @@ from ..failure_log import FailureLog
 from ..keys import KV_POOL, KeyNamespace
 from ..metrics.attach import StoreWatch, observe_store
 from ..policy.curve_feed import CurveFeed
-from ..policy.load_gate import SLOW_FIRST_READ_S, LoadGate
+from ..policy.load_gate import LoadGate
 from ..store import TieredStore, build_store
 from . import (
     fingerprint,
@@ -362,25 +362,25 @@ class MooncakeSglStorage(HiCacheStorage):
         done = self._first_read(kv, where, len(keys))
         # No page in a tier that may have turned slow: nothing to bound.
         limit = self._give_up_after(kv, where) if done < len(keys) else None
-        read_at = time.perf_counter()
         # Bounded, only the page in the tier that may have turned slow; otherwise one call for all.
         split = done - 1 if limit is not None else 0
         ok = page_objects.move_pages(self._store, kv, keys[:split], pages[:split], None, write=False)
         given_up = False
+        reads: list[tuple[int, float]] = []  # bytes and wall seconds of each read judged by
         if all(ok):
-            read, given_up = self._read_within(kv, where, split, done, keys, pages, limit)
+            read, given_up = self._read_within(kv, where, split, done, keys, pages, limit, reads)
             ok += read
         while done < len(keys) and all(ok):
-            # Judged again after each read, in doubling steps until the reading so far is long
-            # enough to judge the disk by (a throttle's or a cache's burst makes one page look fast).
-            took, left = time.perf_counter() - read_at, len(keys) - done
-            worth = self._still_worth(kv, where[done * kv.parts:], left, done * self._geometry.page_nbytes,
-                                      took)
-            doubling = worth >= left and took < SLOW_FIRST_READ_S
+            # Judged again after each read, in doubling steps until the reads so far are evidence
+            # enough to judge the disk by (a throttle's or a cache's burst makes one page look fast,
+            # the host's scheduling one read slow).
+            left = len(keys) - done
+            worth, bounded = self._still_worth(kv, where[done * kv.parts:], left, reads)
+            doubling = worth >= left and bounded
             step = min(left, done, self._bounded_step(kv, where, done, limit) or left) if doubling else worth
             # A doubling step is bounded as the first read is; the rest, once judged worth it, is not.
             read, given_up = self._read_within(kv, where, done, done + step, keys, pages,
-                                               limit if doubling else None)
+                                               limit if doubling else None, reads)
             ok += read
             done += step
             if step < left and step == worth:
@@ -432,13 +432,19 @@ class MooncakeSglStorage(HiCacheStorage):
         return self._gate.give_up_after(len(where), self._geometry.page_size / kv.parts)
 
     def _read_within(self, kv: page_objects.PoolObjects, where: list[int], lo: int, hi: int,
-                     keys: list[str], pages: list[PageView], limit: float | None) -> tuple[list[bool], bool]:
+                     keys: list[str], pages: list[PageView], limit: float | None,
+                     reads: list[tuple[int, float]]) -> tuple[list[bool], bool]:
         """Pages ``lo:hi`` of the hit read, and whether they were given up: read within ``limit``
-        seconds, or none of them (a tier that stalled: the rest of the hit counted as given up)."""
+        seconds, or none of them (a tier that stalled: the rest of the hit counted as given up).
+        The read's bytes and wall seconds are added to ``reads``."""
+        assert self._geometry is not None
+        start = time.perf_counter()
         if limit is None:
-            return page_objects.move_pages(self._store, kv, keys[lo:hi], pages[lo:hi], None,
-                                           write=False), False
+            ok = page_objects.move_pages(self._store, kv, keys[lo:hi], pages[lo:hi], None, write=False)
+            reads.append(((hi - lo) * self._geometry.page_nbytes, time.perf_counter() - start))
+            return ok, False
         ok = page_objects.read_within(self._store, kv, keys[lo:hi], pages[lo:hi], limit)
+        reads.append(((hi - lo) * self._geometry.page_nbytes, time.perf_counter() - start))
         if ok is None:
             assert self._gate is not None
             self._gate.gave_up(where[lo * kv.parts:])
@@ -453,14 +459,14 @@ class MooncakeSglStorage(HiCacheStorage):
         return self._gate.keeps_partial(read * kv.parts, len(ok) * kv.parts)
 
     def _still_worth(self, kv: page_objects.PoolObjects, where: list[int], npages: int,
-                     first_nbytes: int, first_seconds: float) -> int:
-        """Of the ``npages`` left after ``_first_read`` (their objects' tiers ``where``; the first
-        read moved ``first_nbytes`` in ``first_seconds``), how many to go on reading: the gate's
-        judgement with that read's evidence (pages found in no tier are read, and miss, as before)."""
+                     reads: list[tuple[int, float]]) -> tuple[int, bool]:
+        """Of the ``npages`` left of a hit being read (their objects' tiers ``where``; ``reads``: the
+        bytes and wall seconds of each read so far), how many to go on reading, and whether in
+        bounded steps: the gate's judgement with that evidence (pages found in no tier are read,
+        and miss, as before)."""
         assert self._gate is not None and self._geometry is not None
-        kept = self._gate.admit_rest(where, kv.object_nbytes, self._geometry.page_size / kv.parts,
-                                     first_nbytes, first_seconds)
-        return npages if kept >= len(where) else kept // kv.parts
+        rest = self._gate.admit_rest(where, kv.object_nbytes, self._geometry.page_size / kv.parts, reads)
+        return (npages if rest.objects >= len(where) else rest.objects // kv.parts), rest.bounded
 
     @boundary(all_false)
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,

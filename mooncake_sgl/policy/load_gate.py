@@ -28,10 +28,11 @@ found fast again, and one that turned slow is found out, without a request payin
 A hit is judged again while it is read: ``first_read`` names the leading objects to read first,
 through the first object in a tier whose reads can turn slow from one call to the next
 (``volatile``: a disk, a link) or which has not been read for ``STALE_S`` (unless it is ``steady``,
-memory whose speed its age does not change), and ``admit_rest`` judges the rest with that read's
-evidence. A disk or link that turned slow since the lookup costs
-one object's read, not the whole hit's; the pages given up are reported missing to SGLang, which
-loads the leading run it got and computes the rest. That first read, and each small step after it
+memory whose speed its age does not change), and ``admit_rest`` judges the rest after each read
+with the reads' evidence. A disk or link that turned slow since the lookup costs two small reads
+(one slow read may have waited on the host's scheduling, not the tier), not the whole hit's; the
+pages given up are reported missing to SGLang, which loads the leading run it got and computes the
+rest. That first read, and each small step after it
 until the reading can be judged, waits at most ``give_up_after`` (a tenth of the hit's recompute
 time): a tier that stalls costs the request about that much, and the read's own ``PagesRead``,
 when it ends, tells the gate what the tier does now.
@@ -69,9 +70,14 @@ _MIN_PREFILL_TOKENS = 64
 # Seconds after a tier's newest read past which a hit read from it is read one object first and
 # judged again (``first_read``): by then the fit is mostly older evidence than the half-life.
 STALE_S = _READ_HALF_LIFE_S
-# A first read (``first_read``) this long is past what a busy host's scheduling adds to a healthy
-# read, so its own rate judges the rest of the hit (``admit_rest``).
+# A hit's reading (``first_read`` and the steps after it) this long is past what a busy host's
+# scheduling adds to a healthy read, so the reads' own rate judges the rest of the hit
+# (``admit_rest``)...
 SLOW_FIRST_READ_S = 0.01
+# ...once at least this many reads were made: one read held up by the host (a 512 KiB page's read
+# answered in 10.5 ms beside SGLang's backup thread, the disk idle) cannot give a healthy hit up,
+# while a disk that turned slow is slow in the next read too.
+JUDGING_READS = 2
 # Each bounded step of a hit's read (``give_up_after``) reads at most what the tier's recent reads
 # say it reads within this share of the bound (``step_objects``): doubling steps until the reading
 # has lasted ``SLOW_FIRST_READ_S`` can otherwise outgrow a bound shorter than that, and a healthy
@@ -104,6 +110,22 @@ REPROBE_S = 30.0
 # on a slow link its reply holds up every other reply behind it (a lookup's among them), so a link
 # known at 2 MB/s is probed with one object, not the store's 4 MiB (two seconds of the link).
 PROBE_S = 0.02
+
+
+def judged_by_reads(reads: Sequence[tuple[int, float]]) -> bool:
+    """Whether a hit's reads so far (bytes and wall seconds of each) are evidence enough to judge
+    the rest of it by their own rate (``admit_rest``)."""
+    return (len(reads) >= JUDGING_READS and any(nbytes > 0 for nbytes, _ in reads)
+            and sum(seconds for _, seconds in reads) >= SLOW_FIRST_READ_S)
+
+
+@dataclass(frozen=True)
+class RestOfHit:
+    """``admit_rest``'s answer: how many of a hit's objects left to read, and whether in bounded
+    steps (its reads so far are not evidence enough to read the rest at once)."""
+
+    objects: int
+    bounded: bool
 
 
 @dataclass(frozen=True)
@@ -387,26 +409,41 @@ class LoadGate:
         return False
 
     def admit_rest(self, tiers: Sequence[int], object_nbytes: int, object_tokens: float,
-                   first_nbytes: int = 0, first_seconds: float = 0.0) -> int:
-        """How many of the objects left of a hit, after its ``first_read`` (``first_nbytes`` in
-        ``first_seconds``), to go on reading, judged as ``admit`` judges with that read's evidence;
-        the rest are counted as abandoned. A first read of ``SLOW_FIRST_READ_S`` or more also judges
-        the rest at that read's own rate: a fit that still remembers a fast disk would average one
-        slow page away."""
+                   reads: Sequence[tuple[int, float]] = ()) -> RestOfHit:
+        """How to go on reading a hit after its ``first_read`` and the steps after it (``reads``:
+        bytes and wall seconds of each; none: the fit alone judges). ``objects``: how many of the
+        objects left to read, judged as ``admit`` judges with the reads' evidence (the rest counted
+        as abandoned); ``bounded``: whether to read on in bounded steps, the evidence not settled.
+
+        Settled (``judged_by_reads``): the rest is read at once if the reads' own rate says it is
+        worth it, whatever the fit remembers of the tier; abandoned if neither that rate nor the
+        newest read's does. Not settled: the fit judges, but a hit is not given up while its newest
+        read was fast or it had a single read, which may have waited on the host's scheduling, not
+        on the disk; the bounded steps bound what reading on can cost."""
         n = len(tiers)
         with self._lock:
             per_token = self._learn_prefill()
             if not n or not per_token:
-                return n
-            kept = self._worth(tiers, object_nbytes, object_tokens, per_token)
-            if first_seconds >= SLOW_FIRST_READ_S and first_nbytes > 0:
-                per_byte = first_seconds / first_nbytes  # its per-call cost included: errs to recompute
-                if object_tokens * per_token <= self._margin * object_nbytes * per_byte:
-                    kept = 0
+                return RestOfHit(n, False)
+
+            def worth_at(nbytes: float, seconds: float) -> bool:
+                # Each read's per-call cost included: errs to recompute.
+                load = self._margin * object_nbytes * seconds / nbytes if nbytes > 0 else float("inf")
+                return object_tokens * per_token > load
+
+            newest_fast = bool(reads) and worth_at(*reads[-1])
+            if judged_by_reads(reads):
+                if worth_at(sum(b for b, _ in reads), sum(t for _, t in reads)):
+                    return RestOfHit(n, False)
+                kept = n if newest_fast else 0
+            else:
+                kept = self._worth(tiers, object_nbytes, object_tokens, per_token)
+                if kept < n and (newest_fast or len(reads) == 1):
+                    kept = n
             if kept < n:
                 self._abandon(tiers[kept], n - kept, "its first pages read slower than recomputing the "
                               "rest; the other pages are left")
-            return kept
+            return RestOfHit(kept, True)
 
     def _abandon(self, tier: int, objects: int, why: str) -> None:
         """Count a hit given up (in part); the caller holds the lock."""

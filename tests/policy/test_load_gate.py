@@ -15,6 +15,7 @@ from mooncake_sgl.policy.load_gate import (
     LoadGate,
     LoadGateStats,
     PrefillReading,
+    RestOfHit,
 )
 
 MIB = 1 << 20
@@ -200,29 +201,55 @@ def test_a_bounded_step_reads_what_the_tier_reads_within_half_the_bound() -> Non
 def test_without_a_prefill_rate_a_hit_is_read_whole() -> None:
     g, _, _ = gate(per_token=None)
     assert g.first_read([1] * 8) == 8
-    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS) == 7
+    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS) == RestOfHit(7, False)
 
 
-def test_a_hit_whose_first_object_read_slowly_is_abandoned_and_counted() -> None:
+def test_a_hit_whose_first_objects_read_slowly_is_abandoned_and_counted() -> None:
     g, _, clock = gate(per_token=1e-4)  # 6.4 ms a page
     reads(g, 1, 1e9)
     assert g.admit([1] * 8, MIB, PAGE_TOKENS).objects == 8  # fast when last read
     clock.now += 10 * STALE_S  # the disk turned slow since
     assert g.first_read([1] * 8) == 1
-    reads(g, 1, 20e6, sizes=(MIB,))  # the first object: 52 ms
-    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS) == 0
+    slow = (MIB, MIB / 20e6)  # 52 ms
+    reads(g, 1, 20e6, sizes=(MIB,))  # the first object
+    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS, [slow]) == RestOfHit(7, True)  # one read: on, bounded
+    reads(g, 1, 20e6, sizes=(MIB,))  # the second
+    assert g.admit_rest([1] * 6, MIB, PAGE_TOKENS, [slow, slow]) == RestOfHit(0, True)
     s = g.stats()
-    assert (s.abandoned_lookups, s.abandoned_pages, s.declined_lookups) == (1, 7, 0)
+    assert (s.abandoned_lookups, s.abandoned_pages, s.declined_lookups) == (1, 6, 0)
     assert g.admit([1] * 8, MIB, PAGE_TOKENS).objects == 0  # and the next hit is declined at lookup
 
 
-def test_one_slow_first_read_judges_the_rest_where_the_fit_still_remembers_a_fast_disk() -> None:
+def test_slow_reads_judge_the_rest_where_the_fit_still_remembers_a_fast_disk() -> None:
     g, _, _ = gate(per_token=1e-4)  # 6.4 ms a page
     reads(g, 1, 2e9)  # fast a moment ago, in large reads
-    reads(g, 1, 20e6, sizes=(MIB,))  # this hit's first object: 52 ms
-    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS) == 7  # the fit alone averages it away
-    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS, MIB, MIB / 20e6) == 0  # its own rate does not
-    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS, MIB, 0.005) == 7  # a few ms is a busy host, not a disk
+    reads(g, 1, 20e6, sizes=(MIB, MIB))  # this hit's first two objects: 52 ms each
+    slow = (MIB, MIB / 20e6)
+    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS) == RestOfHit(7, True)  # the fit averages them away
+    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS, [slow, slow]) == RestOfHit(0, True)  # their rate: no
+    # A few ms is a busy host, not a disk: read on in bounded steps...
+    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS, [(MIB, 0.002), (MIB, 0.003)]) == RestOfHit(7, True)
+    # ...and reads long enough to judge by, at a rate worth loading, read the rest at once.
+    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS, [(MIB, 0.005), (MIB, 0.005)]) == RestOfHit(7, False)
+
+
+def test_one_read_held_up_does_not_give_a_hit_up() -> None:
+    # A read held up by the host's scheduling looks like a slow disk; the next read tells them apart.
+    slow, fast = (MIB, MIB / 20e6), (MIB, 0.0005)
+    g, _, clock = gate(per_token=1e-4)  # 6.4 ms a page
+    reads(g, 1, 2e9)
+    clock.now += 10 * STALE_S  # old evidence: the held-up read is most of what the fit knows
+    reads(g, 1, 20e6, sizes=(MIB,))
+    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS) == RestOfHit(0, True)  # the fit alone gives it up
+    g, _, clock = gate(per_token=1e-4)
+    reads(g, 1, 2e9)
+    clock.now += 10 * STALE_S
+    reads(g, 1, 20e6, sizes=(MIB,))
+    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS, [slow]) == RestOfHit(7, True)  # one read is not enough
+    reads(g, 1, 2e9, sizes=(MIB,))
+    # Slow on average, but the newest read was fast: read on, still bounded.
+    assert g.admit_rest([1] * 6, MIB, PAGE_TOKENS, [slow, fast]) == RestOfHit(6, True)
+    assert g.stats().abandoned_lookups == 0
 
 
 def test_a_hit_whose_first_object_read_fast_is_read_on() -> None:
@@ -231,7 +258,7 @@ def test_a_hit_whose_first_object_read_fast_is_read_on() -> None:
     clock.now += 10 * STALE_S  # slow when last read, idle again now
     assert g.first_read([1] * 8) == 1
     reads(g, 1, 2e9, sizes=(MIB,))
-    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS) == 7
+    assert g.admit_rest([1] * 7, MIB, PAGE_TOKENS) == RestOfHit(7, True)
     assert g.stats().abandoned_lookups == 0
 
 
