@@ -12,8 +12,11 @@ Regimes (each run: fresh servers on an empty disk folder, see devtools/bench/reg
              started again on the same storage, then the remaining turns of the same threads;
              reported: the turns after the restart, and the first of them (TTFT, survived);
   instances  two servers behind sglang-router round_robin (the client alternates servers when it
-             is not installed) sharing one store: our pool, one mooncake_master, or Lifeboat's
-             shared directory; DRAM for the whole working set;
+             is not installed, or with --no-router) sharing one store: our pool, one
+             mooncake_master, or Lifeboat's shared directory; DRAM for the whole working set; with
+             the client alternating, each turn's server is known, and the cross-instance column
+             counts the reachable tokens only the other server had computed, and how many of them
+             were served;
   slow       pressure's set-up with every disk folder on a loop device throttled to
              --throttle-mbps (cgroup v1 blkio, root; skipped with the reason where unavailable).
 Backends (devtools/bench/regimes/backends.py says what each is given): ours, builtin (SGLang's
@@ -101,6 +104,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--throttle-mbps", type=int, default=50, help="the slow regime's disk, MB/s each way")
     p.add_argument("--no-offload", action="store_true", help="the built-in without Mooncake's SSD offload")
     p.add_argument("--no-install", action="store_true", help="never install lifeboatcache: fail saying how")
+    p.add_argument("--no-router", action="store_true",
+                   help="instances: the client alternates the servers itself, so each turn's server is "
+                        "known and the tokens only the other server had computed are counted "
+                        "(cross-instance)")
     p.add_argument("--host-reserve", default="512MiB",
                    help="host memory SGLang leaves aside when it sizes its host pool (CPU hosts)")
     p.add_argument("--health-timeout", type=float, default=900.0)
@@ -207,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         log("the built-in runs without SSD offload: this Mooncake wheel's setup() has no enable_ssd_offload")
     features = {n: be.features(b, offload, lifeboat, 2) for n, b in budgets.items()}
     state = product_state()
-    router = "sglang-router round_robin" if router_available() else "none here, the client alternates servers"
+    router = ("sglang-router round_robin" if router_available() and not args.no_router
+              else "none, the client alternates servers")
     log(f"product: {state}; router for instances: {router}")
     for n, b in budgets.items():
         log(f"[{n}] {b.describe()}")
@@ -240,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
                          health_timeout_s=args.health_timeout, request_timeout_s=args.request_timeout,
                          max_parallel=args.max_parallel, page=PAGE,
                          restart_after=min(args.restart_after or shape.turns // 2, shape.turns - 1),
-                         settle_s=args.settle, offload=offload, progress=not args.no_progress)
+                         settle_s=args.settle, offload=offload, progress=not args.no_progress,
+                         router=not args.no_router)
 
     for regime in args.regimes:
         cells = [c for c in order if c.regime == regime]

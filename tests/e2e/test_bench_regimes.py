@@ -192,6 +192,26 @@ def test_records_compare_outputs_by_majority_and_the_tables_and_json_hold_every_
     json.dumps({"runs": recs, "summary": summary}, default=str)
 
 
+def test_cross_instance_tokens_are_those_only_the_other_server_computed_and_served_past_its_own() -> None:
+    # One chat alternating two servers: turn t's server last saw the thread at turn t - 2.
+    # (prompt, reachable, cached) per turn
+    turns = [(1024, 0, 0), (1568, 1024, 1024), (2112, 1536, 1536), (2656, 2112, 1600)]
+    sent = [Sent(0, t, f"d{t}", reach, RequestResult(rid="", round=t, prompt_tokens=prompt,
+                                                     cached_tokens=cached, output_tokens=32, ttft_s=0.1))
+            for t, (prompt, reach, cached) in enumerate(turns)]
+    # Turn 1: all 1,024 served came from the other server. Turn 2: its own turn 0 left 1,024 of the
+    # 1,536, the other 512 were served. Turn 3: its own turn 1 left 1,600 of 2,112; none past it.
+    assert report.cross_instance(sent, 2, PAGE) == (1024 + 512 + 512, 1024 + 512 + 0)
+    phase = Phase("run", load=1.0, sent=sent)
+    cell = Cell("instances", "chat", "ours", 0, 1)
+    alternating = report.summarise({"cell": cell, "phases": [phase], "servers": 2, "page": PAGE,
+                                    "router": False})
+    assert (alternating["cross_reachable"], alternating["cross_hit"]) == (2048, 1536)
+    routed = report.summarise({"cell": cell, "phases": [phase], "servers": 2, "page": PAGE, "router": True})
+    assert routed["cross_hit"] is None  # behind a router each turn's server is not known
+    assert "1,536 of 2,048" in report.runs_table([alternating])
+
+
 def test_digest_tells_prompts_apart() -> None:
     assert digest([1, 2, 3]) == digest([1, 2, 3]) != digest([1, 2, 4])
 

@@ -8,7 +8,8 @@ SGLang's device and host pools too; behind a router it depends on where each tur
 mean and p90, and prefill's rate
 (computed prompt tokens over the summed TTFTs, which is what the machine's load moves). In
 ``restart`` also the first turn after it: its mean TTFT and the share of its reachable tokens
-that storage served (``survived``).
+that storage served (``survived``). In ``instances`` with the client alternating the servers (no
+router: each turn's server is known), the cross-instance tokens (``cross_instance``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ..results import percentile, text_table
-from .rig import Phase
+from .rig import Phase, server_of
+from .workload import Sent
 
 # Greedy outputs are compared per prompt: (shape, seed, digest of the prompt ids).
 OutputKey = tuple[str, int, str]
@@ -29,6 +31,26 @@ OutputKey = tuple[str, int, str]
 
 def measured(phases: Sequence[Phase]) -> Phase:
     return next((p for p in phases if p.name == "after"), phases[-1])
+
+
+def cross_instance(sent: Sequence[Sent], servers: int, page: int) -> tuple[int, int]:
+    """Of the turns ``sent`` to ``servers`` alternating (``rig.server_of``): the reachable prompt
+    tokens that only another server had computed (past what the receiving server's own latest turn
+    of the thread left it, page-aligned), and how many of those some level served (``cached``
+    past that). Its own pools cannot hold them: only a store shared by the servers can serve them."""
+    done = {(s.thread, s.turn): s for s in sent if not s.result.error}
+    reach = hit = 0
+    for (c, t), s in done.items():
+        mine = server_of(c, t, servers)
+        own_turn = next((u for u in range(t - 1, -1, -1) if server_of(c, u, servers) == mine), None)
+        own = 0
+        if own_turn is not None and (c, own_turn) in done:
+            r = done[(c, own_turn)].result
+            own = (r.prompt_tokens + r.output_tokens) // page * page
+        cross = max(0, s.reachable - own)
+        reach += cross
+        hit += min(cross, max(0, s.result.cached_tokens - own))
+    return reach, hit
 
 
 def summarise(raw: dict[str, Any]) -> dict[str, Any]:
@@ -57,6 +79,9 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
                                   "reachable": s.reachable, **asdict(s.result)} for s in q.sent]}
                    for q in phases],
     }
+    alternating = raw.get("servers", 1) > 1 and not raw.get("router")
+    reach, hit = cross_instance(p.sent, raw["servers"], raw["page"]) if alternating else (None, None)
+    rec["cross_reachable"], rec["cross_hit"] = reach, hit
     if p.name == "after":
         first = [s for s in ok if s.turn == min(x.turn for x in ok)] if ok else []
         reach = sum(s.reachable for s in first)
@@ -105,16 +130,21 @@ def _share(v: float | None) -> str:
     return "-" if v is None else f"{v:.0%}"
 
 
+def _cross(hit: float | None, reach: float | None) -> str:
+    return "-" if hit is None or reach is None else f"{_tok(hit)} of {_tok(reach)}"
+
+
 def runs_table(records: list[dict[str, Any]]) -> str:
     header = ("#", "regime", "shape", "backend", "seed", "load", "found", "loaded", "served", "cached",
-              "reachable", "TTFT mean", "p90", "1st after", "survived", "prefill tok/s", "outputs equal",
-              "disk MiB", "errors", "failed calls")
+              "reachable", "cross-instance", "TTFT mean", "p90", "1st after", "survived", "prefill tok/s",
+              "outputs equal", "disk MiB", "errors", "failed calls")
     rows = []
     for i, r in enumerate(records):
         eq = r.get("outputs_equal")
         rows.append((str(i + 1), r["regime"], r["shape"], r["backend"], str(r["seed"]),
                      f"{r['load']:.1f}-{r['load_end'] or 0:.1f}", _tok(r["found"]), _tok(r["loaded"]),
-                     _tok(r["served"]), _tok(r["cached_tokens"]), _tok(r["reachable"]), _ms(r["ttft_mean_s"]),
+                     _tok(r["served"]), _tok(r["cached_tokens"]), _tok(r["reachable"]),
+                     _cross(r.get("cross_hit"), r.get("cross_reachable")), _ms(r["ttft_mean_s"]),
                      _ms(r["ttft_p90_s"]),
                      _ms(r.get("first_ttft_mean_s")), _share(r.get("survived")),
                      _tok(r["prefill_rate_tok_s"]), "-" if not eq else f"{eq[1]}/{eq[0]}",
@@ -139,13 +169,14 @@ def by_backend(records: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]
         eq = [r.get("outputs_equal") or (0, 0) for r in rs]
         rows_out.append({"regime": regime, "shape": shape, "backend": backend, "runs": len(rs),
                          **{k: _median([r.get(k) for r in rs]) for k in
-                            ("found", "loaded", "served", "cached_tokens", "reachable", "ttft_mean_s",
-                             "ttft_p90_s", "first_ttft_mean_s", "survived", "load")},
+                            ("found", "loaded", "served", "cached_tokens", "reachable", "cross_hit",
+                             "cross_reachable", "ttft_mean_s", "ttft_p90_s", "first_ttft_mean_s", "survived",
+                             "load")},
                          "outputs_compared": sum(e[0] for e in eq), "outputs_equal": sum(e[1] for e in eq)})
     base = {(g["regime"], g["shape"]): g for g in rows_out if g["backend"] == "builtin"}
     header = ("regime", "shape", "backend", "runs", "load", "found", "loaded", "served", "cached",
-              "TTFT mean", "p90", "1st after", "survived", "served / builtin", "TTFT / builtin",
-              "outputs equal")
+              "cross-instance", "TTFT mean", "p90", "1st after", "survived", "served / builtin",
+              "TTFT / builtin", "outputs equal")
     rows = []
     for g in rows_out:
         b = base.get((g["regime"], g["shape"]))
@@ -155,7 +186,7 @@ def by_backend(records: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]
                                 and g["ttft_mean_s"] is not None else None)
         rows.append((g["regime"], g["shape"], g["backend"], str(g["runs"]), f"{g['load'] or 0:.1f}",
                      _tok(g["found"]), _tok(g["loaded"]), _tok(g["served"]), _tok(g["cached_tokens"]),
-                     _ms(g["ttft_mean_s"]),
+                     _cross(g["cross_hit"], g["cross_reachable"]), _ms(g["ttft_mean_s"]),
                      _ms(g["ttft_p90_s"]), _ms(g["first_ttft_mean_s"]), _share(g["survived"]),
                      "-" if g["served_vs_builtin"] is None else f"{g['served_vs_builtin']:.2f}x",
                      "-" if g["ttft_vs_builtin"] is None else f"{g['ttft_vs_builtin']:.2f}x",

@@ -70,6 +70,9 @@ class RigConfig:
     settle_s: float
     offload: bool  # the built-in's SSD offload (where the wheel has it)
     progress: bool
+    # ``instances`` behind sglang-router where it is installed; without (or with this off) the
+    # client alternates the servers itself (``server_of``), and each turn's server is known.
+    router: bool = True
 
 
 @dataclass
@@ -133,14 +136,20 @@ def crash(server: LaunchedServer) -> None:
     server.stop()
 
 
+def server_of(thread: int, turn: int, servers: int) -> int:
+    """The server a turn goes to where the client alternates ``servers`` itself (no router): never
+    twice in a row to one, so each turn's history was last extended on another server."""
+    return (thread + turn) % servers
+
+
 def sender(urls: list[str], cfg: RigConfig, output_tokens: int, seed: int
            ) -> Callable[[int, int, list[int]], RequestResult]:
     """One URL: every request there (a server, or the router in front of two). Several (no router):
-    turn ``t`` of thread ``c`` goes to server ``(c + t) % n``, never twice in a row to one."""
+    turn ``t`` of thread ``c`` goes to server ``server_of(c, t, n)``."""
     clients = [SglangClient(u, cfg.request_timeout_s) for u in urls]
 
     def send(c: int, t: int, prompt: list[int]) -> RequestResult:
-        return clients[(c + t) % len(clients)].generate(
+        return clients[server_of(c, t, len(clients))].generate(
             BenchRequest(f"s{seed}-c{c}-t{t}", t, prompt, output_tokens, 0))
     return send
 
@@ -186,7 +195,7 @@ def run_cell(cell: Cell, index: int, total: int, shape: Shape, b: Budget, cfg: R
     desc = f"{index}/{total} {cell.regime} {cell.shape} {cell.backend} s{cell.seed}"
     n = INSTANCES if cell.regime == "instances" else 1
     started: list[LaunchedServer] = []
-    out: dict[str, Any] = {"cell": cell, "phases": [], "router": False}
+    out: dict[str, Any] = {"cell": cell, "phases": [], "router": False, "servers": n, "page": cfg.page}
     with ExitStack() as stack:
         stack.callback(stop_all, started)
         services = Services()
@@ -210,7 +219,7 @@ def run_cell(cell: Cell, index: int, total: int, shape: Shape, b: Budget, cfg: R
         servers = start_all(cfg, launches, run_dir, "server", started)
         urls = [s.url for s in servers]
         send_urls = urls
-        if n > 1 and router_available():
+        if n > 1 and cfg.router and router_available():
             from devtools.testing.cluster import router_command, wait_router_ready
 
             router = LaunchedServer(lambda port: router_command(port, urls, "round_robin"), free_port(),
