@@ -112,7 +112,7 @@ REPROBE_S = 30.0
 PROBE_S = 0.02
 
 
-def judged_by_reads(reads: Sequence[tuple[int, float]]) -> bool:
+def _judged_by_reads(reads: Sequence[tuple[int, float]]) -> bool:
     """Whether a hit's reads so far (bytes and wall seconds of each) are evidence enough to judge
     the rest of it by their own rate (``admit_rest``)."""
     return (len(reads) >= JUDGING_READS and any(nbytes > 0 for nbytes, _ in reads)
@@ -415,7 +415,7 @@ class LoadGate:
         objects left to read, judged as ``admit`` judges with the reads' evidence (the rest counted
         as abandoned); ``bounded``: whether to read on in bounded steps, the evidence not settled.
 
-        Settled (``judged_by_reads``): the rest is read at once if the reads' own rate says it is
+        Settled (``_judged_by_reads``): the rest is read at once if the reads' own rate says it is
         worth it, whatever the fit remembers of the tier; abandoned if neither that rate nor the
         newest read's does. Not settled: the fit judges, but a hit is not given up while its newest
         read was fast or it had a single read, which may have waited on the host's scheduling, not
@@ -432,7 +432,7 @@ class LoadGate:
                 return object_tokens * per_token > load
 
             newest_fast = bool(reads) and worth_at(*reads[-1])
-            if judged_by_reads(reads):
+            if _judged_by_reads(reads):
                 if worth_at(sum(b for b, _ in reads), sum(t for _, t in reads)):
                     return RestOfHit(n, False)
                 kept = n if newest_fast else 0

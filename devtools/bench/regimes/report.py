@@ -80,8 +80,8 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
                    for q in phases],
     }
     alternating = raw.get("servers", 1) > 1 and not raw.get("router")
-    reach, hit = cross_instance(p.sent, raw["servers"], raw["page"]) if alternating else (None, None)
-    rec["cross_reachable"], rec["cross_hit"] = reach, hit
+    rec["cross_reachable"], rec["cross_hit"] = (cross_instance(p.sent, raw["servers"], raw["page"])
+                                                if alternating else (None, None))
     if p.name == "after":
         first = [s for s in ok if s.turn == min(x.turn for x in ok)] if ok else []
         reach = sum(s.reachable for s in first)
