@@ -155,6 +155,10 @@ class TierCapabilities:
     # directory share those files, so only one of them reports their usage; the store's counter
     # file is kept beside them, so counts survive a restart as the pages do.
     local_files: bool = False
+    # Some reads are served from memory the kernel holds (a disk's page cache) and ``get_into_cached``
+    # copies those alone, never waiting on the device: the store reads them so first where it
+    # would otherwise have to bound the read by a thread of its own (``get_into_within``).
+    cached_reads: bool = False
 
 
 @dataclass(frozen=True)
@@ -236,6 +240,13 @@ class Tier(ABC):
         stored size differs from the destination's total size. Destinations of failed keys may
         have been partly written.
         """
+
+    def get_into_cached(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+        """``get_into`` of the pages whose bytes are in memory now, never waiting on the device
+        (only a tier with ``capabilities.cached_reads`` has any). ``False`` for a page not read now
+        says nothing of whether the tier holds it (its destination may be partly written); one
+        read and found corrupt is also removed, as ``get_into`` does. Default: none."""
+        return [False] * len(keys)
 
     @abstractmethod
     def put_from(self, keys: Sequence[PageKey], pages: Sequence[PageView], *,

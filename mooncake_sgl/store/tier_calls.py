@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 # Calls answered per key: a failed one is a miss for every key of the batch, in the call's shape.
 _BATCH_MISSES: dict[str, Callable[[int], Any]] = {
     "get": lambda n: [False] * n,
+    "get_cached": lambda n: [False] * n,
     "contains": lambda n: [False] * n,
     "put": PutResult.missed,
 }

@@ -16,9 +16,9 @@ Request paths (SGLang's threads) do only their own pages' I/O:
 - ``get_into`` cascades: a batch is offered to tier 0, the keys it missed to tier 1, and so on. A
   page found in a slower tier is handed to the mover for promotion (dropped when the mover is
   backlogged).
-- ``get_into_within`` is ``get_into`` with a deadline: it runs on one of two reader threads into
-  staging memory, and the pages are copied out only if the caller still waits (the load gate's
-  bound on a tier that may have stalled).
+- ``get_into_within`` is ``get_into`` with a deadline: what a disk's page cache holds is read on the
+  calling thread (it cannot stall), the rest on one of two reader threads into staging memory,
+  copied out only if the caller still waits (the load gate's bound on a tier that may have stalled).
 - ``put_from`` writes tier 0 and every slower tier the policy admits; shared tiers (a pool or the
   Mooncake Store, seen by other SGLang instances) are written at the same time as the local ones,
   not after them, so another instance can read a backed-up page as early as possible. It returns
@@ -107,6 +107,7 @@ class TieredStore:
         self._calls = calls = TierCalls(tiers)
         self.tiers = calls.tiers
         self.names = calls.names
+        self._cached_reads = any(t.capabilities.cached_reads for t in self.tiers)
         usage0 = calls.call(0, "usage", self.tiers[0].usage) if len(tiers) > 1 else None
         self._residency = Residency(policy, calls.managed, clock,
                                     usage0.capacity_bytes if usage0 is not None else None)
@@ -200,6 +201,11 @@ class TieredStore:
         once its bytes are in place. Promotion of pages found in slower tiers happens later."""
         if len(keys) != len(pages):
             raise ValueError(f"{len(keys)} keys but {len(pages)} destination pages")
+        return self._read(keys, pages, cached=False)
+
+    def _read(self, keys: Sequence[PageKey], pages: Sequence[PageView], cached: bool) -> list[bool]:
+        """``get_into``'s cascade; with ``cached``, only of what tiers with ``cached_reads`` hold in
+        memory now (``Tier.get_into_cached``), where a page not read is no miss."""
         calls, residency = self._calls, self._residency
         done = [False] * len(keys)
         found_in: list[int] = [0] * len(keys)
@@ -207,8 +213,11 @@ class TieredStore:
         for t, tier in enumerate(self.tiers):
             if not pending:
                 break
+            if cached and not tier.capabilities.cached_reads:
+                continue
             start = time.perf_counter()
-            ok = calls.call(t, "get", tier.get_into, [keys[i] for i in pending], [pages[i] for i in pending])
+            what, read = ("get_cached", tier.get_into_cached) if cached else ("get", tier.get_into)
+            ok = calls.call(t, what, read, [keys[i] for i in pending], [pages[i] for i in pending])
             took = time.perf_counter() - start
             missed, lost, nread = [], [], 0
             for i, hit in zip(pending, ok):
@@ -218,11 +227,14 @@ class TieredStore:
                     nread += page_nbytes(pages[i])
                 else:
                     missed.append(i)
-                    if calls.managed[t] and residency.holds(t, keys[i]):
+                    if not cached and calls.managed[t] and residency.holds(t, keys[i]):
                         lost.append(keys[i])  # removed under us, or found corrupt by the tier
-            self._read_counters[t].add(hits=len(pending) - len(missed), misses=len(missed),
-                                       bytes_read=nread)
-            residency.read(PagesRead(t, len(pending), len(pending) - len(missed), nread, took))
+            hits = len(pending) - len(missed)
+            if not cached or hits:
+                self._read_counters[t].add(hits=hits, misses=0 if cached else len(missed),
+                                           bytes_read=nread)
+                asked = hits if cached else len(pending)
+                residency.read(PagesRead(t, asked, hits, nread, took))
             if lost:
                 # A failed read is not proof the page left: ask the tier (a rare extra call, only
                 # for pages the store believed were there).
@@ -243,26 +255,38 @@ class TieredStore:
 
     def get_into_within(self, keys: Sequence[PageKey], pages: Sequence[PageView],
                         seconds: float) -> list[bool] | None:
-        """``get_into``, given up after ``seconds``: ``None`` then, and ``pages`` are left untouched
-        (the read goes on into staging memory and ends there; its ``PagesRead`` still tells what it
-        took). For a reader that would rather compute the pages than wait longer for a tier that
-        may have stalled: the destinations are never written after it has given up."""
+        """``get_into``, given up after ``seconds``: ``None`` then. For a reader that would rather
+        compute the pages than wait longer for a tier that may have stalled: the destinations are
+        never written after it has given up. What the tiers hold in memory (a disk's page cache)
+        is read first on this thread (it cannot stall); the rest on one of two reader threads into
+        staging memory, copied out only if the caller still waits (the read goes on there and ends
+        there; its ``PagesRead`` still tells what it took)."""
         if len(keys) != len(pages):
             raise ValueError(f"{len(keys)} keys but {len(pages)} destination pages")
+        start = time.perf_counter()
+        done = self._read(keys, pages, cached=True) if self._cached_reads else [False] * len(keys)
+        rest = [i for i, hit in enumerate(done) if not hit]
+        if not rest:
+            return done
         with self._bounded_lock:
             if self._closed:
                 return None
             if self._bounded is None:  # two: a read stuck in one tier leaves a worker for the next
                 self._bounded = ThreadPoolExecutor(2, "mooncake-sgl-bounded-read")
             read = _BoundedRead()
-            future = self._bounded.submit(self._read_staged, keys, pages, read)
+            future = self._bounded.submit(self._read_staged, [keys[i] for i in rest],
+                                          [pages[i] for i in rest], read)
         try:
-            future.result(seconds)
+            future.result(max(0.0, seconds - (time.perf_counter() - start)))
         except TimeoutError:
             pass
         with read.lock:
             read.given_up = read.ok is None
-            return read.ok
+            if read.ok is None:
+                return None
+            for i, hit in zip(rest, read.ok):
+                done[i] = bool(hit)
+            return done
 
     def _read_staged(self, keys: Sequence[PageKey], pages: Sequence[PageView], read: _BoundedRead) -> None:
         staged = self._staging.pages("bounded-read", [page_nbytes(p) for p in pages])

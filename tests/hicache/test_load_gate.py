@@ -102,11 +102,18 @@ def judged_again(make_backend, tmp_path, scheduler, monkeypatch):
     return backend, pool, keys
 
 
+def uncached(tier, monkeypatch) -> None:
+    """None of the LMDB tier's pages are in the page cache (as after it was dropped): every read
+    waits on the disk, which the tests slow down."""
+    monkeypatch.setattr(tier, "get_into_cached", lambda keys, pages: [False] * len(keys))
+
+
 def slowed(backend, monkeypatch, seconds_per_call: float, after: int = 0,
            per_page: bool = False) -> list[int]:
     """The LMDB tier's disk turns slow: every read call past the first ``after`` waits first (that
     long a page, ``per_page``). Returns the pages per call."""
     tier = backend._store.tiers[0]
+    uncached(tier, monkeypatch)
     inner, calls = tier.get_into, []
 
     def slow(keys, pages):
@@ -158,6 +165,7 @@ def test_a_hit_whose_first_read_alone_was_held_up_is_read_on(make_backend, tmp_p
     old_evidence(monkeypatch)
     never_given_up(monkeypatch)
     tier = backend._store.tiers[0]
+    uncached(tier, monkeypatch)
     inner, calls = tier.get_into, []
 
     def first_held_up(k, p):

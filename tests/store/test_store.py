@@ -4,6 +4,7 @@ placement work on the background mover (the product) and inline (the simulator's
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -26,8 +27,8 @@ def host(pages: int) -> HostTier:
     return HostTier(HostTierConfig(capacity=pages * 2 * SEG, slot_size=2 * SEG, pin_memory=False))
 
 
-def lmdb(path: Path) -> LmdbTier:
-    return LmdbTier(LmdbTierConfig(path=str(path), capacity="64MiB", sync=False))
+def lmdb(path: Path, direct_io: str = "auto") -> LmdbTier:
+    return LmdbTier(LmdbTierConfig(path=str(path), capacity="64MiB", sync=False, direct_io=direct_io))
 
 
 @pytest.fixture(params=["background", "inline"])
@@ -245,6 +246,47 @@ def test_a_read_within_time_lands_every_segment_of_the_pages_it_found(store: Tie
     ok = store.get_into_within([key(i) for i in [*outs, 99]], [*outs.values(), empty_like(pages[0])], 30.0)
     assert ok == [True] * 6 + [False]
     assert all(same(pages[i], out) for i, out in outs.items())
+
+
+def drop_page_cache(tier: LmdbTier, offset: int = 0) -> None:
+    """The page cache lets go of the tier's page bytes from ``offset`` on (written back first; the
+    kernel drops only whole folios, which may be 2 MiB: ``offset`` on 2 MiB)."""
+    assert offset % (2 << 20) == 0
+    fd = os.open(Path(tier.path) / "pages.bin", os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, offset, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_a_read_within_time_of_pages_in_the_page_cache_needs_no_time_to_spare(tmp_path: Path) -> None:
+    # Pages in memory cannot stall: read on the caller's thread, even where no reader thread could
+    # have met the bound.
+    s = TieredStore([lmdb(tmp_path / "db", "buffered")], LruPolicy(1))
+    try:
+        pages = put(s, range(4), batch=4)
+        outs = [empty_like(pages[i]) for i in range(4)]
+        assert s.get_into_within([key(i) for i in range(4)], outs, 0.0) == [True] * 4
+        assert all(same(pages[i], out) for i, out in enumerate(outs))
+    finally:
+        s.close()
+
+
+def test_a_read_within_time_takes_what_the_page_cache_holds_and_the_rest_from_the_disk(
+        tmp_path: Path) -> None:
+    s = TieredStore([lmdb(tmp_path / "db", "buffered")], LruPolicy(1))
+    try:
+        n = (4 << 20) // (2 * SEG)
+        pages = put(s, range(n), batch=n)
+        drop_page_cache(s.tiers[0], 2 << 20)  # the second half (extents follow each other from 0)
+        outs = [empty_like(pages[i]) for i in range(n)]
+        assert s.get_into_within([key(i) for i in range(n)], outs, 30.0) == [True] * n
+        assert all(same(pages[i], out) for i, out in enumerate(outs))
+        reads = s.stats().tiers[s.names[0]].as_dict()["store"]
+        assert (reads["hits"], reads["misses"]) == (n, 0)  # pages not in memory were no misses
+    finally:
+        s.close()
 
 
 def test_a_closed_store_gives_a_read_within_time_up_at_once(tmp_path: Path) -> None:

@@ -449,3 +449,77 @@ def test_bounced_writes_move_every_byte_at_any_alignment(tmp_path: Path) -> None
     assert written[:size] == data[3:].tobytes()
     assert written[size:end] == bytes(end - size)
     assert written[end:end + 4096] == data[:4096].tobytes()
+
+
+def drop_from(path: Path, offset: int) -> None:
+    """The page cache lets go of ``path`` from ``offset`` on (written back first). The kernel drops
+    only whole folios, and a file's may be as large as 2 MiB: ``offset`` on 2 MiB."""
+    assert offset % (2 << 20) == 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, offset, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_a_read_from_memory_takes_what_the_page_cache_holds_and_never_waits_for_the_rest(
+        tmp_path: Path) -> None:
+    """``get_into_cached`` (where the store reads first when it must be able to give a read up): pages
+    in the page cache read and verified on the calling thread, the others not read, and neither
+    counted as misses nor taken for damage."""
+    tier = tier_at(tmp_path, "buffered")
+    n = 16
+    buf, pages = aligned_pages(n, seed=21)
+    names = [b"cached-%d" % i for i in range(n)]
+    assert tier.put_from(names, pages).ok == (True,) * n
+    drop_from(tmp_path / "pages.bin", 8 * PAGE)  # the last eight (extents follow each other from 0)
+    before = tier.stats().counts
+    out, dst = aligned_pages(n, seed=0)
+    assert tier.get_into_cached(names, dst) == [True] * 8 + [False] * 8
+    assert np.array_equal(out[:8 * PAGE], buf[:8 * PAGE])
+    after = tier.stats().counts
+    assert (after.get_hits - before.get_hits, after.get_misses, after.corrupt_pages) == (8, 0, 0)
+    assert tier.contains(names) == [True] * n
+    ok, got = read_all(tier, names, n)  # the read that waits takes them all
+    assert ok == [True] * n and np.array_equal(got, buf)
+    tier.close()
+
+
+def test_a_flipped_byte_read_from_memory_is_a_counted_miss(tmp_path: Path) -> None:
+    tier = tier_at(tmp_path, "buffered")
+    _, pages = aligned_pages(3, seed=22)
+    names = [b"cached-flip-%d" % i for i in range(3)]
+    assert tier.put_from(names, pages).ok == (True,) * 3
+    with open(tmp_path / "pages.bin", "r+b") as f:  # through the page cache: the page stays in it
+        f.seek(PAGE + 7)
+        byte = f.read(1)
+        f.seek(PAGE + 7)
+        f.write(bytes([byte[0] ^ 0x40]))
+    _, dst = aligned_pages(3, seed=0)
+    assert tier.get_into_cached(names, dst) == [True, False, True]
+    assert tier.stats().counts.corrupt_pages == 1 and tier.contains(names) == [True, False, True]
+    tier.close()
+
+
+def test_a_file_system_that_cannot_read_without_waiting_leaves_every_read_to_wait(
+        tmp_path: Path, monkeypatch) -> None:
+    tier = tier_at(tmp_path, "buffered")
+    buf, pages = aligned_pages(2, seed=23)
+    names = [b"nowait-%d" % i for i in range(2)]
+    assert tier.put_from(names, pages).ok == (True,) * 2
+    asked: list[int] = []
+
+    def unsupported(fd: int, segments, offset: int) -> int:
+        asked.append(offset)
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(direct, "preadv_cached", unsupported)
+    _, dst = aligned_pages(2, seed=0)
+    assert tier.get_into_cached(names, dst) == [False, False]
+    assert tier.get_into_cached(names, dst) == [False, False]
+    assert len(asked) == 1  # asked once, then never again
+    assert tier.stats().disk_errors == 0
+    ok, got = read_all(tier, names, 2)
+    assert ok == [True, True] and np.array_equal(got, buf)
+    tier.close()

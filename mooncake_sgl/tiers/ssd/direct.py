@@ -15,6 +15,9 @@ and whether a range of the page file is in the page cache (``page_io`` decides w
   buffered (``bench_tiers.py --modes disk-speed --disk-speed-memory unaligned``). Nor can the
   kernel be asked: Linux 6.18 took O_DIRECT reads into memory 64 bytes past a page (writes it
   refused) at 1.6x the CPU time. So a run is read with O_DIRECT only where ``looks_aligned``.
+- Reads that never wait on the device (``preadv_cached``: ``RWF_NOWAIT``): what the page cache holds
+  of a range, copied on the calling thread, so a reader that must be able to give up a read of a
+  disk that stalled needs no thread of its own for the pages already in memory.
 - Residency: a read the page cache can serve is a memory copy, faster than the disk, so only ranges
   not wholly cached are read with ``O_DIRECT``. ``cachestat`` (Linux 6.5) says it in one call
   without touching the pages; where it is missing or a seccomp filter refuses it, ``mincore`` on a
@@ -110,6 +113,29 @@ def preadv_all(fd: int, segments: list[memoryview], offset: int) -> int:
     total = 0
     while pending:
         got = os.preadv(fd, pending[:IOV_MAX], offset)
+        if got <= 0:
+            return total
+        offset += got
+        total += got
+        consume(pending, got)
+    return total
+
+
+def preadv_cached(fd: int, segments: list[memoryview], offset: int) -> int:
+    """Fill ``segments`` from ``offset`` as far as the page cache holds the bytes now, never waiting
+    on the device (``RWF_NOWAIT``: the kernel stops at the first byte it would have to read, or
+    wait for, and may start reading ahead from there); the bytes read. Raises ``OSError``:
+    ``EOPNOTSUPP`` where the file system (or this Python) cannot read without waiting."""
+    flag = getattr(os, "RWF_NOWAIT", None)
+    if flag is None:
+        raise OSError(errno.EOPNOTSUPP, "preadv2 with RWF_NOWAIT is not available here")
+    pending = list(segments)
+    total = 0
+    while pending:
+        try:
+            got = os.preadv(fd, pending[:IOV_MAX], offset, flag)
+        except BlockingIOError:  # the next byte is not in memory
+            return total
         if got <= 0:
             return total
         offset += got

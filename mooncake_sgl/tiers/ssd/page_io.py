@@ -205,6 +205,7 @@ class PageIO:
             except OSError:  # tmpfs and some others refuse O_DIRECT: the buffered path serves
                 self._direct_fd = -1
         self._resident = direct.Residency(buffered_fd)
+        self._nowait = True  # until the file system says it cannot read without waiting (``read_cached``)
         # Where the kernel's own readahead window is as large as an O_DIRECT read request, its
         # asynchronous readahead keeps as much in flight for a buffered reader: cold reads stay
         # buffered there (and leave the pages cached). Read once: a change needs a reopen.
@@ -342,13 +343,7 @@ class PageIO:
                 j = run[0]
                 done[j] = self._read_piecewise(fd, keys[j], items[j], sizes[j], through_direct)
                 return
-            segs: list[memoryview] = []
-            for j in run:
-                segs.extend(direct.flat(seg) for seg in items[j][1])
-                gap = -sizes[j] % ALIGN
-                if gap and j != run[-1]:
-                    segs.append(_PAD[:gap])  # the rest of its 4 KiB block, before the next extent
-            got = self._fill(fd, segs, start, through_direct)
+            got = self._fill(fd, _iovecs_of(items, sizes, run), start, through_direct)
             for j in run:
                 offset, page, digest = items[j]
                 done[j] = offset + sizes[j] <= start + got and checksum(keys[j], page) == digest
@@ -360,6 +355,33 @@ class PageIO:
                 for r in range(len(runs)):
                     one(r, fd)
         return done
+
+    def read_cached(self, keys: Sequence[PageKey], items: Sequence[tuple[int, PageView, int]]
+                    ) -> list[bool | None]:
+        """``read`` of what the page cache holds now, on this thread, never waiting on the disk: per
+        item ``True`` (read, matches ``digest``), ``False`` (read whole, not the bytes its checksum
+        names) or ``None`` (not wholly in memory now: nothing is known of it, and its destination
+        may be partly written)."""
+        out: list[bool | None] = [None] * len(items)
+        if not self._nowait:
+            return out
+        sizes = [page_nbytes(p) for _, p, _ in items]
+        # The readers' descriptors: a read that meets the kernel's readahead mark starts the next
+        # window on the stream the earlier reads of the hit opened.
+        with self._readers.one() as fd:
+            for start, _, run in _merged(items, sizes, _READ_RUN):
+                try:
+                    got = direct.preadv_cached(fd, _iovecs_of(items, sizes, run), start)
+                except OSError as e:
+                    if e.errno == errno.EOPNOTSUPP:  # the file system cannot: reads wait, as before
+                        self._nowait = False
+                        return out
+                    continue  # a failing disk: the read that waits meets it, and counts it
+                for j in run:
+                    offset, page, digest = items[j]
+                    if offset + sizes[j] <= start + got:
+                        out[j] = checksum(keys[j], page) == digest
+        return out
 
     def _read_piecewise(self, fd: int, key: PageKey, item: tuple[int, PageView, int], nbytes: int,
                         through_direct: bool) -> bool:
@@ -473,8 +495,9 @@ def _chunks(segments: list[memoryview], offset: int, limit: int) -> list[tuple[i
     return out
 
 
-def _iovecs_of(items: Sequence[tuple[int, PageView]], sizes: Sequence[int], run: list[int]
-               ) -> list[memoryview]:
+def _iovecs_of(items: Sequence[tuple], sizes: Sequence[int], run: list[int]) -> list[memoryview]:
+    """The segments of the pages ``run`` (``items[j][1]``), adjacent in the file, as one vectored
+    request: each extent's last 4 KiB block padded into scratch before the next extent."""
     out: list[memoryview] = []
     for n, j in enumerate(run):
         out.extend(direct.flat(s) for s in items[j][1])

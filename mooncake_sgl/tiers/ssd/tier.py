@@ -97,7 +97,7 @@ class LmdbTier(Tier):
 
     name = "lmdb"
     kind = TierKind.SSD
-    capabilities = TierCapabilities(persistent=True, local_files=True)
+    capabilities = TierCapabilities(persistent=True, local_files=True, cached_reads=True)
 
     def __init__(self, config: LmdbTierConfig) -> None:
         self._config = config
@@ -181,14 +181,26 @@ class LmdbTier(Tier):
             return [self._key_ok(k) and txn.get(k) is not None for k in keys]
 
     def get_into(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+        return self._get(keys, pages, self._io.read, "get")
+
+    def get_into_cached(self, keys: Sequence[PageKey], pages: Sequence[PageView]) -> list[bool]:
+        return self._get(keys, pages, self._io.read_cached, "get_cached")
+
+    def _get(self, keys: Sequence[PageKey], pages: Sequence[PageView],
+             read: Callable[[list[PageKey], list[tuple[int, PageView, int]]], Sequence[bool | None]],
+             what: str) -> list[bool]:
+        """``get_into`` through ``read`` (``PageIO.read`` or ``read_cached``), whose ``None`` is a
+        page not read now: not a miss, nor corrupt (``get_into_cached``; misses and size mismatches
+        are then left for the read that follows to count)."""
         if len(keys) != len(pages):
             raise ValueError(f"{len(keys)} keys but {len(pages)} destination pages")
+        counted = what == "get"
         results = [False] * len(keys)
         corrupt: list[tuple[PageKey, bytes]] = []
         misses = mismatched = hits = nread = 0
         # The whole read runs inside the read transaction: its snapshot keeps the extents it
         # reads from being reused by a writer until it ends.
-        with self._lmdb_errors("get"), self._read() as txn:
+        with self._lmdb_errors(what), self._read() as txn:
             plan = []
             for i, (key, page) in enumerate(zip(keys, pages)):
                 value = txn.get(key) if self._key_ok(key) else None
@@ -202,17 +214,21 @@ class LmdbTier(Tier):
                     mismatched += 1
                 else:
                     plan.append((i, key, rec, bytes(value)))
-            whole = self._io.read([key for _, key, _, _ in plan],
-                                  [(rec[0], pages[i], rec[2]) for i, _, rec, _ in plan])
+            whole = read([key for _, key, _, _ in plan],
+                         [(rec[0], pages[i], rec[2]) for i, _, rec, _ in plan])
             for (i, key, (_, length, _), value), ok in zip(plan, whole):
+                if ok is None:
+                    continue
                 if not ok:  # short, unreadable or not the bytes its checksum names
                     corrupt.append((key, value))
                     continue
                 results[i] = True
                 hits += 1
                 nread += length
+        if not counted:
+            misses = mismatched = 0
         self._counters.add(get_hits=hits, get_misses=misses + len(corrupt), get_size_mismatch=mismatched,
-                    bytes_read=nread)
+                           bytes_read=nread)
         if corrupt:
             self._drop_corrupt(corrupt)
         return results
