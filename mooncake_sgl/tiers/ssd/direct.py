@@ -106,13 +106,16 @@ def pwritev_all(fd: int, segments: list[memoryview], offset: int) -> None:
         consume(pending, done)
 
 
-def preadv_all(fd: int, segments: list[memoryview], offset: int) -> int:
-    """Fill ``segments`` from ``offset``; the bytes read, fewer at the end of the file. Raises
-    ``OSError``."""
+def preadv_all(fd: int, segments: list[memoryview], offset: int, flags: int = 0) -> int:
+    """Fill ``segments`` from ``offset``; the bytes read, fewer at the end of the file (with
+    ``RWF_NOWAIT`` in ``flags``: up to the first byte not in memory). Raises ``OSError``."""
     pending = list(segments)
     total = 0
     while pending:
-        got = os.preadv(fd, pending[:IOV_MAX], offset)
+        try:
+            got = os.preadv(fd, pending[:IOV_MAX], offset, flags)
+        except BlockingIOError:  # RWF_NOWAIT: the next byte is not in memory
+            return total
         if got <= 0:
             return total
         offset += got
@@ -129,19 +132,7 @@ def preadv_cached(fd: int, segments: list[memoryview], offset: int) -> int:
     flag = getattr(os, "RWF_NOWAIT", None)
     if flag is None:
         raise OSError(errno.EOPNOTSUPP, "preadv2 with RWF_NOWAIT is not available here")
-    pending = list(segments)
-    total = 0
-    while pending:
-        try:
-            got = os.preadv(fd, pending[:IOV_MAX], offset, flag)
-        except BlockingIOError:  # the next byte is not in memory
-            return total
-        if got <= 0:
-            return total
-        offset += got
-        total += got
-        consume(pending, got)
-    return total
+    return preadv_all(fd, segments, offset, flag)
 
 
 def _bounce() -> tuple[memoryview, int]:
