@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What reading a hit the load gate judges again costs over reading it in one call, in one process:
 an SSD tier (``TieredStore`` over one ``LmdbTier``), a hit of ``--pages`` pages written in one batch
-and dropped from the page cache before each read (``--drop``), then read either
+and dropped from the page cache before each read (root: all of it, as ``bench_load_gate.py``
+does; otherwise the tier's files; ``--warm``: nothing dropped, a hit written lately), then read either
 
   one      in one ``get_into`` call (what the backend does where the gate has nothing to judge);
   stepped  as the gate reads a disk that may have turned slow: the first page, then doubling steps
@@ -14,6 +15,7 @@ stepped / one; ``--json PATH`` writes every read.
 
     python scripts/bench_bounded_read.py                        # 63 pages of 64 KiB, 12 rounds
     python scripts/bench_bounded_read.py --busy --dir /mnt/ssd --json bounded.json
+    python scripts/bench_bounded_read.py --busy --warm           # a hit in the page cache
     python scripts/bench_bounded_read.py --busy --loop           # bench_load_gate.py's loop device
 """
 
@@ -37,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from devtools.bench.console import human, log, run_script  # noqa: E402
 from devtools.bench.ssd.throttled import loop_disk  # noqa: E402
 from devtools.bench.ssd.throttled import unavailable as loop_unavailable  # noqa: E402
+from devtools.bench.ssd.user_view import drop_cache  # noqa: E402
 from mooncake_sgl.config import LmdbTierConfig  # noqa: E402
 from mooncake_sgl.policy.lru import LruPolicy  # noqa: E402
 from mooncake_sgl.store import TieredStore  # noqa: E402
@@ -53,24 +56,6 @@ def steps(n: int) -> list[int]:
         out.append(max(1, min(n - done, done)))
         done += out[-1]
     return out
-
-
-def drop_cached(path: Path, what: str) -> None:
-    """The page cache lets go of ``path`` (``file``: written back first), or of everything (``all``:
-    the tier's index too, as ``bench_load_gate.py`` drops it; needs root): the next read meets the
-    disk. ``none``: nothing."""
-    if what == "none":
-        return
-    if what == "all":
-        os.sync()
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 class Busy:
@@ -97,7 +82,7 @@ class Busy:
 
 
 def measure(directory: Path, npages: int, page: int, rounds: int, bound_s: float, busy: bool,
-            drop: str) -> dict[str, list[float]]:
+            warm: bool) -> tuple[dict[str, list[float]], str]:
     tier = LmdbTier(LmdbTierConfig(path=str(directory), capacity=max(64 << 20, 4 * npages * page)))
     store = TieredStore([tier], LruPolicy(1), mover="inline")
     src = np.random.default_rng(0).integers(0, 256, npages * page, dtype=np.uint8)
@@ -110,6 +95,7 @@ def measure(directory: Path, npages: int, page: int, rounds: int, bound_s: float
 
     src_pages, dst_pages = views(src), views(dst)
     out: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    how = "nothing (--warm)"
     try:
         with Busy() if busy else nullcontext():
             for r in range(rounds):
@@ -117,7 +103,8 @@ def measure(directory: Path, npages: int, page: int, rounds: int, bound_s: float
                     keys = [os.urandom(16) for _ in range(npages)]
                     if not all(store.put_from(keys, src_pages)):
                         raise RuntimeError("the SSD tier did not take the hit's pages")
-                    drop_cached(directory / "pages.bin", drop)
+                    if not warm:
+                        how = drop_cache(directory)
                     dst[:] = 0
                     t0 = time.perf_counter()
                     ok = read(store, keys, dst_pages, variant, bound_s)
@@ -129,7 +116,7 @@ def measure(directory: Path, npages: int, page: int, rounds: int, bound_s: float
                 log(f"round {r + 1}/{rounds}: {last}")
     finally:
         store.close()
-    return out
+    return out, how
 
 
 def read(store: TieredStore, keys: list[bytes], pages: list[list[memoryview]], variant: str,
@@ -158,9 +145,8 @@ def main() -> int:
     p.add_argument("--dir", type=Path, default=None, help="where the tier's files go (default: a temp dir)")
     p.add_argument("--loop", action="store_true",
                    help="on a fresh ext4 on a loop device in --dir, as bench_load_gate.py's disk (root)")
-    p.add_argument("--drop", choices=("all", "file", "none"), default="all" if os.geteuid() == 0 else "file",
-                   help="before each read drop the whole page cache (root; the default as root), only the "
-                        "tier's page file's, or nothing (a hit written lately: still in the page cache)")
+    p.add_argument("--warm", action="store_true",
+                   help="drop nothing before each read: the hit is in the page cache, as one written lately")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     page = parse_size(args.page_size)
@@ -171,19 +157,20 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=args.dir) as d, \
             loop_disk(Path(d), max(1 << 30, 8 * args.pages * page)) if args.loop else nullcontext() as disk:
         where = disk.mount if disk is not None else Path(d)
-        res = measure(where / "tier", args.pages, page, args.rounds, args.bound_ms / 1e3, args.busy,
-                      args.drop)
+        res, how = measure(where / "tier", args.pages, page, args.rounds, args.bound_ms / 1e3, args.busy,
+                      args.warm)
     med = {v: statistics.median(res[v]) for v in VARIANTS}
     busy = ", busy thread" if args.busy else ""
     on = "a loop device" if args.loop else "the disk of --dir"
     print(f"hit of {args.pages} pages of {human(page)} on {on}, dropped from the page cache before each "
-          f"read: {args.drop}; {args.rounds * 2} reads each, load {os.getloadavg()[0]:.2f}{busy}")
+          f"read: {how}; {args.rounds * 2} reads each, load {os.getloadavg()[0]:.2f}{busy}")
     for v in VARIANTS:
         print(f"  {v:<8} median {med[v] * 1e3:7.2f} ms  [{min(res[v]) * 1e3:.2f}-{max(res[v]) * 1e3:.2f}]")
     print(f"  stepped / one: {med['stepped'] / med['one']:.2f}x")
     if args.json:
         args.json.write_text(json.dumps({"pages": args.pages, "page_bytes": page, "busy": args.busy,
-                                         "seconds": res, "ratio": med["stepped"] / med["one"]}, indent=1))
+                                         "dropped": how, "seconds": res,
+                                         "ratio": med["stepped"] / med["one"]}, indent=1))
     return 0
 
 

@@ -22,11 +22,11 @@ def test_the_steps_are_the_first_page_then_doubling_and_cover_the_hit_once() -> 
 def test_a_short_run_reads_each_hit_back_whole_both_ways(tmp_path: Path) -> None:
     out = tmp_path / "bounded.json"
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_bounded_read.py"), "--pages", "5",
-                          "--rounds", "1", "--busy", "--drop", "file", "--dir", str(tmp_path),
+                          "--rounds", "1", "--busy", "--dir", str(tmp_path),
                           "--json", str(out)],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "stepped / one:" in run.stdout
     res = json.loads(out.read_text())
     assert {v: len(s) for v, s in res["seconds"].items()} == {"one": 2, "stepped": 2}
-    assert res["ratio"] > 0
+    assert res["ratio"] > 0 and res["dropped"] in ("drop_caches", "fadvise")

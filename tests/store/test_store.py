@@ -4,7 +4,6 @@ placement work on the background mover (the product) and inline (the simulator's
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from mooncake_sgl.policy.lru import LruPolicy
 from mooncake_sgl.store import TieredStore, build_store
 from mooncake_sgl.tiers.host import HostTier
 from mooncake_sgl.tiers.ssd import LmdbTier
+from tests.page_cache import drop_from
 from tests.store_record import policy_residents, resident_keys
 from tests.tiers.conformance import empty_like, key, make_page, same
 from tests.wrapped_tier import SizeBlind
@@ -248,18 +248,6 @@ def test_a_read_within_time_lands_every_segment_of_the_pages_it_found(store: Tie
     assert all(same(pages[i], out) for i, out in outs.items())
 
 
-def drop_page_cache(tier: LmdbTier, offset: int = 0) -> None:
-    """The page cache lets go of the tier's page bytes from ``offset`` on (written back first; the
-    kernel drops only whole folios, which may be 2 MiB: ``offset`` on 2 MiB)."""
-    assert offset % (2 << 20) == 0
-    fd = os.open(Path(tier.path) / "pages.bin", os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, offset, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def test_a_read_within_time_of_pages_in_the_page_cache_needs_no_time_to_spare(tmp_path: Path) -> None:
     # Pages in memory cannot stall: read on the caller's thread, even where no reader thread could
     # have met the bound.
@@ -279,7 +267,8 @@ def test_a_read_within_time_takes_what_the_page_cache_holds_and_the_rest_from_th
     try:
         n = (4 << 20) // (2 * SEG)
         pages = put(s, range(n), batch=n)
-        drop_page_cache(s.tiers[0], 2 << 20)  # the second half (extents follow each other from 0)
+        # The second half of the pages (extents follow each other from 0).
+        drop_from(Path(s.tiers[0].path) / "pages.bin", 2 << 20)
         outs = [empty_like(pages[i]) for i in range(n)]
         assert s.get_into_within([key(i) for i in range(n)], outs, 30.0) == [True] * n
         assert all(same(pages[i], out) for i, out in enumerate(outs))

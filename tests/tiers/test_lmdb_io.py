@@ -17,6 +17,7 @@ from mooncake_sgl.config import LmdbTierConfig
 from mooncake_sgl.metrics.source import tier_sample
 from mooncake_sgl.store.stats import StoreTierReport
 from mooncake_sgl.tiers.ssd import LmdbTier, direct, page_io, readers, write_route
+from tests.page_cache import drop_from
 
 PAGE = 256 << 10
 
@@ -449,18 +450,6 @@ def test_bounced_writes_move_every_byte_at_any_alignment(tmp_path: Path) -> None
     assert written[:size] == data[3:].tobytes()
     assert written[size:end] == bytes(end - size)
     assert written[end:end + 4096] == data[:4096].tobytes()
-
-
-def drop_from(path: Path, offset: int) -> None:
-    """The page cache lets go of ``path`` from ``offset`` on (written back first). The kernel drops
-    only whole folios, and a file's may be as large as 2 MiB: ``offset`` on 2 MiB."""
-    assert offset % (2 << 20) == 0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, offset, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def test_a_read_from_memory_takes_what_the_page_cache_holds_and_never_waits_for_the_rest(
