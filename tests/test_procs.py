@@ -1,7 +1,9 @@
-"""``ServerProcess.freeze``: a frozen server answers nothing, from the moment ``freeze`` returns."""
+"""``ServerProcess``: a frozen server answers nothing, from the moment ``freeze`` returns; ``close``
+leaves no work directory behind."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from typing import Any
@@ -45,3 +47,14 @@ def test_freeze_of_a_process_that_is_not_running_says_so() -> None:
         assert "not running" in str(e)
     else:
         raise AssertionError("freeze of a process never started returned")
+
+
+def test_close_deletes_the_work_directory_and_stop_keeps_it() -> None:
+    p = _Spinners().start()
+    p.stop()
+    assert os.path.isdir(p.workdir)  # a restart, or a look at the log, may follow a stop
+    p.close()
+    assert not os.path.exists(p.workdir)
+    with _Spinners() as q:
+        pass
+    assert not os.path.exists(q.workdir)

@@ -65,7 +65,7 @@ class PoolContender:
 
     def close(self) -> None:
         self.client.close()
-        self.proc.stop()
+        self.proc.close()
 
 
 _MOONCAKE_STORAGE = textwrap.dedent("""
@@ -144,7 +144,7 @@ class MooncakeContender:
         self.store.close()
         if self.storage is not None:
             stop_storage(self.storage)
-        self.master.stop()
+        self.master.close()
 
 
 def _sink(port_pipe: mp.connection.Connection, nbytes: int) -> None:
@@ -198,7 +198,7 @@ class MooncakeTierContender:
     def close(self) -> None:
         self.tier.close()
         stop_storage(self.storage)
-        self.master.stop()
+        self.master.close()
 
 
 class RawSocketContender:

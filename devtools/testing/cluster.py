@@ -61,6 +61,7 @@ BRIDGE_HOST = 254
 # SGLang's own default ratio, is megabytes for a tiny model. Either flag given later wins.
 HICACHE_SIZING = ("--hicache-ratio", "2")
 _STATE = Path(tempfile.gettempdir()) / "mooncake-sgl-cluster"
+WORKDIR_PREFIX = "mooncake-sgl-cluster-"  # of a work directory a cluster makes for itself
 # A master's start on a loaded two-core machine; the 30 s default of a lone one is too tight here.
 MASTER_START_S = 120.0
 
@@ -208,7 +209,8 @@ class Cluster:
         if n < 1:
             raise ValueError(f"a cluster needs at least one host, got {n}")
         self.n = n
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="mooncake-sgl-cluster-"))
+        self._own_workdir = workdir is None  # made here, so deleted by close()
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         self.hosts: list[Host] = []
         self.net = -1
         self.bridge = ""
@@ -226,6 +228,7 @@ class Cluster:
     def start(self) -> Cluster:
         reason = unavailable_reason()
         if reason:
+            self.close()  # its work directory, made for nothing
             raise ClusterUnavailable(f"cannot make a cluster of network namespaces: {reason}")
         _clean_stale()
         atexit.register(self.close)
@@ -263,7 +266,9 @@ class Cluster:
                 fd = os.open(owner, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             except FileExistsError:
                 continue
-            os.write(fd, f"{os.getpid()}\n".encode())
+            # The work directory made here, so that the next cluster deletes it if this process is
+            # SIGKILLed (a directory given by the caller is never named).
+            os.write(fd, f"{os.getpid()}\n{self.workdir if self._own_workdir else ''}\n".encode())
             os.close(fd)
             return net
         raise ClusterUnavailable(f"every subnet {SUBNET}.0-255.0/24 is in use on this machine")
@@ -342,7 +347,7 @@ class Cluster:
     def pool(self, host: Host, startup_timeout: float = 60.0, **config: Any) -> PoolProcess:
         """A ``mooncake-sgl pool`` server in ``host``, on its address (``config``: its fields)."""
         pool = PoolProcess(startup_timeout=startup_timeout, prefix=host.prefix, host=host.addr, **config)
-        self._track(host, pool.stop)
+        self._track(host, pool.close)
         return pool.start()
 
     def etcd(self, host: Host) -> Etcd:
@@ -359,7 +364,7 @@ class Cluster:
             f"--etcd_endpoints={etcd.endpoint}"]
         master = MooncakeMaster(host=host.addr, prefix=host.prefix, extra_args=[*ha, *extra_args],
                                 startup_timeout=MASTER_START_S)
-        self._track(host, master.stop)
+        self._track(host, master.close)
         return master.start()
 
     def sglang(self, host: Host, model: Path | str, tiers: Path | None, extra: Sequence[str] = (),
@@ -429,6 +434,8 @@ class Cluster:
         if self.net >= 0:
             (_STATE / f"{self.net}.mounts").unlink(missing_ok=True)
             (_STATE / f"{self.net}.pid").unlink(missing_ok=True)
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
         atexit.unregister(self.close)
 
     def __enter__(self) -> Cluster:
@@ -469,8 +476,8 @@ def _clean_stale() -> None:
         return
     for owner in _STATE.glob("*.pid"):
         try:
-            pid = int(owner.read_text().split()[0])
-            os.kill(pid, 0)
+            pid, *workdir = owner.read_text().split("\n")
+            os.kill(int(pid), 0)
             continue
         except ProcessLookupError:
             pass
@@ -493,4 +500,7 @@ def _clean_stale() -> None:
             for line in mounts.read_text().splitlines():
                 _umount(Path(line))
             mounts.unlink(missing_ok=True)
+        made = Path(workdir[0]) if workdir and workdir[0] else None
+        if made and made.name.startswith(WORKDIR_PREFIX):
+            shutil.rmtree(made, ignore_errors=True)
         owner.unlink(missing_ok=True)

@@ -250,7 +250,7 @@ def ha_masters(workdir: Path, n: int = 2) -> Iterator[tuple[str, list[MooncakeMa
         for m in masters:
             with suppress(ProcessLookupError):  # gone meanwhile
                 m.thaw()
-            m.stop()
+            m.close()
         etcd.kill()
         etcd.wait(10)
 

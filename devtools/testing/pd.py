@@ -96,10 +96,6 @@ class PdServers:
             self.bootstrap[server.url] = bootstrap
         return server
 
-    def plain(self, name: str) -> LaunchedServer:
-        """A server with neither PD nor HiCache, healthy: the cold reference outputs are compared to."""
-        return self._start(name, (), ())
-
     def colocated(self, name: str, tiers: Path) -> LaunchedServer:
         """A plain (non-PD) server with HiCache over ``tiers``, healthy."""
         return self._start(name, ours_args(tiers), ())

@@ -180,9 +180,14 @@ class ServerProcess:
         except OSError:
             return "(no log)"
 
+    def close(self) -> None:
+        """``stop``, then delete ``workdir`` (its log with it): the end of a process started without
+        ``with``. ``stop`` alone keeps the directory for a restart or a look at the log."""
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
     def __enter__(self) -> Any:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        self.close()

@@ -98,6 +98,9 @@ def test_a_cut_host_reaches_nothing_until_reconnected(cluster2: Cluster) -> None
 
 @needs_netns
 def test_a_failure_inside_tears_down_namespaces_bridge_and_processes(tmp_path: Path) -> None:
+    mine = tmp_path / "c" / "mine"
+    mine.parent.mkdir()
+    mine.write_text("the caller's")
     with pytest.raises(RuntimeError, match="boom"):
         with Cluster(2, tmp_path / "c") as c:
             pool = c.pool(c.hosts[0], capacity="16MiB", slab_size="1MiB")
@@ -105,6 +108,8 @@ def test_a_failure_inside_tears_down_namespaces_bridge_and_processes(tmp_path: P
             raise RuntimeError("boom")
     assert _gone(c)
     assert not os.path.exists(f"/proc/{pid}")
+    assert not os.path.exists(pool.workdir), "the pool's directory outlived the cluster"
+    assert mine.read_text() == "the caller's"  # a directory given to the cluster is kept
 
 
 @needs_netns
@@ -131,6 +136,8 @@ def test_ctrl_c_tears_down_and_a_killed_cluster_is_cleaned_by_the_next(tmp_path:
     ns, links = _ours()
     assert not set(netns) & ns and bridge not in links
     assert not _mounted(disk), "the cluster's tmpfs outlived it"
+    # The directory it made for itself: deleted by its teardown, or by the next cluster.
+    assert not os.path.exists(os.path.dirname(disk)), "the cluster's directory outlived it"
     deadline = time.monotonic() + 10
     while os.path.exists(f"/proc/{pool_pid}") and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -144,13 +151,16 @@ def test_refuses_with_the_reason_where_namespaces_are_not_allowed(tmp_path: Path
         return
     if shutil.which("setpriv") is None:
         pytest.skip("setpriv (util-linux) is needed to drop root for this check")
-    code = ("from devtools.testing.cluster import Cluster, ClusterUnavailable\n"
-            "try:\n    Cluster(1).start()\nexcept ClusterUnavailable as e:\n    print(e)\n")
+    code = ("import os; from devtools.testing.cluster import Cluster, ClusterUnavailable\n"
+            "c = Cluster(1)\n"
+            "try:\n    c.start()\nexcept ClusterUnavailable as e:\n    print(e)\n"
+            "print('workdir left' if os.path.exists(c.workdir) else 'workdir gone')\n")
     out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
                           "-c", code], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd="/")
     assert "cannot make a cluster of network namespaces: creating network namespaces needs root" \
         in out.stdout, out
+    assert "workdir gone" in out.stdout, out
     assert unavailable_reason() is None
 
 

@@ -19,7 +19,15 @@ from devtools.bench.results import (
     variant_result,
 )
 from devtools.bench.runner import variants_from_args
-from devtools.bench.server import CPU_FLAGS, Variant, launch_command, parse_variant
+from devtools.bench.server import (
+    CPU_FLAGS,
+    Variant,
+    cpu_computes_bf16,
+    cpu_dtype_flags,
+    has_gpu,
+    launch_command,
+    parse_variant,
+)
 from devtools.bench.workloads import (
     LongContextSpec,
     MultiTurnSpec,
@@ -134,6 +142,36 @@ def test_variants_and_launch_command(tmp_path: Path) -> None:
     assert [x.label for x in variants_from_args(args)] == ["no-hicache", "hicache-l2", "ours:t"]
     args = argparse.Namespace(url=None, launch=True, variant=[], tiers=[])
     assert [x.label for x in variants_from_args(args)] == ["no-hicache", "hicache-l2", "ours"]
+
+
+def test_a_bf16_model_on_a_cpu_without_native_bf16_computes_in_float32_over_a_bf16_kv_cache(
+        tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    fast = ("--dtype", "float32", "--kv-cache-dtype", "bf16")
+    assert cpu_dtype_flags(str(model), native_bf16=False) == fast
+    assert cpu_dtype_flags(str(model), native_bf16=True) == ()
+    (model / "config.json").write_text(json.dumps({"torch_dtype": "float32"}))
+    assert cpu_dtype_flags(str(model), native_bf16=False) == ()  # its KV stays float32
+    assert cpu_dtype_flags("org/hub-model", native_bf16=False) == ()  # nothing to read: SGLang decides
+    (model / "config.json").write_text("{not json")
+    assert cpu_dtype_flags(str(model), native_bf16=False) == ()
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n")
+    assert not cpu_computes_bf16(info)
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert cpu_computes_bf16(info)
+    assert cpu_computes_bf16(tmp_path / "absent")  # unknown: leave SGLang's dtype alone
+
+    (model / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    cmd = launch_command(str(model), 31000, (), cpu=True, extra=("--dtype", "bfloat16"))
+    assert cmd[-2:] == ["--dtype", "bfloat16"]  # a caller's own dtype still wins
+
+
+def test_no_gpu_device_node_means_no_gpu_without_asking_torch(tmp_path: Path) -> None:
+    assert not has_gpu((str(tmp_path / "nvidiactl"),))
 
 
 def test_client_rejects_bad_urls_and_sees_no_server() -> None:

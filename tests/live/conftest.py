@@ -8,11 +8,13 @@ on two cores; the tests start as few as they can.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +54,9 @@ class Servers:
         self.started: list[LaunchedServer] = []
 
     def start(self, name: str, tiers: Path, extra: tuple[str, ...] = (),
-              env: dict[str, str] | None = None) -> LaunchedServer:
+              env: dict[str, str] | None = None, port: int | None = None) -> LaunchedServer:
         # A function of the port: the launcher starts again on another one if it cannot be bound.
-        server = LaunchedServer(lambda port: serve_command(port, self.model, tiers, extra), free_port(),
+        server = LaunchedServer(lambda p: serve_command(p, self.model, tiers, extra), port or free_port(),
                                 self.logs / f"{name}.log", HEALTH_TIMEOUT_S,
                                 env={**os.environ, "PYTHONPATH": str(REPO),
                                      HOST_RESERVE_ENV: TEST_HOST_RESERVE, **(env or {})})
@@ -62,10 +64,16 @@ class Servers:
         server.start()
         return server
 
-    def start_many(self, specs: list[tuple[str, Path]], extra: tuple[str, ...] = ()) -> list[LaunchedServer]:
-        """Several servers at once (their start-ups overlap), each with ``extra`` flags."""
+    def start_many(self, specs: list[tuple[str, Path] | tuple[str, Path, tuple[str, ...]]],
+                   extra: tuple[str, ...] = ()) -> list[LaunchedServer]:
+        """Several servers at once (their start-ups overlap), each with ``extra`` flags and then its
+        spec's own."""
+        def start(spec: tuple) -> LaunchedServer:
+            name, tiers, *own = spec
+            return self.start(name, tiers, extra + (own[0] if own else ()))
+
         with ThreadPoolExecutor(len(specs)) as ex:
-            return list(ex.map(lambda s: self.start(*s, extra), specs))
+            return list(ex.map(start, specs))
 
 
 @pytest.fixture
@@ -73,6 +81,37 @@ def servers(tiny_model: Path, tmp_path: Path) -> Iterator[Servers]:
     made = Servers(tiny_model, tmp_path / "logs")
     yield made
     stop_all(made.started)
+
+
+@dataclass(frozen=True)
+class SharedServer:
+    server: LaunchedServer
+    held_port: int  # the port its first attempt was given, held by another process's socket
+
+
+# What a shared server's tests may rely on: our host tier alone, device and host pools of 32,768
+# tokens, SGLang's step times in its replies.
+SHARED_TIERS = "tiers:\n  - {kind: host, capacity: 512MiB}\n"
+SHARED_FLAGS = ("--max-total-tokens", "32768", "--hicache-ratio", "2", "--enable-metrics")
+
+
+@pytest.fixture(scope="session")
+def shared_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedServer]:
+    """One server for the tests that only send their own prompts to it (each start costs 30-60 s of
+    a two-core machine). It is started the way the launcher once failed (test_launcher.py): on a
+    port another socket listens on, so SGLang's HTTP server cannot bind it."""
+    root = tmp_path_factory.mktemp("shared-server")
+    made = Servers(tiny_model, root / "logs")
+    tiers = write_tiers(root / "tiers.yaml", SHARED_TIERS)
+    try:
+        with socket.socket() as held:
+            held.bind(("127.0.0.1", free_port()))
+            held.listen(1)
+            port = held.getsockname()[1]
+            server = made.start("shared", tiers, SHARED_FLAGS, port=port)
+        yield SharedServer(server, port)
+    finally:
+        stop_all(made.started)
 
 
 @pytest.fixture

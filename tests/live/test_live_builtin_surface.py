@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import pytest
 
 from devtools.bench.server import LaunchedServer
 from devtools.testing.pool_process import PoolProcess
@@ -107,32 +106,35 @@ def _check_layout(layout: dict[str, Any], tier_kinds: list[str]) -> None:
     assert [t["kind"] for t in ours["tiers"]] == tier_kinds
 
 
-@pytest.mark.parametrize(("prefetch", "write", "host_memory"), [
-    ("best_effort", "write_back", "cache"),
-    ("wait_complete", "write_through_selective", "buffer_only"),
-])
-def test_policies_give_a_storage_hit_identical_to_the_cold_run(servers: Servers, tmp_path: Path,
-                                                               prefetch: str, write: str,
-                                                               host_memory: str) -> None:
-    tiers = write_tiers(tmp_path / "tiers.yaml", f"""
+# Each server another of SGLang's prefetch, write and host-memory policies; both start at once.
+POLICIES = (("best_effort", "write_back", "cache"),
+            ("wait_complete", "write_through_selective", "buffer_only"))
+
+
+def test_policies_give_a_storage_hit_identical_to_the_cold_run(servers: Servers, tmp_path: Path) -> None:
+    specs = []
+    for prefetch, write, host_memory in POLICIES:
+        name = f"{prefetch}-{write}-{host_memory}"
+        tiers = write_tiers(tmp_path / f"{name}.yaml", f"""
 tiers:
   - {{kind: host, capacity: 64MiB}}
-  - {{kind: lmdb, path: "{tmp_path / 'lmdb'}", capacity: 1GiB}}
+  - {{kind: lmdb, path: "{tmp_path / name}", capacity: 1GiB}}
 """)
-    server = servers.start(f"{prefetch}-{write}-{host_memory}", tiers, (
-        "--max-total-tokens", str(DEVICE_TOKENS), "--hicache-storage-prefetch-policy", prefetch,
-        "--hicache-write-policy", write, "--hicache-host-memory-mode", host_memory,
-        "--max-running-requests", "1", "--admin-api-key", ADMIN_KEY))
-    client = AdminClient(server.url)
-    _check_layout(client.layout(), ["host", "lmdb"])
-    status, body = client.call("GET", "/hicache/storage-backend")
-    config = json.loads(body)
-    assert status == 200 and (config["hicache_storage_prefetch_policy"], config["hicache_write_policy"]) \
-        == (prefetch, write), config
-    cold, hit = _stored_then_hit(client, prompt(PROMPT_TOKENS, seed=21))
-    assert hit.storage_backend == "MooncakeSglStorage"
-    assert hit.storage_tokens == reusable(PROMPT_TOKENS), hit
-    assert hit.same_as(cold), (hit, cold)
+        specs.append((name, tiers, ("--hicache-storage-prefetch-policy", prefetch, "--hicache-write-policy",
+                                    write, "--hicache-host-memory-mode", host_memory)))
+    started = servers.start_many(specs, ("--max-total-tokens", str(DEVICE_TOKENS), "--max-running-requests",
+                                         "1", "--admin-api-key", ADMIN_KEY))
+    for (prefetch, write, _), server in zip(POLICIES, started, strict=True):
+        client = AdminClient(server.url)
+        _check_layout(client.layout(), ["host", "lmdb"])
+        status, body = client.call("GET", "/hicache/storage-backend")
+        config = json.loads(body)
+        assert status == 200 and (config["hicache_storage_prefetch_policy"], config["hicache_write_policy"]) \
+            == (prefetch, write), config
+        cold, hit = _stored_then_hit(client, prompt(PROMPT_TOKENS, seed=21))
+        assert hit.storage_backend == "MooncakeSglStorage"
+        assert hit.storage_tokens == reusable(PROMPT_TOKENS), (server.url, hit)
+        assert hit.same_as(cold), (server.url, hit, cold)
 
 
 def _scheduler(server: LaunchedServer) -> psutil.Process:

@@ -47,11 +47,11 @@ def test_doctor_names_the_threshold_the_deadline_the_write_policy_a_full_tier_an
         slow = ('{"backend_name": "slow", "module_path": "tests.live.slow_backend", '
                 f'"class_name": "SlowStorage", "interface_v1": 1, "config_file": "{a_tiers}", '
                 '"prefetch_timeout_base": 0.2, "prefetch_timeout_per_ki_token": 0.0}')
-        a = servers.start("a", a_tiers, ("--enable-metrics", "--hicache-storage-prefetch-policy", "timeout",
-                                         "--hicache-storage-backend", "dynamic",
-                                         "--hicache-storage-backend-extra-config", slow))
-        b = servers.start("b", b_tiers, ("--enable-metrics", "--page-size", "32",
-                                         "--hicache-write-policy", "write_through_selective"))
+        a, b = servers.start_many([
+            ("a", a_tiers, ("--hicache-storage-prefetch-policy", "timeout", "--hicache-storage-backend",
+                            "dynamic", "--hicache-storage-backend-extra-config", slow)),
+            ("b", b_tiers, ("--page-size", "32", "--hicache-write-policy", "write_through_selective")),
+        ], ("--enable-metrics",))
         ids = prompt(PROMPT_TOKENS, seed=11)
         client_a = LiveClient(a.url)
         client_a.generate(ids)

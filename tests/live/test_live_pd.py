@@ -4,9 +4,10 @@ pool between them, so the next turn of a conversation starts from cache on which
 lands (``devtools.testing.pd``).
 
 One deployment serves the module: prefill A and prefill B over one pool tier (every shared page
-crosses the pool), a decode that offloads its output pages, a balancer per prefill, and a plain
-non-PD server as the cold reference. Every output is compared with the reference's for the same
-prompt: greedy ids and bit-identical logprobs. The pool is killed by the last test.
+crosses the pool), a decode that offloads its output pages, a balancer per prefill; the cold
+reference is the live tests' shared server (not PD, its own tiers). Every output is compared
+with the reference's for the same prompt: greedy ids and bit-identical logprobs. The pool is
+killed by the last test.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from devtools.testing.pd import PdServers
 from devtools.testing.pool_process import PoolProcess
 from mooncake_sgl_cpu.adaptations import HOST_RESERVE_ENV
 
-from .conftest import HEALTH_TIMEOUT_S, TEST_HOST_RESERVE, wait_for, write_tiers
+from .conftest import HEALTH_TIMEOUT_S, TEST_HOST_RESERVE, SharedServer, wait_for, write_tiers
 from .probe import LiveClient, Output, prompt, reusable
 from .test_live_shared import pool_pages
 
@@ -51,7 +52,8 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def pd(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+def pd(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory,
+       shared_server: SharedServer) -> Iterator[Deployment]:
     root = tmp_path_factory.mktemp("pd")
     made = PdServers(tiny_model, root / "logs", FLAGS, env={HOST_RESERVE_ENV: TEST_HOST_RESERVE},
                      health_timeout_s=HEALTH_TIMEOUT_S)
@@ -59,17 +61,16 @@ def pd(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[D
         tiers = write_tiers(root / "tiers.yaml",
                             f'tiers:\n  - {{kind: pool, endpoints: ["{pool.endpoint}"]}}\n')
         try:
-            with ThreadPoolExecutor(4) as ex:  # start-ups overlap
+            with ThreadPoolExecutor(3) as ex:  # start-ups overlap
                 started = [ex.submit(made.server, "prefill-a", "prefill", tiers),
                            ex.submit(made.server, "prefill-b", "prefill", tiers),
-                           ex.submit(made.server, "decode", "decode-offload", tiers),
-                           ex.submit(made.plain, "reference")]
-                a, b, decode, reference = (f.result() for f in started)
+                           ex.submit(made.server, "decode", "decode-offload", tiers)]
+                a, b, decode = (f.result() for f in started)
                 balancers = [ex.submit(made.balancer, "lb-a", [a], [decode]),
                              ex.submit(made.balancer, "lb-b", [b], [decode])]
                 lb_a, lb_b = (f.result() for f in balancers)
             yield Deployment(pool, tiers, made, a, b, decode, LiveClient(lb_a.url), LiveClient(lb_b.url),
-                             LiveClient(reference.url))
+                             LiveClient(shared_server.server.url))
         finally:
             made.close()
 

@@ -12,12 +12,11 @@ the way the benchmark times it.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from devtools.bench.client import RequestResult, SglangClient
 from devtools.bench.workloads import BenchRequest
 
-from .conftest import Servers, write_tiers
+from .conftest import SharedServer
 from .probe import LiveClient, prompt, reusable
 
 # Prompt lengths (tokens): both above the 4,096-token prefill chunk, so the cold runs are chunked
@@ -42,12 +41,10 @@ def _round(client: SglangClient, ids: list[list[int]], label: str) -> list[Reque
     return results
 
 
-def test_storage_hits_are_never_slower_than_their_cold_runs(servers: Servers, tmp_path: Path) -> None:
-    tiers = write_tiers(tmp_path / "tiers.yaml", "tiers:\n  - {kind: host, capacity: 512MiB}\n")
-    # An explicit host pool: SGLang's default sizing refuses to start when a shared machine has less
-    # than its 10 GiB reserve free.
-    server = servers.start("ttft", tiers, ("--max-total-tokens", "32768", "--hicache-ratio", "2",
-                                           "--enable-metrics"))
+def test_storage_hits_are_never_slower_than_their_cold_runs(shared_server: SharedServer) -> None:
+    # The shared server: our host tier, an explicit host pool (SGLang's default sizing refuses to
+    # start when a shared machine has less than its 10 GiB reserve free), step times in replies.
+    server = shared_server.server
     client, probe = SglangClient(server.url), LiveClient(server.url)
 
     # Backups land after a request finishes and a flush can overtake one: a round counts only when

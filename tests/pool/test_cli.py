@@ -72,4 +72,4 @@ def test_a_server_that_never_gets_ready_is_an_error_not_a_hang(tmp_path, monkeyp
     with pytest.raises(pool_process.PoolStartError, match="no READY line within 1s"):
         pool.start()
     assert time.monotonic() - t0 < 5
-    pool.__exit__(None, None, None)  # its work folder
+    pool.close()  # its work folder

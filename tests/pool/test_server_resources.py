@@ -7,7 +7,6 @@ import contextlib
 import logging
 import os
 import resource
-import shutil
 import socket
 import threading
 import time
@@ -236,4 +235,4 @@ def test_in_a_real_memory_cgroup_the_pool_refuses_rather_than_being_oom_killed()
                                r"of 536870912 bytes exceeds .*\(bounded by the cgroup limit"):
                 pool.start()
         finally:
-            shutil.rmtree(pool.workdir, ignore_errors=True)
+            pool.close()

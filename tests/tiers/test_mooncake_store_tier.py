@@ -312,7 +312,7 @@ def test_unreachable_master_at_start_answers_misses_then_connects() -> None:
         assert tier.put_from([key(1)], [page]).ok == (True,)
     finally:
         tier.close()
-        m.stop()
+        m.close()
 
 
 def test_master_killed_and_restarted_under_sglang_calls(caplog, tmp_path) -> None:
