@@ -44,7 +44,7 @@ from ..failure_log import FailureLog
 from ..keys import KV_POOL, KeyNamespace
 from ..metrics.attach import StoreWatch, observe_store
 from ..policy.curve_feed import CurveFeed
-from ..policy.load_gate import LoadGate
+from ..policy.load_gate import RECHECK_READS, LoadGate
 from ..store import TieredStore, build_store
 from . import (
     fingerprint,
@@ -509,8 +509,8 @@ class MooncakeSglStorage(HiCacheStorage):
             there = [k for k, w in zip(objects, where) if w == t]
             self._store.probe_reads(t, there[:most], kv.object_nbytes)
         for t in admission.recheck:
-            self._store.probe_reads(t, [next(k for k, w in zip(objects, where) if w == t)],
-                                    kv.object_nbytes)
+            there = [k for k, w in zip(objects, where) if w == t]
+            self._store.probe_reads(t, there[:RECHECK_READS], kv.object_nbytes, one_call_each=True)
         return admission.objects // kv.parts
 
     @boundary(lambda *a, **k: False)

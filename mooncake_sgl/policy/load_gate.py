@@ -103,6 +103,12 @@ RECHECK_SPACING = 10.0
 # declined (at 3 s, on the bench's slow disk, the gate declined the first three requests after the
 # disk was fast again and kept 39-54% of the gain over that phase; at 1 s, one request and 83%).
 RECHECK_MIN_S = 1.0
+# A recheck reads this many objects, one call after the other. A throttle (a cgroup's io.max, tc's
+# token bucket) answers the first read of a tier idle for a while from its allowance, at once; the
+# next waits at the tier's real rate, and the newest probe read outweighs the reads before it. With
+# one read, a disk throttled to 2 MB/s was found "fast again" after every declined request, and
+# the next hit was admitted, stalled and given up at its bound: every other request paid it.
+RECHECK_READS = 2
 # Seconds after a tier's newest read when a lookup that finds pages there asks for a probe read (a
 # disk that was busy may be idle now, an idle one busy).
 REPROBE_S = 30.0
@@ -140,8 +146,9 @@ class PrefillReading:
 class Admission:
     """``admit``'s answer: the leading page objects to report, the tiers of the hit to time a
     probe read of (their newest read is ``REPROBE_S`` old) and how many objects each probe reads,
-    and the tiers it was declined for to time a read of one object of (``recheck``: a tier
-    declined as slow is found fast again within seconds, not at the next ``REPROBE_S``)."""
+    and the tiers it was declined for to time reads of ``RECHECK_READS`` objects of, one call
+    each (``recheck``: a tier declined as slow is found fast again within seconds, not at the next
+    ``REPROBE_S``)."""
 
     objects: int
     probe: tuple[int, ...]

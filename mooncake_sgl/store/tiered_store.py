@@ -299,17 +299,18 @@ class TieredStore:
                     scatter(src[0], dst)
             read.ok = ok
 
-    def probe_reads(self, t: int, keys: Sequence[PageKey], nbytes: int) -> None:
+    def probe_reads(self, t: int, keys: Sequence[PageKey], nbytes: int, one_call_each: bool = False) -> None:
         """Time a read of ``keys`` (up to ``PROBE_BYTES`` of them) from tier ``t`` into scratch
         memory, on the mover's thread: its ``PagesRead`` tells the observers what the tier's reads
         cost now (the load gate, when no request has read the tier lately). Nothing else changes:
         no heat, no promotion. ``nbytes``: the size the caller stored each page at, the size read
         where the tier cannot tell a page's (the pool: its protocol names no sizes); where it can,
-        a page it does not hold is not read."""
+        a page it does not hold is not read. ``one_call_each``: a read call (and a ``PagesRead``)
+        per key, one after the other, instead of one for all."""
         if not keys or self._closed:
             return
         if not self._mover.background:
-            self._probe_read(t, list(keys), nbytes)
+            self._probe_read(t, list(keys), nbytes, one_call_each)
             return
         with self._probing_lock:
             if t in self._probing:
@@ -317,11 +318,14 @@ class TieredStore:
             if self._prober is None:  # its own thread: a slow tier's probe never delays placement
                 self._prober = ThreadPoolExecutor(1, "mooncake-sgl-probe")
             self._probing.add(t)
-            self._prober.submit(self._probe_read, t, list(keys), nbytes)
+            self._prober.submit(self._probe_read, t, list(keys), nbytes, one_call_each)
 
-    def _probe_read(self, t: int, keys: list[PageKey], nbytes: int) -> None:
+    def _probe_read(self, t: int, keys: list[PageKey], nbytes: int, one_call_each: bool) -> None:
         try:
-            self._time_read(t, keys, nbytes)
+            for call in ([[k] for k in keys] if one_call_each else [keys]):
+                if self._closed:
+                    return
+                self._time_read(t, call, nbytes)
         finally:
             with self._probing_lock:
                 self._probing.discard(t)

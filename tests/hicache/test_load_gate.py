@@ -348,3 +348,30 @@ def test_a_pool_tier_declined_as_slow_is_found_fast_again_by_its_recheck_read(
         assert backend.batch_exists(keys) == PAGES  # the recheck found the link fast again
     finally:
         server.stop()
+
+
+def test_a_declined_disk_whose_burst_answers_the_first_recheck_read_fast_stays_declined(
+        make_backend, tmp_path, scheduler, monkeypatch) -> None:
+    """A throttle answers the first read of a tier idle for a while from its allowance; the recheck's
+    second read waits at the tier's real rate and decides. Before, the one read came back fast, the
+    next hit was admitted, and its read stalled until given up (every other request on
+    ``bench_load_gate.py``'s 2 MB/s disk)."""
+    backend, pool = make_backend("mha", "page_first", extra=lmdb_only(tmp_path))
+    keys = stored_in(backend, pool)
+    computes(scheduler, 4096, 1e-3, backend, keys)  # 64 ms a page to recompute
+    assert backend.batch_exists(keys) == PAGES
+    monkeypatch.setattr(load_gate, "RECHECK_MIN_S", 0.0)  # a declined tier is rechecked at once
+    monkeypatch.setattr(load_gate, "RECHECK_SPACING", 0.0)
+    # The disk was slow a moment ago: a probe read a page in 0.2 s, three times its recompute.
+    backend._gate.on_events([PagesRead(0, 1, 1, backend._geometry.page_nbytes, 0.2, probe=True)])
+    fast = backend._store.tiers[0].get_into
+    calls = slowed(backend, monkeypatch, 0.2, after=1)  # the first read from the allowance
+    assert backend.batch_exists(keys) == 0  # declined, and a recheck asked for
+    assert backend._store.drain()
+    assert calls == [1, 1]  # two reads, one call each
+    assert backend.batch_exists(keys) == 0  # the second read said slow: still declined
+
+    monkeypatch.setattr(backend._store.tiers[0], "get_into", fast)  # the disk is fast again
+    assert backend.batch_exists(keys) == 0  # declined once more, and rechecked
+    assert backend._store.drain()
+    assert backend.batch_exists(keys) == PAGES  # both recheck reads fast: admitted again

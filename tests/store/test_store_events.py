@@ -233,6 +233,17 @@ def test_a_tier_that_cannot_tell_sizes_is_probed_at_the_size_the_caller_stored(t
         store.close()
 
 
+def test_a_probe_read_one_call_each_tells_a_read_per_page_in_order(store: TieredStore) -> None:
+    pages = put(store, range(3))
+    assert store.drain()
+    replica = Replica()
+    store.observe(replica)
+    store.probe_reads(1, [key(i) for i in range(3)], 1 << 20, one_call_each=True)
+    assert store.drain()
+    assert [(e.tier, e.asked, e.pages, e.probe) for e in replica.reads] == [(1, 1, 1, True)] * 3
+    assert [e.nbytes for e in replica.reads] == [sum(p.nbytes for p in pages[i]) for i in range(3)]
+
+
 def test_a_probe_read_is_told_like_a_read_and_changes_nothing_else(store: TieredStore) -> None:
     replica = Replica()
     pages = put(store, range(4))
