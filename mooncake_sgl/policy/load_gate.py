@@ -95,9 +95,9 @@ GIVE_UP_FLOOR_S = 0.005
 # (torch's attention) computed a 4,096-token request in 58 ms from nothing, 105 ms beside 64
 # cached tokens, 87 ms beside 1,024, 61 ms beside 2,048 (scripts/bench_cached_prefix.py).
 PARTIAL_KEEP_SHARE = 0.5
-# A tier a hit was declined for is read one object at a time off the request path (``recheck``)
-# at most once per this many times that read's expected duration: a slow disk or link spends at
-# most about a tenth of its time on these reads...
+# A tier a hit was declined for is read off the request path (``recheck``) at most once per this
+# many times those reads' expected duration: a slow disk or link spends at most about a tenth of
+# its time on these reads...
 RECHECK_SPACING = 10.0
 # ...and at most once a second: a tier fast again is found so within about a second of lookups
 # declined (at 3 s, on the bench's slow disk, the gate declined the first three requests after the
@@ -345,7 +345,8 @@ class LoadGate:
             recheck = []
             for t in sorted(set(tiers[kept:]) - set(probe)):
                 fit = fits[t]
-                if now - fit.last_at >= max(RECHECK_MIN_S, RECHECK_SPACING * fit.seconds(object_nbytes)):
+                spacing = RECHECK_SPACING * RECHECK_READS * fit.seconds(object_nbytes)
+                if now - fit.last_at >= max(RECHECK_MIN_S, spacing):
                     fit.last_at = now
                     recheck.append(t)
             self._probes += bool(recheck) and not probe

@@ -370,6 +370,8 @@ def test_a_declined_disk_whose_burst_answers_the_first_recheck_read_fast_stays_d
     assert backend._store.drain()
     assert calls == [1, 1]  # two reads, one call each
     assert backend.batch_exists(keys) == 0  # the second read said slow: still declined
+    assert backend._store.drain()  # and the recheck that lookup asked for read the slow disk too
+    assert calls == [1, 1, 1, 1]
 
     monkeypatch.setattr(backend._store.tiers[0], "get_into", fast)  # the disk is fast again
     assert backend.batch_exists(keys) == 0  # declined once more, and rechecked

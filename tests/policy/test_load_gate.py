@@ -292,10 +292,12 @@ def test_a_declined_tier_is_rechecked_a_second_after_its_newest_read_at_the_soon
 
 def test_a_tier_that_stays_slow_is_rechecked_at_most_a_tenth_of_the_time() -> None:
     g, _, clock = gate(per_token=1e-6)
-    reads(g, 1, 1e6)  # about a second to read one MiB object
+    reads(g, 1, 1e6)  # about a second to read one MiB object; a recheck reads two
     clock.now += STALE_S
-    assert g.admit([1] * 4, MIB, PAGE_TOKENS).recheck == ()  # 10 s after the last read, not 1
+    assert g.admit([1] * 4, MIB, PAGE_TOKENS).recheck == ()  # 20 s after the last read, not 1
     clock.now += 8
+    assert g.admit([1] * 4, MIB, PAGE_TOKENS).recheck == ()  # nor 10
+    clock.now += 10
     assert g.admit([1] * 4, MIB, PAGE_TOKENS).recheck == (1,)
 
 
