@@ -5,8 +5,8 @@ link throttled on purpose (``--medium link``), per request, with the load gate o
 the same request on a server without HiCache (root: a loop device, a blkio read limit, dropped page
 cache; or a network namespace holding the pools, its sending shaped with ``tc tbf``).
 
-Variants (live servers on 127.0.0.1, the tiny model, all up at once, each request sent to them in
-the order A B C, the next request C B A):
+Variants (live servers on 127.0.0.1, the tiny model, all up at once; each timed request is sent
+to recompute, then gate and nogate (nogate first on every other request), then recompute again):
   gate       our backend, one LMDB tier on the loop device, ``load_gate`` on (the default);
              with ``--medium link``, one pool tier (TCP, its defaults) on a pool server in the
              namespace; with ``--medium dram``, a host tier (DRAM) over that LMDB tier, which
@@ -14,7 +14,8 @@ the order A B C, the next request C B A):
              (what the gate costs such a hit);
   nogate     the same on its own directory of the same disk (its own pool server beside the
              gate's), ``load_gate: {enabled: false}``;
-  recompute  the same server without HiCache: the reference each TTFT is judged against.
+  recompute  the same server without HiCache: the reference each TTFT is judged against, the mean
+             of its two sends around the others (its cache flushed between them).
 Per request: a fresh document is sent to every server (computed, backed up to storage), every
 server's caches are flushed and the page cache dropped, then it is sent again and timed: ours can
 only find it in the SSD tier, whose reads the blkio limit of the phase slows (``--rates`` in MB/s,
@@ -24,7 +25,9 @@ only find it in the SSD tier, whose reads the blkio limit of the phase slows (``
 the same for all (its default prefetch policy, ``timeout``, waits for a slow load up to its
 deadline).
 
-Per phase: each request's TTFT over recompute's, how many were slower than 1.1x recompute, mean
+Per phase: each request's TTFT over recompute's, how many were slower than 1.1x recompute (and of
+those, how many had tokens served from storage: a hit that cost more than it saved), the median
+spread between recompute's two sends of a request (the noise every ratio carries), mean
 TTFT, the share of nogate's TTFT gain the gate kept, tokens served from storage, the gate's own
 counters, the load and prefill rate, and whether the greedy outputs agree. ``--json PATH`` writes
 every request. ``--trace DIR`` also times the gate and nogate servers' calls into the backend
@@ -178,18 +181,30 @@ def phase(rate: float, n: int, clients: dict[str, SglangClient], limit: Callable
             c.flush_cache()
         drop_page_cache()
         row: dict[str, Any] = {"rate_mbps": rate, "request": i, "load": os.getloadavg()[0]}
-        outputs = {}
-        for v in order:
+        outputs = []
+        # Recompute brackets the two backends' sends, so that its reference is the mean of two
+        # measurements taken before and after them: a single one moved a request's ratio by +-0.3
+        # on this VM's two shared cores.
+        reference = []
+        for v in ("recompute", *([b for b in order if b != "recompute"]), "recompute"):
+            if v == "recompute" and reference:
+                clients[v].flush_cache()
             sent = time.time()
             res = clients[v].generate(req)
             if res.error:
                 raise RuntimeError(f"{v}: {res.error}")
+            outputs.append(res.output_ids)
+            if v == "recompute":
+                reference.append(res.ttft_s)
+                continue
             row[v] = {"ttft_s": res.ttft_s, "storage_tokens": res.storage_tokens,
                       "cached_tokens": res.cached_tokens, "sent_at": sent}
-            outputs[v] = res.output_ids
-        row["outputs_equal"] = len({tuple(o) for o in outputs.values()}) == 1
+        row["recompute"] = {"ttft_s": statistics.fmean(reference), "ttft_runs_s": reference,
+                            "storage_tokens": 0, "cached_tokens": 0}
+        row["outputs_equal"] = len({tuple(o) for o in outputs}) == 1
         ref = row["recompute"]["ttft_s"]
-        log(f"[{rate:g} MB/s] request {i + 1}/{n}: recompute {ref:.3f}s, "
+        log(f"[{rate:g} MB/s] request {i + 1}/{n}: recompute {ref:.3f}s "
+            f"({' / '.join(f'{t:.3f}' for t in reference)}), "
             + ", ".join(f"{v} {row[v]['ttft_s']:.3f}s ({row[v]['ttft_s'] / ref:.2f}x, "
                         f"{row[v]['storage_tokens']} from storage)" for v in ("gate", "nogate")))
         rows.append(row)
@@ -207,9 +222,14 @@ def summary(rows: list[dict[str, Any]], doc_tokens: int) -> dict[str, Any]:
     out["prefill_tokens_per_s"] = doc_tokens / statistics.fmean(ref)
     for v in VARIANTS:
         ttft = [r[v]["ttft_s"] for r in rows]
+        slower = [t > SLOWER * x for t, x in zip(ttft, ref)]
         out[v] = {"ttft_mean_s": statistics.fmean(ttft),
-                  "slower_than_recompute": sum(t > SLOWER * x for t, x in zip(ttft, ref)),
+                  "slower_than_recompute": sum(slower),
+                  "hits_slower_than_recompute": sum(s and r[v]["storage_tokens"] > 0
+                                                    for s, r in zip(slower, rows)),
                   "storage_tokens": sum(r[v]["storage_tokens"] for r in rows)}
+    runs = [r["recompute"]["ttft_runs_s"] for r in rows]
+    out["recompute_spread"] = statistics.median(abs(a - b) / statistics.fmean((a, b)) for a, b in runs)
     gain_nogate = out["recompute"]["ttft_mean_s"] - out["nogate"]["ttft_mean_s"]
     gain_gate = out["recompute"]["ttft_mean_s"] - out["gate"]["ttft_mean_s"]
     out["gain_kept"] = gain_gate / gain_nogate if gain_nogate > 0 else None
@@ -243,7 +263,7 @@ def backend_answers(phases: list[dict[str, Any]], trace: Path) -> str:
 
 def table(phases: list[dict[str, Any]]) -> str:
     lines = [f"{'read limit':>10}{'load':>6}{'prefill tok/s':>14}  {'variant':<10}{'TTFT mean':>10}"
-             f"{'x recompute':>12}{'slower':>8}{'from storage':>13}"]
+             f"{'x recompute':>12}{'slower':>8}{'of them hits':>13}{'from storage':>13}"]
     for p in phases:
         ref = p["recompute"]["ttft_mean_s"]
         limit = f"{p['rate_mbps']:g} MB/s" if p["rate_mbps"] else "none"
@@ -252,12 +272,15 @@ def table(phases: list[dict[str, Any]]) -> str:
             s = p[v]
             lines.append(f"{limit:>10}{p['load']:>6.2f}{p['prefill_tokens_per_s']:>14,.0f}  {v:<10}"
                          f"{s['ttft_mean_s']:>9.3f}s{s['ttft_mean_s'] / ref:>11.2f}x"
-                         f"{s['slower_than_recompute']:>5}/{n}{s['storage_tokens']:>13}")
+                         f"{s['slower_than_recompute']:>5}/{n}{s['hits_slower_than_recompute']:>13}"
+                         f"{s['storage_tokens']:>13}")
         kept = p["gain_kept"]
         g = p["gate_counters"]
         lines.append(f"{'':>10}  gate kept {'-' if kept is None else f'{kept:.0%}'} of nogate's TTFT gain; "
                      f"declined {g['declined_lookups']:g} of {g['lookups']:g} hits ({g['declined_pages']:g} "
-                     f"page objects), {g['probe_lookups']:g} probes; outputs equal: {p['outputs_equal']}")
+                     f"page objects), {g['abandoned_lookups']:g} given up, {g['probe_lookups']:g} probes; "
+                     f"recompute's two sends {p['recompute_spread']:.0%} apart (median); "
+                     f"outputs equal: {p['outputs_equal']}")
     return "\n".join(lines)
 
 
@@ -312,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
             "dram": "a host tier over the SSD tier holds every page"}[args.medium]
     print(f"\nload gate: {args.requests} requests of {args.doc_tokens} tokens per phase, each sent, "
           f"backed up, flushed from SGLang's caches and the page cache, and sent again; {only}; "
-          "'slower': requests over 1.1x recompute's TTFT")
+          "'slower': requests over 1.1x recompute's TTFT; 'of them hits': those with tokens served "
+          "from storage")
     print(table(phases))
     if args.trace:
         print(backend_answers(phases, args.trace))
