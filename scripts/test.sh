@@ -18,13 +18,12 @@ set_up=$((SECONDS - started))
 .venv/bin/ruff check mooncake_sgl cpu_host devtools scripts tests
 
 select=(-m "not chaos")
-# Two pytest-xdist workers: one runs every live-server test, one at a time, the other every cluster
-# test, then both the in-process files, each file whole (tests/conftest.py, xdist_group; those two
-# groups are handed out first, in collection order, hence no reorder). A -n given here wins.
+# Two pytest-xdist workers: one runs every live-server and cluster test, one at a time; the other
+# the in-process files, each file whole (tests/conftest.py, xdist_group). A -n given here wins.
 # A worker that dies is not replaced: under loadgroup a replacement re-ran the dead worker's group
 # (a crashing test again on every new worker) or left the run waiting with every worker idle; the
 # death is reported at once, with the test it was running (tests/conftest.py).
-workers=(-n 2 --dist loadgroup --no-loadscope-reorder --max-worker-restart 0)
+workers=(-n 2 --dist loadgroup --max-worker-restart 0)
 args=()
 for arg in "$@"; do
   case "$arg" in

@@ -206,40 +206,28 @@ def _end_of(node: object) -> str:
 
 
 # What one pytest-xdist worker runs as a unit when the suite runs on two (``scripts/test.sh``): every
-# test that starts live servers on 127.0.0.1, in one worker one at a time (two live modules at once
-# would share two cores between their servers); every cluster test, likewise (two clusters would
-# tear each other's leftovers down); and every other file whole, so its module fixtures (Mooncake
-# masters, pools) start once. A cluster's servers live in namespaces of their own and its tests
-# mostly wait on them (137 s, 60 CPU s), so its group runs beside the live one.
+# test that starts live servers or a cluster, in one worker one at a time (two live modules at once
+# would share two cores between their servers, and two clusters would tear each other's leftovers
+# down), and every other file whole, so its module fixtures (Mooncake masters, pools) start once.
 SERVERS_GROUP = "servers"
-CLUSTERS_GROUP = "clusters"
-# Handed out first (``scripts/test.sh`` keeps this order: ``--no-loadscope-reorder``): the two
-# longest units, one to each worker at the start, so neither begins after the in-process files.
-FIRST_GROUPS = (SERVERS_GROUP, CLUSTERS_GROUP)
 
 
 def xdist_group(path: Path, tier: str) -> str:
-    if tier == "live":
+    if tier in ("live", "cluster"):
         return SERVERS_GROUP
-    if tier == "cluster":
-        return CLUSTERS_GROUP
     return path.resolve().relative_to(ROOT).as_posix()
 
 
 # First: pytest-xdist's worker reads the xdist_group markers in this same hook.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    groups: dict[pytest.Item, str] = {}
     for item in items:
         path = Path(os.fspath(item.path))
         tier = tier_of(path)
         item.add_marker(tier)
-        groups[item] = xdist_group(path, tier)
-        item.add_marker(pytest.mark.xdist_group(groups[item]))
+        item.add_marker(pytest.mark.xdist_group(xdist_group(path, tier)))
         if is_slow(path, getattr(item, "originalname", item.name)):
             item.add_marker("slow")
-    rank = {g: i for i, g in enumerate(FIRST_GROUPS)}
-    items.sort(key=lambda item: rank.get(groups[item], len(rank)))  # stable: the rest keep their order
 
 
 # A test still running after this long (the slowest, a cluster under faults, takes about 6 minutes on

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CLUSTERS_GROUP, MARKERS, ROOT, SERVERS_GROUP, SLOW, TIERS, tier_of, xdist_group
+from .conftest import MARKERS, ROOT, SERVERS_GROUP, SLOW, TIERS, tier_of
 
 
 def test_every_tier_rule_names_a_path_that_exists() -> None:
@@ -65,20 +65,3 @@ def test_pytest_xdist_sends_each_group_to_one_worker() -> None:
     assert run.returncode == 0, out
     assert f"test_pick_port_skips_a_port_in_use@{SERVERS_GROUP}" in run.stdout, out
     assert "test_every_tier_rule_names_a_path_that_exists@test_suite_tiers.py" in run.stdout, out
-
-
-def test_live_and_cluster_tests_are_groups_of_their_own_collected_before_every_other_file() -> None:
-    # scripts/test.sh hands groups out in collection order: the two longest must start at once,
-    # one per worker, not after the in-process files.
-    assert xdist_group(ROOT / "live/test_launcher.py", "live") == SERVERS_GROUP
-    assert xdist_group(ROOT / "cluster/test_fault_reports.py", "cluster") == CLUSTERS_GROUP
-    assert xdist_group(ROOT / "test_keys.py", "unit") == "test_keys.py"
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-         "tests/test_keys.py", "tests/cluster/test_fault_reports.py", "tests/live/test_launcher.py"],
-        cwd=ROOT.parent, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    files = [line.split("::")[0] for line in run.stdout.splitlines() if "::" in line]
-    order = list(dict.fromkeys(files))
-    assert order == ["tests/live/test_launcher.py", "tests/cluster/test_fault_reports.py",
-                     "tests/test_keys.py"], order
