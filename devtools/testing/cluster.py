@@ -346,7 +346,8 @@ class Cluster:
 
     def pool(self, host: Host, startup_timeout: float = 60.0, **config: Any) -> PoolProcess:
         """A ``mooncake-sgl pool`` server in ``host``, on its address (``config``: its fields)."""
-        pool = PoolProcess(startup_timeout=startup_timeout, prefix=host.prefix, host=host.addr, **config)
+        pool = PoolProcess(startup_timeout=startup_timeout, prefix=host.prefix, parent=str(self.workdir),
+                           host=host.addr, **config)
         self._track(host, pool.close)
         return pool.start()
 
@@ -363,7 +364,7 @@ class Cluster:
             "--enable_ha=true", "--ha_backend_type=etcd", f"--ha_backend_connstring={etcd.endpoint}",
             f"--etcd_endpoints={etcd.endpoint}"]
         master = MooncakeMaster(host=host.addr, prefix=host.prefix, extra_args=[*ha, *extra_args],
-                                startup_timeout=MASTER_START_S)
+                                startup_timeout=MASTER_START_S, parent=str(self.workdir))
         self._track(host, master.close)
         return master.start()
 

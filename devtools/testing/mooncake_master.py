@@ -92,7 +92,8 @@ class MooncakeMaster(ServerProcess):
 
     def __init__(self, *, host: str = "127.0.0.1", lease_ttl: str | None = None,
                  client_ttl_s: int | None = None, extra_args: Sequence[str] = (),
-                 startup_timeout: float = 30.0, prefix: Sequence[str] = ()) -> None:
+                 startup_timeout: float = 30.0, prefix: Sequence[str] = (),
+                 parent: str | None = None) -> None:
         self.host = host
         self._prefix = list(prefix)
         # Run under a prefix (``ip netns exec NS``), ``host`` is not an address of ours to check.
@@ -103,7 +104,7 @@ class MooncakeMaster(ServerProcess):
         self._extra_args = list(extra_args)
         self._startup_timeout = startup_timeout
         self._binary = find_master_binary()
-        super().__init__("mooncake_master_", "master.log")
+        super().__init__("mooncake_master_", "master.log", parent)
         self._started_once = False
 
     # -------------------------------------------------------------------------------- addresses

@@ -36,10 +36,11 @@ class PoolStartError(RuntimeError):
 
 
 class PoolProcess(ServerProcess):
-    def __init__(self, startup_timeout: float = 30.0, prefix: Sequence[str] = (), **config: Any):
+    def __init__(self, startup_timeout: float = 30.0, prefix: Sequence[str] = (), parent: str | None = None,
+                 **config: Any):
         config.setdefault("port", 0)
         self.config: PoolServerConfig = parse_config(config, "PoolProcess", PoolServerConfig)
-        super().__init__("mooncake_sgl_pool_", "pool.log")
+        super().__init__("mooncake_sgl_pool_", "pool.log", parent)
         self._startup_timeout = startup_timeout
         self._prefix = list(prefix)
         self._picked = self.config.port == 0

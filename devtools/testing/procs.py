@@ -119,8 +119,13 @@ def _all_threads_stopped(pid: int) -> bool:
 
 
 class ServerProcess:
-    def __init__(self, prefix: str, log_name: str) -> None:
-        self.workdir = tempfile.mkdtemp(prefix=prefix)
+    def __init__(self, prefix: str, log_name: str, parent: str | None = None) -> None:
+        # ``parent``: the folder to make the work directory in (the system's temporary folder by
+        # default); a cluster gives its own, so a cluster killed before its teardown leaves one
+        # folder, which the next cluster deletes whole.
+        if parent is not None:
+            os.makedirs(parent, exist_ok=True)
+        self.workdir = tempfile.mkdtemp(prefix=prefix, dir=parent)
         self.log_path = os.path.join(self.workdir, log_name)
         self._proc: subprocess.Popen[bytes] | None = None
 

@@ -119,11 +119,11 @@ def test_ctrl_c_tears_down_and_a_killed_cluster_is_cleaned_by_the_next(tmp_path:
             "with Cluster(2) as c:\n"
             "    p = c.pool(c.hosts[1], capacity='16MiB', slab_size='1MiB')\n"
             "    d = c.disk('1m')\n"
-            "    print(c.bridge, d, ' '.join(h.netns for h in c.hosts), p.pid, flush=True)\n"
+            "    print(c.bridge, d, p.workdir, ' '.join(h.netns for h in c.hosts), p.pid, flush=True)\n"
             "    time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
-    bridge, disk, *rest = proc.stdout.readline().split()
+    bridge, disk, pool_dir, *rest = proc.stdout.readline().split()
     netns, pool_pid = rest[:-1], int(rest[-1])
     assert set(netns) <= _ours()[0]
     assert _mounted(disk)
@@ -138,6 +138,7 @@ def test_ctrl_c_tears_down_and_a_killed_cluster_is_cleaned_by_the_next(tmp_path:
     assert not _mounted(disk), "the cluster's tmpfs outlived it"
     # The directory it made for itself: deleted by its teardown, or by the next cluster.
     assert not os.path.exists(os.path.dirname(disk)), "the cluster's directory outlived it"
+    assert not os.path.exists(pool_dir), "the pool's directory outlived its cluster"
     deadline = time.monotonic() + 10
     while os.path.exists(f"/proc/{pool_pid}") and time.monotonic() < deadline:
         time.sleep(0.1)
