@@ -186,7 +186,7 @@ def phase(rate: float, n: int, clients: dict[str, SglangClient], limit: Callable
         # measurements taken before and after them: a single one moved a request's ratio by +-0.3
         # on this VM's two shared cores.
         reference = []
-        for v in ("recompute", *([b for b in order if b != "recompute"]), "recompute"):
+        for v in ("recompute", *(b for b in order if b != "recompute"), "recompute"):
             if v == "recompute" and reference:
                 clients[v].flush_cache()
             sent = time.time()
