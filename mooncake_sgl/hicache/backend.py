@@ -505,12 +505,14 @@ class MooncakeSglStorage(HiCacheStorage):
         if self._gate is None or kv.logical or self._geometry is None:
             return n // kv.parts
         admission = self._gate.admit(where, kv.object_nbytes, self._geometry.page_size / kv.parts)
+
+        def in_tier(t: int, most: int | None) -> list[PageKey]:
+            return [k for k, w in zip(objects, where) if w == t][:most]
+
         for t, most in zip(admission.probe, admission.probe_objects):
-            there = [k for k, w in zip(objects, where) if w == t]
-            self._store.probe_reads(t, there[:most], kv.object_nbytes)
+            self._store.probe_reads(t, in_tier(t, most), kv.object_nbytes)
         for t in admission.recheck:
-            there = [k for k, w in zip(objects, where) if w == t]
-            self._store.probe_reads(t, there[:RECHECK_READS], kv.object_nbytes, one_call_each=True)
+            self._store.probe_reads(t, in_tier(t, RECHECK_READS), kv.object_nbytes, one_call_each=True)
         return admission.objects // kv.parts
 
     @boundary(lambda *a, **k: False)
